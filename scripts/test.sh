@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The one test command (README, CI): type check, then every *.test.ts through node:test.
+# Fails when any test fails and when no test file is found (never "green with zero tests").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shopt -s globstar nullglob
+echo "== type check"
+npx tsc -p tsconfig.json
+files=(src/**/*.test.ts test/**/*.test.ts)
+if [ "${#files[@]}" -eq 0 ]; then
+  echo "no test files found" >&2
+  exit 1
+fi
+echo "== ${#files[@]} test files"
+# --test-concurrency=2: two cores on CI; files that start servers pick free ports.
+node --import tsx --test --test-reporter=spec --test-concurrency=2 "${files[@]}" 2>&1 | tee .test-output.log
+status=${PIPESTATUS[0]}
+if ! grep -Eq '^ℹ pass [1-9]' .test-output.log; then
+  echo "no test passed: treating as failure" >&2
+  exit 1
+fi
+exit "$status"

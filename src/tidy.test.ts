@@ -1,0 +1,96 @@
+/**
+ * Tidy: style rules that keep the architecture true, enforced as a test (TigerBeetle's tidy.zig).
+ * - Determinism: only src/util/env.ts and the real device/transfer backends touch clocks, timers or
+ *   Math.random, so the simulator can run everything else.
+ * - Layering: a folder imports only from folders below it (DESIGN.md §2).
+ * - Size: no source file over 500 lines.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join, relative, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const SRC = dirname(fileURLToPath(import.meta.url));
+
+/** Bottom to top. */
+export const LAYERS = ['util', 'device', 'kv', 'transfer', 'model', 'worker', 'connector', 'engine', 'serve', 'sim', 'cli'];
+
+/** Real backends: the only files besides env.ts allowed to touch time, timers, threads, sockets. */
+const NONDETERMINISM_ALLOWED = [
+  /^util\/env\.ts$/,
+  /^device\/threaded[^/]*\.(ts|mjs)$/,
+  /^device\/.*_thread\.(ts|mjs)$/,
+  /^transfer\/(tcp|inproc|nic)[^/]*\.(ts|mjs)$/,
+];
+
+function walk(dir: string): string[] {
+  const out: string[] = [];
+  for (const name of readdirSync(dir)) {
+    const p = join(dir, name);
+    if (statSync(p).isDirectory()) out.push(...walk(p));
+    else if (/\.(ts|mjs)$/.test(name)) out.push(p);
+  }
+  return out;
+}
+
+const files = walk(SRC).map((p) => relative(SRC, p).split('\\').join('/'));
+const sources = files.filter((f) => !f.endsWith('.test.ts') && f !== 'tidy.test.ts');
+
+function stripComments(text: string): string {
+  return text.replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:'"`])\/\/.*$/gm, '$1');
+}
+
+const FORBIDDEN = [/\bDate\.now\s*\(/, /\bMath\.random\s*\(/, /\bsetTimeout\s*\(/, /\bsetInterval\s*\(/, /\bperformance\.now\s*\(/];
+
+export function determinismViolations(file: string, text: string): string[] {
+  if (NONDETERMINISM_ALLOWED.some((re) => re.test(file))) return [];
+  const code = stripComments(text);
+  return FORBIDDEN.filter((re) => re.test(code)).map((re) => `${file}: ${re.source.replace(/\\/g, '')}`);
+}
+
+export function layerViolations(file: string, text: string): string[] {
+  const layer = file.split('/')[0] ?? '';
+  const mine = LAYERS.indexOf(layer);
+  if (mine < 0) return [];
+  const out: string[] = [];
+  for (const m of text.matchAll(/(?:from|import)\s*\(?\s*['"](\.{1,2}\/[^'"]+)['"]/g)) {
+    const target = relative(SRC, resolve(SRC, dirname(file), m[1] ?? '')).split('\\').join('/');
+    const theirs = LAYERS.indexOf(target.split('/')[0] ?? '');
+    if (theirs > mine) out.push(`${file} imports ${target} (${LAYERS[theirs]} is above ${layer})`);
+  }
+  return out;
+}
+
+test('tidy: the rule checkers themselves catch what they must (a checker that cannot fail proves nothing)', () => {
+  assert.equal(determinismViolations('kv/x.ts', 'const t = Date.now();').length, 1);
+  assert.equal(determinismViolations('kv/x.ts', '// Date.now() in a comment').length, 0);
+  assert.equal(determinismViolations('util/env.ts', 'Date.now()').length, 0);
+  assert.equal(layerViolations('kv/x.ts', "import { a } from '../engine/scheduler.ts';").length, 1);
+  assert.equal(layerViolations('engine/x.ts', "import { a } from '../kv/block_pool.ts';").length, 0);
+});
+
+test('tidy: no clock, timer or Math.random outside env.ts and the real backends', () => {
+  const bad = sources.flatMap((f) => determinismViolations(f, readFileSync(join(SRC, f), 'utf8')));
+  assert.deepEqual(bad, []);
+});
+
+test('tidy: imports go down the layers of DESIGN.md §2 only', () => {
+  const bad = files.flatMap((f) => layerViolations(f, readFileSync(join(SRC, f), 'utf8')));
+  assert.deepEqual(bad, []);
+});
+
+test('tidy: no source file over 500 lines', () => {
+  const long = files
+    .map((f) => ({ f, n: readFileSync(join(SRC, f), 'utf8').split('\n').length }))
+    .filter(({ n }) => n > 500)
+    .map(({ f, n }) => `${f}: ${n} lines`);
+  assert.deepEqual(long, []);
+});
+
+test('tidy: every folder of src/ is a known layer', () => {
+  const unknown = [...new Set(files.map((f) => f.split('/')).filter((p) => p.length > 1).map((p) => p[0]))].filter(
+    (d) => !LAYERS.includes(d ?? ''),
+  );
+  assert.deepEqual(unknown, []);
+});

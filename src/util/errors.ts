@@ -1,0 +1,57 @@
+/**
+ * Operating errors: bad input, peer gone, timeouts. Each has a stable `code` that clients and tests
+ * match on, and an HTTP status used when the error reaches a client as OpenAI-style error JSON.
+ */
+export const ERROR_CODES = {
+  BAD_REQUEST: 400,
+  BAD_TRANSFER_PARAMS: 400,
+  BAD_CONFIG: 400,
+  PROMPT_TOO_LONG: 400,
+  UNAUTHORIZED: 401,
+  GRANT_DENIED: 403,
+  NOT_FOUND: 404,
+  PEER_INCOMPATIBLE: 409,
+  REQUEST_ABORTED: 499,
+  KV_LOAD_FAILED: 502,
+  PEER_UNAVAILABLE: 502,
+  TRANSFER_FAILED: 502,
+  OUT_OF_PAGES: 503,
+  OVERLOADED: 503,
+  KV_READ_TIMEOUT: 504,
+  TIMEOUT: 504,
+  INTERNAL: 500,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export class HandoffError extends Error {
+  override name = 'HandoffError';
+  readonly code: ErrorCode;
+  readonly httpStatus: number;
+  readonly details: Record<string, unknown> | undefined;
+
+  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>) {
+    super(message);
+    this.code = code;
+    this.httpStatus = ERROR_CODES[code];
+    this.details = details;
+  }
+
+  /** Plain data for the wire (OpenAI error shape). */
+  toJSON(): { error: { message: string; type: string; code: ErrorCode; param: null } } {
+    const type = this.httpStatus < 500 ? 'invalid_request_error' : 'server_error';
+    return { error: { message: this.message, type, code: this.code, param: null } };
+  }
+}
+
+export function isHandoffError(e: unknown): e is HandoffError {
+  return e instanceof HandoffError;
+}
+
+/** Rebuild a HandoffError from its wire form (a peer's error JSON); unknown codes become INTERNAL. */
+export function handoffErrorFromJSON(body: unknown, fallbackMessage: string): HandoffError {
+  const err = (body as { error?: { code?: unknown; message?: unknown } } | null)?.error;
+  const code = typeof err?.code === 'string' && err.code in ERROR_CODES ? (err.code as ErrorCode) : 'INTERNAL';
+  const message = typeof err?.message === 'string' ? err.message : fallbackMessage;
+  return new HandoffError(code, message);
+}
