@@ -1,0 +1,71 @@
+/**
+ * The KV connector contract, split like vLLM's KVConnectorBase_V1: a scheduler side (decides what is
+ * loaded, builds per-step metadata, owns hand-off of pages at finish) and a worker side (moves bytes;
+ * implements the runner's hook interface in src/worker/hooks.ts).
+ *
+ * Ownership: a page belongs to the scheduler's KVCacheManager. `requestFinished` may answer
+ * `delayFree: true`, which lends the request's pages to the connector until the request id comes back
+ * in some step's `finishedSending`; only then are they freed.
+ */
+import type { KVConnectorOutput, SchedulerOutput } from '../worker/scheduler_output.ts';
+import type { KVTransferParams } from './params.ts';
+
+/** What the connector may read (and, for `kvTransferParams`, update) of a request. */
+export interface ConnectorRequest {
+  readonly requestId: string;
+  readonly numPromptTokens: number;
+  readonly numTokens: number;
+  readonly status: string;
+  kvTransferParams: KVTransferParams | null;
+}
+
+export interface MatchedTokens {
+  /** Tokens beyond the local hit that the connector will provide; null = ask again next step. */
+  numExternalTokens: number | null;
+  /** True: the load is asynchronous (request waits in WAITING_FOR_REMOTE_KVS). */
+  loadAsync: boolean;
+}
+
+export interface FinishedHandoff {
+  delayFree: boolean;
+  kvTransferParams: Record<string, unknown> | null;
+}
+
+export interface ConnectorScheduler {
+  readonly name: string;
+  getNumNewMatchedTokens(req: ConnectorRequest, numComputedTokens: number): MatchedTokens;
+  /** Called after allocateSlots with every page of the request, per group. */
+  updateStateAfterAlloc(req: ConnectorRequest, blockIds: number[][], numExternalTokens: number): void;
+  /**
+   * Called once per schedule(), after `newBlockIdsToZero` is final. Returns this step's metadata and
+   * resets per-step state. May filter `out.newBlockIdsToZero` (synchronous READ destinations) and nothing else.
+   */
+  buildConnectorMeta(out: SchedulerOutput): unknown;
+  /** The request finished; blockIds are its pages per group. */
+  requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff;
+  /** Runs every step before finished-sending pages are freed; may rewrite `finishedSending`. */
+  updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput;
+  /** True while the connector holds pages or waits for peers, so an idle engine keeps stepping. */
+  hasPendingWork(): boolean;
+}
+
+/** Colocated serving: nothing is loaded, nothing is held. */
+export class NullConnector implements ConnectorScheduler {
+  readonly name = 'null';
+  getNumNewMatchedTokens(): MatchedTokens {
+    return { numExternalTokens: 0, loadAsync: false };
+  }
+  updateStateAfterAlloc(): void {}
+  buildConnectorMeta(): unknown {
+    return null;
+  }
+  requestFinished(): FinishedHandoff {
+    return { delayFree: false, kvTransferParams: null };
+  }
+  updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {
+    return out;
+  }
+  hasPendingWork(): boolean {
+    return false;
+  }
+}

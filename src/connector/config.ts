@@ -1,0 +1,97 @@
+/**
+ * kv_transfer_config, the way vLLM takes it (`--kv-transfer-config '<json>'`):
+ *   {"kv_connector": "OneSidedConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
+ *    "kv_connector_extra_config": {"read_mode": true, "zero_exclusion": "all-read-groups",
+ *                                  "sync_before_read": false, "lease_ms": 60000, "transfer_timeout_ms": 30000}}
+ * read_mode accepts true/false or the strings "true"/"1" like MoRIIO; the default is READ.
+ */
+import { z } from 'zod';
+import { HandoffError } from '../util/errors.ts';
+import { ZERO_EXCLUSIONS, type ZeroExclusion } from './zero_exclusion.ts';
+
+export interface OneSidedConfig {
+  role: 'producer' | 'consumer' | 'both';
+  mode: 'read' | 'write';
+  zeroExclusion: ZeroExclusion;
+  syncBeforeRead: boolean;
+  /** Producer: held pages are freed when no release arrives within this lease. */
+  leaseMs: number;
+  /** Consumer: a step's READs must finish within this. */
+  transferTimeoutMs: number;
+  /** Test-only fault switch forwarded to the transfer engine. */
+  faults?: { readErrorRate?: number; readDelayMs?: number; dropNotificationRate?: number };
+}
+
+export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {
+  role: 'both',
+  mode: 'read',
+  zeroExclusion: 'all-read-groups',
+  syncBeforeRead: false,
+  leaseMs: 60_000,
+  transferTimeoutMs: 30_000,
+};
+
+const boolish = z.union([z.boolean(), z.enum(['true', 'false', '1', '0'])]).transform((v) => v === true || v === 'true' || v === '1');
+
+const schema = z
+  .object({
+    kv_connector: z.enum(['OneSidedConnector', 'NullConnector']).default('OneSidedConnector'),
+    kv_role: z.enum(['kv_producer', 'kv_consumer', 'kv_both']),
+    kv_connector_extra_config: z
+      .object({
+        read_mode: boolish.optional(),
+        zero_exclusion: z.enum(ZERO_EXCLUSIONS as [ZeroExclusion, ...ZeroExclusion[]]).optional(),
+        sync_before_read: boolish.optional(),
+        lease_ms: z.number().int().min(10).max(3_600_000).optional(),
+        transfer_timeout_ms: z.number().int().min(10).max(3_600_000).optional(),
+        faults: z
+          .object({
+            read_error_rate: z.number().min(0).max(1).optional(),
+            read_delay_ms: z.number().min(0).max(60_000).optional(),
+            drop_notification_rate: z.number().min(0).max(1).optional(),
+          })
+          .strict()
+          .optional(),
+      })
+      .strict()
+      .default({}),
+  })
+  .strict();
+
+export interface ParsedTransferConfig {
+  connector: 'OneSidedConnector' | 'NullConnector';
+  config: OneSidedConfig;
+}
+
+export function parseKvTransferConfig(raw: unknown): ParsedTransferConfig {
+  let value = raw;
+  if (typeof raw === 'string') {
+    try {
+      value = JSON.parse(raw);
+    } catch (e) {
+      throw new HandoffError('BAD_CONFIG', `--kv-transfer-config is not valid JSON: ${(e as Error).message}`);
+    }
+  }
+  const r = schema.safeParse(value);
+  if (!r.success) {
+    const issue = r.error.issues[0];
+    throw new HandoffError('BAD_CONFIG', `invalid kv_transfer_config at ${issue?.path.join('.') || '(root)'}: ${issue?.message ?? 'bad value'}`);
+  }
+  const x = r.data.kv_connector_extra_config;
+  const role = r.data.kv_role === 'kv_producer' ? 'producer' : r.data.kv_role === 'kv_consumer' ? 'consumer' : 'both';
+  const faults = x.faults
+    ? { readErrorRate: x.faults.read_error_rate, readDelayMs: x.faults.read_delay_ms, dropNotificationRate: x.faults.drop_notification_rate }
+    : undefined;
+  return {
+    connector: r.data.kv_connector,
+    config: {
+      role,
+      mode: x.read_mode === false ? 'write' : 'read',
+      zeroExclusion: x.zero_exclusion ?? DEFAULT_ONE_SIDED_CONFIG.zeroExclusion,
+      syncBeforeRead: x.sync_before_read ?? false,
+      leaseMs: x.lease_ms ?? DEFAULT_ONE_SIDED_CONFIG.leaseMs,
+      transferTimeoutMs: x.transfer_timeout_ms ?? DEFAULT_ONE_SIDED_CONFIG.transferTimeoutMs,
+      ...(faults ? { faults } : {}),
+    },
+  };
+}

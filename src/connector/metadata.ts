@@ -1,0 +1,44 @@
+/** Per-step connector metadata: plain data from the connector's scheduler side to its worker side. */
+
+/** READ consumer: pull these pages this step. Lists are per transfer group (attention groups, then Mamba). */
+export interface RecvReqMeta {
+  requestId: string;
+  transferId: string;
+  localBlockIds: number[][];
+  remoteBlockIds: number[][];
+  remoteEngineId: string;
+  remoteHost: string;
+  remotePort: number;
+  grant: string;
+}
+
+/** WRITE producer: this finished request's pages are final and may be pushed once decode's pages are known. */
+export interface SaveReqMeta {
+  requestId: string;
+  transferId: string;
+  localBlockIds: number[][];
+}
+
+/** WRITE consumer: tell the producer where to write (and grant it those pages). */
+export interface NotifyReqMeta {
+  requestId: string;
+  transferId: string;
+  localBlockIds: number[][];
+  remoteEngineId: string;
+  remoteHost: string;
+  remotePort: number;
+}
+
+export interface OneSidedMetadata {
+  reqsToRecv: RecvReqMeta[];
+  reqsToSave: SaveReqMeta[];
+  reqsToNotify: NotifyReqMeta[];
+  /** Producer: transfer id → request id of every request whose pages are held for a peer. */
+  sendTransfers: Record<string, string>;
+  /** Producer: transfers whose lease expired this step (grant to revoke). */
+  expiredTransfers: string[];
+}
+
+export function emptyOneSidedMetadata(): OneSidedMetadata {
+  return { reqsToRecv: [], reqsToSave: [], reqsToNotify: [], sendTransfers: {}, expiredTransfers: [] };
+}

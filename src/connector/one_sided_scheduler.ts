@@ -1,0 +1,273 @@
+/**
+ * OneSidedConnector, scheduler side (MoRIIO-like). Producer (prefill) holds a finished request's pages,
+ * grants them to one peer and returns kv_transfer_params; consumer (decode) loads N-1 prompt tokens
+ * from the producer: READ = synchronous pull posted by the host before the forward, WRITE = the
+ * producer pushes and the request waits in WAITING_FOR_REMOTE_KVS.
+ *
+ * Transfer groups: attention groups in group order, then Mamba groups reduced to their running state page.
+ * Per step: updateStateAfterAlloc fills `reqsNeedRecv` with the ALIGNED destinations; buildConnectorMeta
+ * turns them into metadata, applies the zeroing exclusion (zero_exclusion.ts), and clears them.
+ */
+import { assert, defined } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
+import { alignReadBlocks, cdiv } from './alignment.ts';
+import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
+import type { OneSidedConfig } from './config.ts';
+import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type RecvReqMeta, type SaveReqMeta } from './metadata.ts';
+import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
+import { excludeReadDestinations } from './zero_exclusion.ts';
+
+/** What the scheduler side needs of the transfer engine (the producer grants its pages). */
+export interface GrantIssuer {
+  issueGrant(g: { transferId: string; peerEngineId: string | null; blockIds: number[]; ttlMs: number }): { token: string; expiresAtMs: number };
+  revokeGrant(transferId: string): void;
+}
+
+export interface LocalEndpoint {
+  engineId: string;
+  host: string;
+  port: number;
+}
+
+interface Held {
+  transferId: string;
+  deadlineMs: number;
+}
+
+export class OneSidedConnectorScheduler implements ConnectorScheduler {
+  readonly name = 'OneSidedConnector';
+  /** Group ids in transfer order: attention groups, then Mamba groups. */
+  readonly transferGroupIds: number[];
+  readonly numAttnGroups: number;
+  readonly hasMamba: boolean;
+  readonly blockSize: number;
+  private reqsNeedRecv = new Map<string, RecvReqMeta>();
+  private reqsNeedNotify = new Map<string, NotifyReqMeta>();
+  private reqsNeedSave = new Map<string, SaveReqMeta>();
+  private readonly held = new Map<string, Held>();
+  private expired: string[] = [];
+  stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
+
+  constructor(
+    readonly config: OneSidedConfig,
+    readonly kvConfig: KVCacheConfig,
+    private readonly env: Env,
+    private readonly endpoint: LocalEndpoint,
+    private readonly grants: GrantIssuer | null,
+    readonly numLookaheadTokens = 0,
+  ) {
+    const attn = kvConfig.groups.filter((g) => g.spec.type !== 'mamba').map((g) => g.groupId);
+    const mamba = kvConfig.groups.filter((g) => g.spec.type === 'mamba').map((g) => g.groupId);
+    this.transferGroupIds = [...attn, ...mamba];
+    this.numAttnGroups = attn.length;
+    this.hasMamba = mamba.length > 0;
+    this.blockSize = defined(kvConfig.groups[attn[0] ?? 0], 'first group').spec.blockSize;
+    if (this.hasMamba && config.mode === 'write') {
+      throw new HandoffError('BAD_CONFIG', 'models with Mamba layers support READ mode only; set kv_connector_extra_config.read_mode=true');
+    }
+    if (this.isProducer) assert(grants !== null, 'a producer needs a grant issuer');
+  }
+
+  get isProducer(): boolean {
+    return this.config.role !== 'consumer';
+  }
+  get isConsumer(): boolean {
+    return this.config.role !== 'producer';
+  }
+  /** Decode may have up to this many trailing pages prefill never had (last token + lookahead). */
+  get maxDecodeTailBlocks(): number {
+    return cdiv(1 + this.numLookaheadTokens, this.blockSize);
+  }
+
+  /** Prompt the prefill side computes: hybrids publish h(N-1), so decode can derive h(N) itself. */
+  prefillPromptTokens(promptTokenIds: readonly number[], params: KVTransferParams | null): number[] {
+    if (this.isProducer && this.hasMamba && params?.do_remote_decode && promptTokenIds.length > 1) {
+      return promptTokenIds.slice(0, -1);
+    }
+    return [...promptTokenIds];
+  }
+
+  /** Check a request's params before it is admitted; throws BAD_TRANSFER_PARAMS and allocates nothing. */
+  validateRequest(req: ConnectorRequest): void {
+    const p = req.kvTransferParams;
+    if (!p?.do_remote_prefill) return;
+    if (!this.isConsumer) throw new HandoffError('BAD_TRANSFER_PARAMS', 'this instance is a producer; do_remote_prefill is not accepted');
+    const missing = ['remote_engine_id', 'remote_host', 'remote_port', 'transfer_id'].filter((k) => p[k] === undefined || p[k] === null);
+    if (this.config.mode === 'read') {
+      if (p.remote_block_ids === undefined || p.remote_block_ids === null) missing.push('remote_block_ids');
+      if (!p.grant) missing.push('grant');
+    }
+    if (missing.length > 0) throw new HandoffError('BAD_TRANSFER_PARAMS', `kv_transfer_params missing ${missing.join(', ')}`);
+    if (this.config.mode === 'write') return;
+    const groups = defined(remoteBlockIdsPerGroup(p), 'remote block ids');
+    if (groups.length !== this.transferGroupIds.length) {
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids has ${groups.length} groups, this model has ${this.transferGroupIds.length}`);
+    }
+    const n = req.numPromptTokens;
+    const seen = new Set<number>();
+    groups.forEach((ids, i) => {
+      const isMamba = i >= this.numAttnGroups;
+      const max = isMamba ? 1 : cdiv(n, this.blockSize);
+      const min = isMamba ? (n > 1 ? 1 : 0) : cdiv(Math.max(n - 1, 0), this.blockSize);
+      if (ids.length > max) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs at most ${max}`);
+      if (ids.length < min) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs ${min}`);
+      for (const b of ids) {
+        if (b === 0) throw new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids contains the null block 0');
+        if (seen.has(b)) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids contains block ${b} twice`);
+        seen.add(b);
+      }
+    });
+    if (typeof p.remote_num_tokens === 'number' && p.remote_num_tokens < n - 1) {
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `prefill computed ${p.remote_num_tokens} tokens, decode needs ${n - 1}`);
+    }
+  }
+
+  getNumNewMatchedTokens(req: ConnectorRequest, numComputedTokens: number): MatchedTokens {
+    const p = req.kvTransferParams;
+    if (!this.isConsumer || !p?.do_remote_prefill) return { numExternalTokens: 0, loadAsync: false };
+    if (this.config.mode === 'read') {
+      // Decode loads N-1 tokens and recomputes the last prompt token itself.
+      return { numExternalTokens: Math.max(req.numPromptTokens - numComputedTokens - 1, 0), loadAsync: false };
+    }
+    const n = req.numPromptTokens - numComputedTokens;
+    return n > 0 ? { numExternalTokens: n, loadAsync: true } : { numExternalTokens: 0, loadAsync: false };
+  }
+
+  /** Project per-KV-group block ids onto transfer groups (Mamba → its running state page). */
+  toTransferGroups(blockIds: number[][]): number[][] {
+    return this.transferGroupIds.map((g, i) => {
+      const ids = blockIds[g] ?? [];
+      return i >= this.numAttnGroups ? ids.slice(-1) : [...ids];
+    });
+  }
+
+  updateStateAfterAlloc(req: ConnectorRequest, blockIds: number[][], numExternalTokens: number): void {
+    const p = req.kvTransferParams;
+    if (!this.isConsumer || !p?.do_remote_prefill) return;
+    const transferId = p.transfer_id ?? `sidecar-${req.requestId}`;
+    const base = {
+      requestId: req.requestId,
+      transferId,
+      remoteEngineId: String(p.remote_engine_id),
+      remoteHost: String(p.remote_host),
+      remotePort: Number(p.remote_port),
+    };
+    // Only one transfer per request: a resumed (preempted) request recomputes locally.
+    p.do_remote_prefill = false;
+    const local = this.toTransferGroups(blockIds);
+    if (this.config.mode === 'write') {
+      // Only the pages the producer will write: skip decode's own (block-aligned) local prefix hit.
+      const skip = Math.floor((req.numPromptTokens - numExternalTokens) / this.blockSize);
+      if (numExternalTokens > 0) this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local.map((ids) => ids.slice(skip)) });
+      return;
+    }
+    const remote = defined(remoteBlockIdsPerGroup(p), 'remote_block_ids');
+    let aligned: { local: number[][]; remote: number[][] };
+    if (numExternalTokens > 0) {
+      const pairs = local.map((ids, i) => alignReadBlocks(ids, remote[i] ?? [], i >= this.numAttnGroups ? 1 : this.maxDecodeTailBlocks));
+      aligned = { local: pairs.map((x) => x.local), remote: pairs.map((x) => x.remote) };
+    } else {
+      // Nothing to load (full local hit): an empty READ still releases the producer's pages.
+      aligned = { local: remote.map(() => []), remote: remote.map(() => []) };
+    }
+    this.stats.readRequests++;
+    this.reqsNeedRecv.set(req.requestId, {
+      ...base,
+      localBlockIds: aligned.local,
+      remoteBlockIds: aligned.remote,
+      grant: String(p.grant),
+    });
+  }
+
+  buildConnectorMeta(out: SchedulerOutput): OneSidedMetadata {
+    const meta = emptyOneSidedMetadata();
+    meta.reqsToRecv = [...this.reqsNeedRecv.values()];
+    out.newBlockIdsToZero = excludeReadDestinations(
+      out.newBlockIdsToZero,
+      this.config.zeroExclusion,
+      { readMode: this.config.mode === 'read', hasMamba: this.hasMamba, numAttnGroups: this.numAttnGroups },
+      meta.reqsToRecv.map((r) => r.localBlockIds),
+    );
+    meta.reqsToNotify = [...this.reqsNeedNotify.values()];
+    meta.reqsToSave = [...this.reqsNeedSave.values()];
+    for (const [requestId, h] of this.held) meta.sendTransfers[h.transferId] = requestId;
+    meta.expiredTransfers = this.expired;
+    this.expired = [];
+    this.reqsNeedRecv = new Map();
+    this.reqsNeedNotify = new Map();
+    this.reqsNeedSave = new Map();
+    return meta;
+  }
+
+  requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff {
+    const p = req.kvTransferParams;
+    if (p?.do_remote_prefill && this.isConsumer && this.config.mode === 'read' && p.remote_engine_id && p.remote_block_ids) {
+      // Finished before its pages were allocated (aborted): still release the producer's pages.
+      this.reqsNeedRecv.set(req.requestId, {
+        requestId: req.requestId,
+        transferId: p.transfer_id ?? `sidecar-${req.requestId}`,
+        localBlockIds: this.transferGroupIds.map(() => []),
+        remoteBlockIds: this.transferGroupIds.map(() => []),
+        remoteEngineId: String(p.remote_engine_id),
+        remoteHost: String(p.remote_host),
+        remotePort: Number(p.remote_port),
+        grant: String(p.grant ?? ''),
+      });
+      p.do_remote_prefill = false;
+      return { delayFree: false, kvTransferParams: null };
+    }
+    const okStatus = req.status === 'FINISHED_LENGTH_CAPPED' || req.status === 'FINISHED_STOPPED';
+    if (!this.isProducer || !p?.do_remote_decode || !okStatus) return { delayFree: false, kvTransferParams: null };
+    const transferId = p.transfer_id ?? `xfer-${req.requestId}`;
+    const groups = this.toTransferGroups(blockIds);
+    const flat = groups.flat();
+    const params: Record<string, unknown> = {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: this.endpoint.engineId,
+      remote_host: this.endpoint.host,
+      remote_port: this.endpoint.port,
+      remote_block_ids: groups,
+      remote_num_tokens: req.numPromptTokens,
+      transfer_id: transferId,
+    };
+    if (flat.length === 0) return { delayFree: false, kvTransferParams: params };
+    this.held.set(req.requestId, { transferId, deadlineMs: this.env.nowMs() + this.config.leaseMs });
+    if (this.config.mode === 'read') {
+      const grant = defined(this.grants, 'grant issuer').issueGrant({ transferId, peerEngineId: null, blockIds: flat, ttlMs: this.config.leaseMs });
+      this.stats.grantsIssued++;
+      params['grant'] = grant.token;
+      params['grant_expires_ms'] = grant.expiresAtMs;
+    } else {
+      this.reqsNeedSave.set(req.requestId, { requestId: req.requestId, transferId, localBlockIds: groups });
+    }
+    return { delayFree: true, kvTransferParams: params };
+  }
+
+  updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {
+    if (!this.isProducer) return out;
+    const finishedSending = out.finishedSending.filter((id) => this.held.delete(id));
+    const now = this.env.nowMs();
+    for (const [requestId, h] of this.held) {
+      if (h.deadlineMs > now) continue;
+      // Lease over and no release: free the pages; the grant dies with them.
+      this.held.delete(requestId);
+      this.grants?.revokeGrant(h.transferId);
+      this.expired.push(h.transferId);
+      this.stats.leasesExpired++;
+      finishedSending.push(requestId);
+    }
+    return { ...emptyConnectorOutput(), ...out, finishedSending };
+  }
+
+  hasPendingWork(): boolean {
+    return this.held.size > 0 || this.reqsNeedRecv.size > 0 || this.reqsNeedNotify.size > 0 || this.reqsNeedSave.size > 0 || this.expired.length > 0;
+  }
+
+  get numHeld(): number {
+    return this.held.size;
+  }
+}

@@ -1,0 +1,110 @@
+/**
+ * Request: one generation request inside an engine, with its lifecycle state.
+ *
+ *   WAITING ──schedule──> RUNNING ──stop/length──> FINISHED_STOPPED | FINISHED_LENGTH_CAPPED
+ *      │  ▲                 │  └──abort/error──> FINISHED_ABORTED | FINISHED_ERROR
+ *      │  └──resume── PREEMPTED <──preempt (out of pages)
+ *      └──async load──> WAITING_FOR_REMOTE_KVS ──finishedRecving──> WAITING
+ *
+ * With async scheduling the scheduler runs a step ahead of the worker: `numOutputPlaceholders` counts
+ * tokens scheduled to be sampled but not yet seen, and `numComputedTokens` already includes the
+ * tokens of in-flight steps. `epoch` changes when the request is preempted or rolled back, so outputs
+ * of steps scheduled before that are recognised as stale and dropped.
+ */
+import { assert } from '../util/assert.ts';
+import type { HandoffError } from '../util/errors.ts';
+import type { KVTransferParams } from '../connector/params.ts';
+import type { SamplingParamsData } from '../worker/scheduler_output.ts';
+
+export type RequestStatus =
+  | 'WAITING'
+  | 'WAITING_FOR_REMOTE_KVS'
+  | 'RUNNING'
+  | 'PREEMPTED'
+  | 'FINISHED_STOPPED'
+  | 'FINISHED_LENGTH_CAPPED'
+  | 'FINISHED_ABORTED'
+  | 'FINISHED_ERROR';
+
+export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
+
+export function isFinished(status: RequestStatus): boolean {
+  return status.startsWith('FINISHED_');
+}
+
+export function finishReasonOf(status: RequestStatus): FinishReason | null {
+  switch (status) {
+    case 'FINISHED_STOPPED':
+      return 'stop';
+    case 'FINISHED_LENGTH_CAPPED':
+      return 'length';
+    case 'FINISHED_ABORTED':
+      return 'abort';
+    case 'FINISHED_ERROR':
+      return 'error';
+    default:
+      return null;
+  }
+}
+
+export interface RequestInit {
+  requestId: string;
+  promptTokenIds: number[];
+  sampling: SamplingParamsData;
+  kvTransferParams?: KVTransferParams | null;
+  arrivalMs: number;
+}
+
+export class Request {
+  readonly requestId: string;
+  readonly promptTokenIds: readonly number[];
+  readonly sampling: SamplingParamsData;
+  readonly arrivalMs: number;
+  readonly outputTokenIds: number[] = [];
+  status: RequestStatus = 'WAITING';
+  numComputedTokens = 0;
+  numOutputPlaceholders = 0;
+  epoch = 0;
+  numPreemptions = 0;
+  kvTransferParams: KVTransferParams | null;
+  /** Params the connector returned at finish (prefill side), sent back to the client. */
+  finishedKvTransferParams: Record<string, unknown> | null = null;
+  error: HandoffError | null = null;
+  /** Computed tokens that came from an external load (decode side), for metrics. */
+  numExternalComputedTokens = 0;
+  /** Tokens of the local prefix hit at first admission. */
+  numLocalHitTokens = 0;
+  firstTokenMs: number | null = null;
+
+  constructor(init: RequestInit) {
+    assert(init.promptTokenIds.length > 0, 'a request needs at least one prompt token');
+    assert(init.sampling.maxTokens >= 1, 'maxTokens must be >= 1');
+    this.requestId = init.requestId;
+    this.promptTokenIds = [...init.promptTokenIds];
+    this.sampling = init.sampling;
+    this.kvTransferParams = init.kvTransferParams ?? null;
+    this.arrivalMs = init.arrivalMs;
+  }
+
+  get numPromptTokens(): number {
+    return this.promptTokenIds.length;
+  }
+  /** Tokens known on the host (prompt + processed outputs). */
+  get numTokens(): number {
+    return this.promptTokenIds.length + this.outputTokenIds.length;
+  }
+  /** Tokens including the ones still being sampled by in-flight steps. */
+  get numTokensWithPlaceholders(): number {
+    return this.numTokens + this.numOutputPlaceholders;
+  }
+  get allTokenIds(): number[] {
+    return [...this.promptTokenIds, ...this.outputTokenIds];
+  }
+  get isFinished(): boolean {
+    return isFinished(this.status);
+  }
+  /** May another sampling step be scheduled without exceeding maxTokens? */
+  get canSampleMore(): boolean {
+    return this.outputTokenIds.length + this.numOutputPlaceholders < this.sampling.maxTokens;
+  }
+}

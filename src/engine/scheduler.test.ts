@@ -1,0 +1,227 @@
+/**
+ * Scheduler tests: the READ-exclusion sequence through a real scheduler, async scheduling one step ahead,
+ * deferred frees, producer hand-off with grants and leases, WRITE async loads, load-failure policies, and
+ * property tests (no page owned twice, token accounting, every request ends, nothing leaks).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fc from 'fast-check';
+import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
+import { OneSidedConnectorScheduler, type GrantIssuer } from '../connector/one_sided_scheduler.ts';
+import type { KVTransferParams } from '../connector/params.ts';
+import type { SimEnv } from '../util/env.ts';
+import type { KVCacheManager } from '../kv/kv_cache_manager.ts';
+import { fakeRun, makeRequest, makeScheduler } from './scheduler_testkit.ts';
+
+const GRANT = 'cd'.repeat(16);
+
+function oneSided(cfg: Partial<OneSidedConfig>, grants: GrantIssuer | null = null) {
+  return (env: SimEnv, kv: KVCacheManager) =>
+    new OneSidedConnectorScheduler({ ...DEFAULT_ONE_SIDED_CONFIG, ...cfg }, kv.config, env, { engineId: 'e', host: '127.0.0.1', port: 7 }, grants);
+}
+
+function readParams(remote: number[][]): KVTransferParams {
+  return {
+    do_remote_prefill: true,
+    remote_engine_id: 'prefill-0',
+    remote_host: '127.0.0.1',
+    remote_port: 5,
+    remote_block_ids: remote,
+    transfer_id: 'x1',
+    grant: GRANT,
+  };
+}
+
+test('sequence: READ destinations excluded at admission; after finish the same pages go to a local request and are zeroed', () => {
+  // 7 blocks = null + 6: the READ request takes all six, so the next request must reuse them.
+  const { scheduler, kv } = makeScheduler({ numBlocks: 7, connector: oneSided({ role: 'consumer', mode: 'read' }) });
+  const a = makeRequest(33, 1, readParams([[1, 2], [3, 4]]));
+  scheduler.addRequest(a);
+  const so1 = scheduler.schedule();
+  const pages = kv.getBlockIds(a.requestId);
+  assert.equal(so1.scheduledNewReqs[0]?.numComputedTokens, 32, 'N-1 tokens come from prefill');
+  assert.equal(so1.numScheduledTokens[a.requestId], 1, 'decode recomputes the last prompt token');
+  assert.equal(so1.hasSyncKvLoads, true);
+  const tails = pages.map((g) => g[2]);
+  assert.deepEqual(so1.newBlockIdsToZero, tails, 'only the recompute tail of each group is zeroed');
+  scheduler.updateFromOutput(so1, fakeRun(so1));
+  assert.equal(kv.getNumFreeBlocks(), 6, 'finished request’s pages freed once its step was processed');
+  const b = makeRequest(33, 1);
+  scheduler.addRequest(b);
+  const so2 = scheduler.schedule();
+  assert.deepEqual([...(so2.newBlockIdsToZero ?? [])].sort(), pages.flat().sort(), 'every reused page is zeroed again');
+});
+
+test('async scheduling: a decode step is scheduled before the previous output is seen; the fence defers frees', () => {
+  const { scheduler, kv } = makeScheduler({ numBlocks: 32 });
+  const r = makeRequest(20, 3);
+  scheduler.addRequest(r);
+  const s1 = scheduler.schedule();
+  const s2 = scheduler.schedule(); // one step ahead: input is the token s1 samples
+  assert.equal(s2.numScheduledTokens[r.requestId], 1);
+  assert.deepEqual(s2.scheduledCachedReqs[0]?.newTokenIds, [], 'the input token is still on the device');
+  assert.equal(r.numOutputPlaceholders, 2);
+  scheduler.abortRequest(r.requestId);
+  const held = kv.getNumFreeBlocks();
+  scheduler.updateFromOutput(s1, fakeRun(s1));
+  assert.equal(kv.getNumFreeBlocks(), held, 'pages stay out of the pool while step 2 may still write them');
+  scheduler.updateFromOutput(s2, fakeRun(s2));
+  assert.equal(kv.getNumFreeBlocks(), 31, 'freed once every step that could write them was processed');
+  assert.ok(scheduler.isQuiescent());
+});
+
+test('producer: pages held and granted until release; a lease that runs out frees them and revokes the grant', () => {
+  const issued: string[] = [];
+  const revoked: string[] = [];
+  const grants: GrantIssuer = {
+    issueGrant: (g) => (issued.push(`${g.transferId}:${g.blockIds.join(',')}`), { token: GRANT, expiresAtMs: 99 }),
+    revokeGrant: (t) => void revoked.push(t),
+  };
+  const { scheduler, kv, env } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'producer', leaseMs: 1000 }, grants) });
+  const r = makeRequest(40, 1, { do_remote_decode: true, transfer_id: 'T1' });
+  scheduler.addRequest(r);
+  const so = scheduler.schedule();
+  const outs = scheduler.updateFromOutput(so, fakeRun(so));
+  const params = outs[0]?.kvTransferParams as Record<string, unknown>;
+  assert.equal(outs[0]?.finishReason, 'length');
+  assert.deepEqual(params['remote_block_ids'], so.scheduledNewReqs[0]?.blockIds, 'one list per transfer group');
+  assert.equal(params['grant'], GRANT);
+  assert.equal(issued.length, 1);
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'held for the decode side');
+  // Released by the decode side (the worker reports finishedSending).
+  const r2 = makeRequest(40, 1, { do_remote_decode: true, transfer_id: 'T2' }, 'r2', 500);
+  scheduler.addRequest(r2);
+  const so2 = scheduler.schedule();
+  scheduler.updateFromOutput(so2, fakeRun(so2, { finishedSending: [r.requestId] }));
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'r freed, r2 now held');
+  env.advanceTo(5000);
+  const so3 = scheduler.schedule();
+  scheduler.updateFromOutput(so3, fakeRun(so3));
+  assert.deepEqual(revoked, ['T2'], 'lease ran out without a release');
+  assert.equal(kv.getNumFreeBlocks(), 15);
+  assert.ok(scheduler.isQuiescent());
+});
+
+test('WRITE consumer: async load parks the request, exempts its pages from zeroing, resumes on finishedRecving', () => {
+  const { scheduler, kv } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'consumer', mode: 'write' }) });
+  const r = makeRequest(33, 2, { do_remote_prefill: true, remote_engine_id: 'p', remote_host: 'h', remote_port: 1, transfer_id: 'w1' });
+  scheduler.addRequest(r);
+  const so1 = scheduler.schedule();
+  assert.equal(r.status, 'WAITING_FOR_REMOTE_KVS');
+  assert.equal(so1.totalNumScheduledTokens, 0);
+  assert.equal(so1.newBlockIdsToZero, null, 'the skip set exempts exactly the loaded pages');
+  assert.equal((so1.kvConnectorMetadata as { reqsToNotify: unknown[] }).reqsToNotify.length, 1);
+  scheduler.updateFromOutput(so1, fakeRun(so1));
+  const so2 = scheduler.schedule();
+  assert.equal(so2.totalNumScheduledTokens, 0, 'still waiting');
+  scheduler.updateFromOutput(so2, fakeRun(so2, { finishedRecving: [r.requestId] }));
+  const so3 = scheduler.schedule();
+  assert.equal(so3.numScheduledTokens[r.requestId], 1, 'full hit: the last token is recomputed');
+  assert.equal(kv.getBlockIds(r.requestId)[0]?.length, 3);
+});
+
+for (const policy of ['recompute', 'fail'] as const) {
+  test(`READ failure with kvLoadFailurePolicy=${policy}`, () => {
+    const { scheduler } = makeScheduler({
+      numBlocks: 16,
+      config: { kvLoadFailurePolicy: policy },
+      connector: oneSided({ role: 'consumer', mode: 'read' }),
+    });
+    const r = makeRequest(33, 2, readParams([[1, 2], [3, 4]]));
+    scheduler.addRequest(r);
+    const so1 = scheduler.schedule();
+    const outs = scheduler.updateFromOutput(so1, fakeRun(so1, { failedLoadReqIds: [r.requestId] }));
+    if (policy === 'fail') {
+      assert.equal(outs[0]?.error?.code, 'KV_LOAD_FAILED');
+      assert.equal(outs[0]?.finishReason, 'error');
+      assert.ok(scheduler.isQuiescent());
+      return;
+    }
+    assert.equal(outs.length, 0, 'the sampled token of the failed step is discarded');
+    const so2 = scheduler.schedule();
+    const again = so2.scheduledNewReqs[0];
+    assert.equal(again?.numComputedTokens, 0, 'recomputed locally from the first invalid page');
+    assert.equal(so2.numScheduledTokens[r.requestId], 33);
+    assert.equal(so2.newBlockIdsToZero?.length, 6, 'every page from the first invalid one on (both groups) is zeroed again before recompute');
+  });
+}
+
+test('bad transfer params found at allocation fail that request alone', () => {
+  const { scheduler } = makeScheduler({ numBlocks: 16, config: { numLookaheadTokens: 0 }, connector: oneSided({ role: 'consumer' }) });
+  // Remote has 1 page per group for a 33-token prompt: decode's 3 pages exceed it by 2 > allowed tail 1.
+  const bad = makeRequest(33, 1, readParams([[1], [2]]));
+  const good = makeRequest(10, 1);
+  scheduler.addRequest(bad);
+  scheduler.addRequest(good);
+  const so = scheduler.schedule();
+  assert.equal(so.numScheduledTokens[good.requestId], 10);
+  const outs = scheduler.updateFromOutput(so, fakeRun(so));
+  const err = outs.find((o) => o.requestId === bad.requestId);
+  assert.equal(err?.error?.code, 'BAD_TRANSFER_PARAMS');
+  assert.match(err?.error?.message ?? '', /allowed local tail/);
+  assert.ok(scheduler.isQuiescent());
+});
+
+test('property: under page pressure, preemption and aborts, no page is owned twice, tokens add up, every request ends, nothing leaks', () => {
+  fc.assert(
+    fc.property(
+      fc.array(fc.record({ prompt: fc.integer({ min: 1, max: 70 }), maxTokens: fc.integer({ min: 1, max: 12 }), abortAt: fc.option(fc.integer({ min: 1, max: 30 })) }), {
+        minLength: 1,
+        maxLength: 12,
+      }),
+      fc.integer({ min: 14, max: 40 }),
+      fc.boolean(),
+      (specs, numBlocks, prefixSharing) => {
+        const { scheduler, kv } = makeScheduler({ preset: 'dsv4-mini', numBlocks, config: { maxNumBatchedTokens: 64, maxNumSeqs: 6, maxModelLen: 100 } });
+        const reqs = specs.map((s, i) => makeRequest(s.prompt, s.maxTokens, null, `p${i}`, prefixSharing ? 1 : 1 + i * 100));
+        const produced = new Map<string, number>();
+        const finished = new Map<string, string>();
+        for (const r of reqs) scheduler.addRequest(r);
+        const queue: ReturnType<typeof scheduler.schedule>[] = [];
+        let steps = 0;
+        while ((scheduler.hasWork() || queue.length > 0) && steps < 2000) {
+          steps++;
+          specs.forEach((s, i) => s.abortAt === steps && scheduler.abortRequest(`p${i}`));
+          if (queue.length < 2 && scheduler.hasWork()) {
+            queue.push(scheduler.schedule());
+            // Invariant: a page is owned by two live requests only as a shared prefix page: same group,
+            // same position, same tokens in that block.
+            const owners = new Map<number, { id: string; group: number; idx: number; tokens: string }>();
+            for (const r of reqs) {
+              if (!scheduler.requests.has(r.requestId)) continue;
+              kv.getBlockIds(r.requestId).forEach((ids, group) =>
+                ids.forEach((b, idx) => {
+                  const tokens = r.allTokenIds.slice(idx * 16, idx * 16 + 16).join(',');
+                  const prev = owners.get(b);
+                  if (prev) {
+                    assert.equal(prev.group, group, `page ${b} in two groups`);
+                    assert.equal(prev.idx, idx, `page ${b} at two positions`);
+                    assert.equal(prev.tokens, tokens, `page ${b} shared by ${prev.id} and ${r.requestId} with different tokens`);
+                  }
+                  owners.set(b, { id: r.requestId, group, idx, tokens });
+                }),
+              );
+            }
+            continue;
+          }
+          const so = queue.shift();
+          if (!so) break;
+          for (const o of scheduler.updateFromOutput(so, fakeRun(so))) {
+            produced.set(o.requestId, (produced.get(o.requestId) ?? 0) + o.newTokenIds.length);
+            if (o.finishReason) finished.set(o.requestId, o.finishReason);
+          }
+        }
+        assert.ok(steps < 2000, 'every request ends within the step budget');
+        specs.forEach((s, i) => {
+          const why = finished.get(`p${i}`);
+          assert.ok(why, `p${i} finished`);
+          if (why === 'length') assert.equal(produced.get(`p${i}`), s.maxTokens, 'exactly maxTokens tokens');
+          else assert.equal(why, 'abort');
+        });
+        assert.ok(scheduler.isQuiescent());
+        assert.equal(kv.getNumFreeBlocks(), numBlocks - 1, 'every page is back in the pool');
+      },
+    ),
+    { numRuns: 150 },
+  );
+});

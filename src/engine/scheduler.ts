@@ -1,0 +1,506 @@
+/**
+ * Scheduler: decides, each step, which requests compute how many tokens, allocates their pages, builds
+ * the zeroing list and the connector metadata, and applies the worker's results.
+ *
+ * schedule():
+ *   1. running requests first (decode steps, prefill chunks), preempting the newest when out of pages;
+ *   2. waiting requests in order: local prefix hit → connector.getNumNewMatchedTokens → allocateSlots →
+ *      connector.updateStateAfterAlloc; async loads park in WAITING_FOR_REMOTE_KVS and their
+ *      destinations go to the per-step skip set;
+ *   3. newBlockIdsToZero = takeNewBlockIds() − skip set (null when zeroing is not needed);
+ *   4. connector.buildConnectorMeta(output) on the final list (READ destinations may be removed there);
+ *   5. advance numComputedTokens and output placeholders (async scheduling: one step ahead).
+ * updateFromOutput(): append sampled tokens, stop checks, load failures, finished sending/receiving,
+ * and deferred frees behind the fence (free_fence.ts).
+ */
+import { assert, defined } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { Env } from '../util/env.ts';
+import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
+import type { ConnectorScheduler } from '../connector/base.ts';
+import {
+  makeEmptySchedulerOutput,
+  type CachedRequestData,
+  type ModelRunnerOutput,
+  type NewRequestData,
+  type SchedulerOutput,
+} from '../worker/scheduler_output.ts';
+import { FreeFence } from './free_fence.ts';
+import type { EngineOutput } from './output.ts';
+import { finishReasonOf, Request, type RequestStatus } from './request.ts';
+
+export interface SchedulerConfig {
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  enableChunkedPrefill: boolean;
+  enablePrefixCaching: boolean;
+  numLookaheadTokens: number;
+  kvLoadFailurePolicy: 'fail' | 'recompute';
+  eosTokenId: number;
+  /** Bound on the waiting queue (CONVENTIONS: bound everything). */
+  maxWaiting: number;
+}
+
+export const DEFAULT_SCHEDULER_CONFIG: SchedulerConfig = {
+  maxNumSeqs: 32,
+  maxNumBatchedTokens: 512,
+  maxModelLen: 1024,
+  enableChunkedPrefill: true,
+  enablePrefixCaching: true,
+  numLookaheadTokens: 0,
+  kvLoadFailurePolicy: 'recompute',
+  eosTokenId: 50256,
+  maxWaiting: 4096,
+};
+
+export class Scheduler {
+  readonly requests = new Map<string, Request>();
+  private waiting: Request[] = [];
+  private running: Request[] = [];
+  private step = 0;
+  private readonly fence: FreeFence;
+  /** Finished or preempted ids not yet told to the worker. */
+  private finishedSinceLast: string[] = [];
+  private preemptedSinceLast: string[] = [];
+  /** Finished requests whose pages the connector holds until finishedSending. */
+  private readonly heldForSend = new Map<string, number[][]>();
+  private readonly finishedRecving = new Set<string>();
+  /** Per step: request → epoch when scheduled (outputs of older epochs are dropped). */
+  private readonly inflight = new Map<number, Map<string, number>>();
+  private skipZeroBlockIds = new Set<number>();
+  /** Requests whose synchronous load ran in a step: request → step (their pages are published after it). */
+  private readonly syncLoads = new Map<string, number>();
+  private pendingOutputs: EngineOutput[] = [];
+  stats = { preemptions: 0, pagesZeroListed: 0, pagesExcludedFromZeroing: 0, loadFailures: 0 };
+
+  constructor(
+    readonly config: SchedulerConfig,
+    readonly kv: KVCacheManager,
+    readonly connector: ConnectorScheduler,
+    private readonly env: Env,
+  ) {
+    assert(config.maxNumSeqs >= 1 && config.maxNumBatchedTokens >= 1, 'scheduler limits must be positive');
+    this.fence = new FreeFence((blocks) => this.kv.freeBlockIds(blocks));
+  }
+
+  addRequest(req: Request): void {
+    assert(!this.requests.has(req.requestId), `duplicate request id ${req.requestId}`);
+    if (this.waiting.length >= this.config.maxWaiting) {
+      throw new HandoffError('OVERLOADED', `waiting queue is full (${this.config.maxWaiting} requests)`);
+    }
+    if (req.numPromptTokens + req.sampling.maxTokens > this.config.maxModelLen) {
+      throw new HandoffError(
+        'PROMPT_TOO_LONG',
+        `prompt (${req.numPromptTokens} tokens) + max_tokens (${req.sampling.maxTokens}) exceeds the model's maximum length ${this.config.maxModelLen}`,
+      );
+    }
+    this.requests.set(req.requestId, req);
+    this.waiting.push(req);
+  }
+
+  /** Abort: the request finishes now; its pages are freed behind the fence. */
+  abortRequest(requestId: string, status: RequestStatus = 'FINISHED_ABORTED', error: HandoffError | null = null): boolean {
+    const req = this.requests.get(requestId);
+    if (!req || req.isFinished) return false;
+    req.error = error;
+    this.finish(req, status);
+    return true;
+  }
+
+  hasUnfinishedRequests(): boolean {
+    return this.waiting.length + this.running.length > 0;
+  }
+  /** Anything to do at all (requests, pages held for peers, pending frees). */
+  hasWork(): boolean {
+    return this.hasUnfinishedRequests() || this.connector.hasPendingWork() || this.fence.numPending > 0 || this.finishedSinceLast.length > 0;
+  }
+  get numRunning(): number {
+    return this.running.length;
+  }
+  get numWaiting(): number {
+    return this.waiting.length;
+  }
+  get numHeldForSend(): number {
+    return this.heldForSend.size;
+  }
+
+  schedule(): SchedulerOutput {
+    const step = ++this.step;
+    const out = makeEmptySchedulerOutput(step);
+    const epochs = new Map<string, number>();
+    let budget = this.config.maxNumBatchedTokens;
+    const scheduled = new Set<string>();
+
+    // 1. Running requests.
+    let i = 0;
+    let blocked = false;
+    while (i < this.running.length && budget > 0) {
+      const req = defined(this.running[i], 'running request');
+      let numNew = req.numTokensWithPlaceholders - req.numComputedTokens;
+      if (numNew <= 0 || (req.numComputedTokens >= req.numTokens && !req.canSampleMore)) {
+        i++;
+        continue;
+      }
+      numNew = Math.min(numNew, budget);
+      const newBlocks = this.allocateOrPreempt(req, numNew);
+      if (newBlocks === null) break; // req itself was preempted; everything after it was too
+      if (newBlocks === 'wait') {
+        blocked = true;
+        i++;
+        continue;
+      }
+      const tokenIds = req.allTokenIds;
+      const end = req.numComputedTokens + numNew;
+      const known = end <= req.numTokens;
+      assert(known || numNew === 1, `a step past the known tokens computes exactly one (got ${numNew})`);
+      const data: CachedRequestData = {
+        requestId: req.requestId,
+        newBlockIds: newBlocks,
+        numComputedTokens: req.numComputedTokens,
+        newTokenIds: known ? tokenIds.slice(req.numComputedTokens, end) : [],
+        numOutputTokens: req.outputTokenIds.length + req.numOutputPlaceholders,
+      };
+      out.scheduledCachedReqs.push(data);
+      this.noteScheduled(out, req, numNew, epochs, scheduled);
+      budget -= numNew;
+      i++;
+    }
+
+    // 2. Waiting requests.
+    const skipped: Request[] = [];
+    // No admissions while a running request waits for pages: they would take the pages it waits for.
+    while (!blocked && this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+      const req = defined(this.waiting.shift(), 'waiting request');
+      if (req.status === 'WAITING_FOR_REMOTE_KVS') {
+        if (!this.finishedRecving.delete(req.requestId)) {
+          skipped.push(req);
+          continue;
+        }
+        this.resumeAfterAsyncLoad(req);
+      }
+      const admitted = this.admit(req, budget, out, epochs, scheduled);
+      if (admitted === 'no-pages') {
+        this.waiting.unshift(req);
+        break;
+      }
+      if (admitted === 'skip' || admitted === 'parked') skipped.push(req);
+      else if (typeof admitted === 'number') budget -= admitted;
+    }
+    this.waiting.unshift(...skipped);
+
+    // 3. Zeroing list, once, after admissions.
+    out.newBlockIdsToZero = this.takeNewBlockIdsToZero();
+    const before = out.newBlockIdsToZero?.length ?? 0;
+    // 4. Connector metadata on the final list.
+    out.kvConnectorMetadata = this.connector.buildConnectorMeta(out);
+    const after = out.newBlockIdsToZero?.length ?? 0;
+    this.stats.pagesZeroListed += after;
+    this.stats.pagesExcludedFromZeroing += before - after;
+
+    out.finishedReqIds = this.finishedSinceLast;
+    out.preemptedReqIds = this.preemptedSinceLast;
+    this.finishedSinceLast = [];
+    this.preemptedSinceLast = [];
+    this.fence.scheduled(step);
+    this.inflight.set(step, epochs);
+
+    // 5. One step ahead: advance computed tokens and placeholders now.
+    for (const [id, n] of Object.entries(out.numScheduledTokens)) {
+      const req = defined(this.requests.get(id), 'scheduled request');
+      req.numComputedTokens += n;
+      if (out.sampleAfter[id]) req.numOutputPlaceholders += 1;
+    }
+    return out;
+  }
+
+  private noteScheduled(out: SchedulerOutput, req: Request, numNew: number, epochs: Map<string, number>, scheduled: Set<string>): void {
+    out.numScheduledTokens[req.requestId] = numNew;
+    out.totalNumScheduledTokens += numNew;
+    out.sampleAfter[req.requestId] = req.numComputedTokens + numNew >= req.numTokensWithPlaceholders && req.canSampleMore;
+    epochs.set(req.requestId, req.epoch);
+    scheduled.add(req.requestId);
+  }
+
+  /**
+   * Allocate for a running request. When out of pages: if freed pages are on their way back (behind the
+   * fence), wait a step; otherwise preempt the newest running request, and stop after one preemption
+   * whose pages are only deferred (preempting more would free nothing this step: a cascade that makes
+   * no progress, vLLM #49674).
+   */
+  private allocateOrPreempt(req: Request, numNew: number): number[][] | 'wait' | null {
+    for (;;) {
+      const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, { numLookaheadTokens: this.config.numLookaheadTokens });
+      if (blocks !== null) return blocks;
+      if (this.fence.numPending > 0) return 'wait';
+      const victim = this.running[this.running.length - 1];
+      assert(victim !== undefined, 'running list cannot be empty while a running request allocates');
+      this.preempt(victim);
+      if (victim === req) return null;
+      if (this.fence.numPending > 0) return 'wait';
+    }
+  }
+
+  private preempt(req: Request): void {
+    const idx = this.running.indexOf(req);
+    assert(idx >= 0, 'only running requests are preempted');
+    this.running.splice(idx, 1);
+    this.fence.defer(this.kv.detach(req.requestId));
+    req.status = 'PREEMPTED';
+    req.numComputedTokens = 0;
+    req.numOutputPlaceholders = 0;
+    req.epoch++;
+    req.numPreemptions++;
+    this.stats.preemptions++;
+    this.preemptedSinceLast.push(req.requestId);
+    this.waiting.unshift(req);
+  }
+
+  /** Try to admit a waiting request; returns tokens scheduled, or why not. */
+  private admit(
+    req: Request,
+    budget: number,
+    out: SchedulerOutput,
+    epochs: Map<string, number>,
+    scheduled: Set<string>,
+  ): number | 'skip' | 'no-pages' | 'parked' | 'failed' {
+    const tokens = this.tokensOf(req);
+    let localBlocks: number[][] | undefined;
+    let numLocal = req.numComputedTokens;
+    if (numLocal === 0 && this.config.enablePrefixCaching) {
+      const hit = this.kv.getComputedBlocks(tokens);
+      localBlocks = hit.blocks;
+      numLocal = hit.numComputedTokens;
+    }
+    const match = this.connector.getNumNewMatchedTokens(req, numLocal);
+    if (match.numExternalTokens === null) return 'skip';
+    const numExternal = match.numExternalTokens;
+    assert(numExternal >= 0, 'external tokens cannot be negative');
+    assert(!(match.loadAsync && numExternal === 0), 'an async load must load something');
+    const numComputed = numLocal + numExternal;
+    assert(numComputed < req.numTokens || match.loadAsync, 'at least one token is computed locally');
+    let numNew = match.loadAsync ? 0 : req.numTokens - numComputed;
+    if (!match.loadAsync && numNew > budget) {
+      if (!this.config.enableChunkedPrefill) return 'no-pages';
+      numNew = budget;
+    }
+    const newBlocks = this.kv.allocateSlots(tokens, numNew, {
+      numNewComputedTokens: req.numComputedTokens === 0 ? numLocal : 0,
+      newComputedBlocks: req.numComputedTokens === 0 ? localBlocks : undefined,
+      numExternalComputedTokens: numExternal,
+      numLookaheadTokens: match.loadAsync ? 0 : this.config.numLookaheadTokens,
+      // Pages a load will fill are published only once the load landed (a failed READ must not be hit).
+      delayCacheBlocks: match.loadAsync || numExternal > 0,
+    });
+    if (newBlocks === null) return 'no-pages';
+    const allBlocks = this.kv.getBlockIds(req.requestId);
+    try {
+      this.connector.updateStateAfterAlloc(req, allBlocks, numExternal);
+    } catch (e) {
+      if (!(e instanceof HandoffError)) throw e;
+      // Bad transfer params found only now (e.g. a decode tail beyond the allowed one): fail this request alone.
+      req.error = e;
+      req.status = 'WAITING';
+      this.finish(req, 'FINISHED_ERROR');
+      return 'failed';
+    }
+    req.numExternalComputedTokens += numExternal;
+    if (req.numComputedTokens === 0) req.numLocalHitTokens = numLocal;
+
+    if (match.loadAsync) {
+      req.status = 'WAITING_FOR_REMOTE_KVS';
+      req.numComputedTokens = numComputed;
+      for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed)) this.skipZeroBlockIds.add(b);
+      return 'parked';
+    }
+    req.status = 'RUNNING';
+    req.numComputedTokens = numComputed;
+    this.running.push(req);
+    const data: NewRequestData = {
+      requestId: req.requestId,
+      tokenIds: req.allTokenIds,
+      numPromptTokens: req.numPromptTokens,
+      blockIds: allBlocks,
+      numComputedTokens: numComputed,
+      sampling: req.sampling,
+      numOutputTokens: req.outputTokenIds.length,
+    };
+    out.scheduledNewReqs.push(data);
+    if (numExternal > 0) {
+      out.hasSyncKvLoads = true;
+      this.syncLoads.set(req.requestId, out.step);
+    }
+    this.noteScheduled(out, req, numNew, epochs, scheduled);
+    return numNew;
+  }
+
+  /** An async load finished: the request becomes schedulable; on a full hit one token is recomputed. */
+  private resumeAfterAsyncLoad(req: Request): void {
+    if (this.config.enablePrefixCaching) this.kv.cacheBlocks(this.tokensOf(req), req.numComputedTokens);
+    if (req.numComputedTokens >= req.numTokens) req.numComputedTokens = req.numTokens - 1;
+    req.status = 'WAITING';
+  }
+
+  private takeNewBlockIdsToZero(): number[] | null {
+    const ids = this.kv.takeNewBlockIds(); // always drain, so the list never grows
+    const skip = this.skipZeroBlockIds;
+    this.skipZeroBlockIds = new Set();
+    if (!this.kv.config.needsKvCacheZeroing) return null;
+    const kept = skip.size > 0 ? ids.filter((b) => !skip.has(b)) : ids;
+    return kept.length > 0 ? kept : null;
+  }
+
+  private tokensOf(req: Request): RequestTokens {
+    return { requestId: req.requestId, tokenIds: req.allTokenIds, numComputedTokens: req.numComputedTokens };
+  }
+
+  /** Apply one step's results. Returns per-request outputs (tokens, finishes, errors). */
+  updateFromOutput(so: SchedulerOutput, result: ModelRunnerOutput): EngineOutput[] {
+    assert(so.step === result.step, `output of step ${result.step} applied to step ${so.step}`);
+    const epochs = this.inflight.get(so.step) ?? new Map<string, number>();
+    this.inflight.delete(so.step);
+    const conn = this.connector.updateConnectorOutput(result.kvConnectorOutput);
+    const outputs: EngineOutput[] = [];
+
+    const failed = new Set(conn.failedLoadReqIds);
+    if (conn.invalidBlockIds.length > 0 || failed.size > 0) this.handleLoadErrors(conn.invalidBlockIds, failed, epochs);
+
+    for (const s of result.sampled) {
+      const req = this.requests.get(s.requestId);
+      if (!req || req.isFinished || epochs.get(s.requestId) !== req.epoch || failed.has(s.requestId)) continue;
+      assert(req.numOutputPlaceholders > 0, `sampled token for ${s.requestId} without a placeholder`);
+      req.numOutputPlaceholders--;
+      req.outputTokenIds.push(s.tokenId);
+      if (req.firstTokenMs === null) req.firstTokenMs = this.env.nowMs();
+      const stop = this.stopStatus(req, s.tokenId);
+      if (stop) this.finish(req, stop);
+      outputs.push({
+        requestId: req.requestId,
+        newTokenIds: [s.tokenId],
+        newLogprobs: [s.logprob],
+        logitsHashes: [s.logitsHash],
+        nanLogits: s.nanLogits,
+        finishReason: finishReasonOf(req.status),
+        kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null,
+        error: null,
+        numPromptTokens: req.numPromptTokens,
+        numCachedTokens: 0,
+        numExternalTokens: req.numExternalComputedTokens,
+      });
+    }
+    for (const [id, step] of this.syncLoads) {
+      if (step !== so.step) continue;
+      this.syncLoads.delete(id);
+      const req = this.requests.get(id);
+      if (req && !req.isFinished && !failed.has(id) && this.config.enablePrefixCaching) {
+        this.kv.cacheBlocks(this.tokensOf(req), Math.min(req.numComputedTokens, req.numTokens));
+      }
+    }
+    for (const id of conn.finishedRecving) this.finishedRecving.add(id);
+    for (const id of conn.finishedSending) {
+      const blocks = this.heldForSend.get(id);
+      if (blocks) {
+        this.heldForSend.delete(id);
+        this.fence.defer(blocks);
+      }
+    }
+    this.fence.processed(so.step);
+    outputs.push(...this.drainPendingOutputs());
+    return outputs;
+  }
+
+  private handleLoadErrors(invalidBlockIds: number[], failed: Set<string>, epochs: Map<string, number>): void {
+    const invalid = new Set(invalidBlockIds);
+    const bs = defined(this.kv.config.groups[0], 'group 0').spec.blockSize;
+    // Async loads that failed (WRITE never arrived): recompute from the local hit, or fail.
+    for (const req of this.waiting.filter((r) => r.status === 'WAITING_FOR_REMOTE_KVS' && failed.has(r.requestId))) {
+      this.stats.loadFailures++;
+      if (this.config.kvLoadFailurePolicy === 'fail') {
+        req.error = new HandoffError('KV_LOAD_FAILED', `KV load for request ${req.requestId} failed`);
+        this.finish(req, 'FINISHED_ERROR');
+        continue;
+      }
+      const start = Math.floor(req.numLocalHitTokens / bs) * bs;
+      this.kv.recordBlocksForZeroing(req.requestId, start);
+      req.numComputedTokens = start;
+      req.status = 'PREEMPTED';
+      this.finishedRecving.delete(req.requestId);
+    }
+    for (const req of [...this.running]) {
+      if (epochs.get(req.requestId) !== req.epoch) continue;
+      const blocks = this.kv.getBlockIds(req.requestId);
+      // A failed request without page detail: every loaded page is suspect, from the first external page.
+      let firstBad = failed.has(req.requestId) ? Math.floor(req.numLocalHitTokens / bs) : Infinity;
+      for (const g of blocks) g.forEach((b, idx) => invalid.has(b) && (firstBad = Math.min(firstBad, idx)));
+      if (firstBad === Infinity) continue;
+      this.stats.loadFailures++;
+      failed.add(req.requestId);
+      if (this.config.kvLoadFailurePolicy === 'fail') {
+        req.error = new HandoffError('KV_LOAD_FAILED', `KV load for request ${req.requestId} failed`);
+        this.finish(req, 'FINISHED_ERROR');
+        continue;
+      }
+      // Recompute: truncate to the first invalid page, re-zero the pages from there, rebuild on the worker.
+      const startToken = Math.min(firstBad * bs, Math.floor((req.numTokens - 1) / bs) * bs);
+      this.kv.recordBlocksForZeroing(req.requestId, startToken);
+      req.numComputedTokens = startToken;
+      req.numOutputPlaceholders = 0;
+      req.epoch++;
+      this.running.splice(this.running.indexOf(req), 1);
+      req.status = 'PREEMPTED';
+      this.preemptedSinceLast.push(req.requestId);
+      this.waiting.unshift(req);
+    }
+  }
+
+  private stopStatus(req: Request, tokenId: number): RequestStatus | null {
+    if (!req.sampling.ignoreEos && tokenId === this.config.eosTokenId) return 'FINISHED_STOPPED';
+    if (req.sampling.stopTokenIds.includes(tokenId)) return 'FINISHED_STOPPED';
+    if (req.outputTokenIds.length >= req.sampling.maxTokens) return 'FINISHED_LENGTH_CAPPED';
+    if (req.numTokens >= this.config.maxModelLen) return 'FINISHED_LENGTH_CAPPED';
+    return null;
+  }
+
+  private finish(req: Request, status: RequestStatus): void {
+    assert(status.startsWith('FINISHED_'), `finish needs a finished status, got ${status}`);
+    const wasQueued = this.waiting.includes(req) || this.running.includes(req);
+    this.running = this.running.filter((r) => r !== req);
+    this.waiting = this.waiting.filter((r) => r !== req);
+    req.status = status;
+    const blocks = this.kv.getBlockIds(req.requestId);
+    const handoff = this.connector.requestFinished(req, blocks);
+    req.finishedKvTransferParams = handoff.kvTransferParams;
+    const detached = this.kv.detach(req.requestId);
+    if (handoff.delayFree) this.heldForSend.set(req.requestId, detached);
+    else this.fence.defer(detached);
+    if (wasQueued) this.finishedSinceLast.push(req.requestId);
+    this.requests.delete(req.requestId);
+    if (status === 'FINISHED_ABORTED' || status === 'FINISHED_ERROR') {
+      this.pendingOutputs.push({
+        requestId: req.requestId,
+        newTokenIds: [],
+        newLogprobs: [],
+        logitsHashes: [],
+        nanLogits: false,
+        finishReason: finishReasonOf(status),
+        kvTransferParams: handoff.kvTransferParams,
+        error: req.error,
+        numPromptTokens: req.numPromptTokens,
+        numCachedTokens: 0,
+        numExternalTokens: req.numExternalComputedTokens,
+      });
+    }
+  }
+
+  /** Outputs produced outside a step (aborts while idle). */
+  drainPendingOutputs(): EngineOutput[] {
+    const o = this.pendingOutputs;
+    this.pendingOutputs = [];
+    return o;
+  }
+
+  /** Leak check: no request, nothing held, nothing pending → every page is back in the pool. */
+  isQuiescent(): boolean {
+    return !this.hasUnfinishedRequests() && this.heldForSend.size === 0 && this.kv.numRequests() === 0 && this.fence.numPending === 0 && this.fence.inFlightSteps === 0;
+  }
+}
