@@ -1,6 +1,6 @@
 /** What the engine reports per request per processed step (plain data, to the API layer). */
 import type { HandoffError } from '../util/errors.ts';
-import type { FinishReason } from './request.ts';
+import type { FinishReason, Request } from './request.ts';
 
 export interface EngineOutput {
   requestId: string;
@@ -15,4 +15,29 @@ export interface EngineOutput {
   numPromptTokens: number;
   numCachedTokens: number;
   numExternalTokens: number;
+}
+
+export function makeOutput(
+  req: Request,
+  finishReason: FinishReason | null,
+  extra: {
+    token?: { tokenId: number; logprob: number | null; logitsHash: string | null; nanLogits: boolean };
+    kvTransferParams?: Record<string, unknown> | null;
+    error?: HandoffError | null;
+  } = {},
+): EngineOutput {
+  const t = extra.token;
+  return {
+    requestId: req.requestId,
+    newTokenIds: t ? [t.tokenId] : [],
+    newLogprobs: t ? [t.logprob] : [],
+    logitsHashes: t ? [t.logitsHash] : [],
+    nanLogits: t?.nanLogits ?? false,
+    finishReason,
+    kvTransferParams: extra.kvTransferParams ?? null,
+    error: extra.error ?? null,
+    numPromptTokens: req.numPromptTokens,
+    numCachedTokens: req.numLocalHitTokens,
+    numExternalTokens: req.numExternalComputedTokens,
+  };
 }

@@ -26,33 +26,11 @@ import {
   type SchedulerOutput,
 } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
-import type { EngineOutput } from './output.ts';
+import { makeOutput, type EngineOutput } from './output.ts';
+import type { SchedulerConfig } from './scheduler_config.ts';
+
+export { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from './scheduler_config.ts';
 import { finishReasonOf, Request, type RequestStatus } from './request.ts';
-
-export interface SchedulerConfig {
-  maxNumSeqs: number;
-  maxNumBatchedTokens: number;
-  maxModelLen: number;
-  enableChunkedPrefill: boolean;
-  enablePrefixCaching: boolean;
-  numLookaheadTokens: number;
-  kvLoadFailurePolicy: 'fail' | 'recompute';
-  eosTokenId: number;
-  /** Bound on the waiting queue (CONVENTIONS: bound everything). */
-  maxWaiting: number;
-}
-
-export const DEFAULT_SCHEDULER_CONFIG: SchedulerConfig = {
-  maxNumSeqs: 32,
-  maxNumBatchedTokens: 512,
-  maxModelLen: 1024,
-  enableChunkedPrefill: true,
-  enablePrefixCaching: true,
-  numLookaheadTokens: 0,
-  kvLoadFailurePolicy: 'recompute',
-  eosTokenId: 50256,
-  maxWaiting: 4096,
-};
 
 export class Scheduler {
   readonly requests = new Map<string, Request>();
@@ -374,19 +352,7 @@ export class Scheduler {
       if (req.firstTokenMs === null) req.firstTokenMs = this.env.nowMs();
       const stop = this.stopStatus(req, s.tokenId);
       if (stop) this.finish(req, stop);
-      outputs.push({
-        requestId: req.requestId,
-        newTokenIds: [s.tokenId],
-        newLogprobs: [s.logprob],
-        logitsHashes: [s.logitsHash],
-        nanLogits: s.nanLogits,
-        finishReason: finishReasonOf(req.status),
-        kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null,
-        error: null,
-        numPromptTokens: req.numPromptTokens,
-        numCachedTokens: 0,
-        numExternalTokens: req.numExternalComputedTokens,
-      });
+      outputs.push(makeOutput(req, finishReasonOf(req.status), { token: s, kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null }));
     }
     for (const [id, step] of this.syncLoads) {
       if (step !== so.step) continue;
@@ -476,19 +442,7 @@ export class Scheduler {
     if (wasQueued) this.finishedSinceLast.push(req.requestId);
     this.requests.delete(req.requestId);
     if (status === 'FINISHED_ABORTED' || status === 'FINISHED_ERROR') {
-      this.pendingOutputs.push({
-        requestId: req.requestId,
-        newTokenIds: [],
-        newLogprobs: [],
-        logitsHashes: [],
-        nanLogits: false,
-        finishReason: finishReasonOf(status),
-        kvTransferParams: handoff.kvTransferParams,
-        error: req.error,
-        numPromptTokens: req.numPromptTokens,
-        numCachedTokens: 0,
-        numExternalTokens: req.numExternalComputedTokens,
-      });
+      this.pendingOutputs.push(makeOutput(req, finishReasonOf(status), { kvTransferParams: handoff.kvTransferParams, error: req.error }));
     }
   }
 

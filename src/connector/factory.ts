@@ -1,0 +1,89 @@
+/**
+ * Builds a OneSidedConnector (scheduler side + worker side) and its transfer engine for an engine whose
+ * device exists: the transfer engine registers the device's slabs, the race checker (if on) sees the
+ * NIC's accesses, and the producer's kv_transfer_params advertise this engine's side-channel address.
+ */
+import { assert } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import type { Logger } from '../util/log.ts';
+import type { Device } from '../device/types.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/types.ts';
+import type { OneSidedConfig } from './config.ts';
+import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
+import { OneSidedConnectorWorker } from './one_sided_worker.ts';
+
+export interface TransferEndpointOptions {
+  backend: TransferBackend;
+  engineId: string;
+  modelName: string;
+  preset: string;
+  host?: string;
+  port?: number;
+  dataPort?: number;
+  sideChannelSecret?: string;
+}
+
+export interface ConnectorContext {
+  device: Device;
+  kvConfig: KVCacheConfig;
+  env: Env;
+  numLookaheadTokens: number;
+}
+
+export interface OneSidedConnector {
+  scheduler: OneSidedConnectorScheduler;
+  worker: OneSidedConnectorWorker;
+  transfer: TransferEngine;
+  close(): Promise<void>;
+}
+
+export type CreateTransferEngine = (opts: TransferEngineOptions) => Promise<TransferEngine>;
+
+export function oneSidedConnectorFactory(
+  config: OneSidedConfig,
+  endpoint: TransferEndpointOptions,
+  createTransfer: CreateTransferEngine,
+  opts: { log?: Logger; onActivity?: () => void } = {},
+): (ctx: ConnectorContext) => Promise<OneSidedConnector> {
+  return async ({ device, kvConfig, env, numLookaheadTokens }) => {
+    const slabs = device.buffers as SharedArrayBuffer[];
+    assert(slabs.every((b) => b instanceof SharedArrayBuffer), 'a transfer engine needs SharedArrayBuffer slabs (threaded device)');
+    const transfer = await createTransfer({
+      backend: endpoint.backend,
+      env,
+      engineId: endpoint.engineId,
+      modelName: endpoint.modelName,
+      preset: endpoint.preset,
+      layout: { numSlabs: kvConfig.numSlabs, numBlocks: kvConfig.numBlocks, pageBytes: kvConfig.pageBytes },
+      blockSizes: kvConfig.groups.map((g) => g.spec.blockSize),
+      cacheHash: JSON.stringify(kvConfig.groups.map((g) => g.spec)),
+      slabs,
+      ...(endpoint.host !== undefined ? { host: endpoint.host } : {}),
+      ...(endpoint.port !== undefined ? { port: endpoint.port } : {}),
+      ...(endpoint.dataPort !== undefined ? { dataPort: endpoint.dataPort } : {}),
+      ...(endpoint.sideChannelSecret !== undefined ? { sideChannelSecret: endpoint.sideChannelSecret } : {}),
+      ...(config.faults ? { faults: config.faults } : {}),
+    });
+    transfer.attachRaceChecker(device.raceChecker);
+    const addr = transfer.address();
+    const scheduler = new OneSidedConnectorScheduler(
+      config,
+      kvConfig,
+      env,
+      { engineId: transfer.engineId, host: addr.host, port: addr.port },
+      transfer,
+      numLookaheadTokens,
+    );
+    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, device, scheduler.transferGroupIds, env, opts.log, opts.onActivity);
+    return {
+      scheduler,
+      worker,
+      transfer,
+      close: async () => {
+        worker.close();
+        await transfer.close();
+      },
+    };
+  };
+}

@@ -1,0 +1,274 @@
+/**
+ * OneSidedConnector, worker side: moves the bytes the scheduler side decided on.
+ *
+ * READ consumer, per step (preForward): handshake new peers, post every READ of the step from the host
+ * (the NIC writes straight into the slabs, not ordered with the compute stream), then await EVERY READ
+ * before returning, so the step's forward is enqueued only after all its KV has landed. Each finished
+ * READ sends `release` so the producer frees its pages. `syncBeforeRead` (the alternative fix) makes
+ * the host wait for the compute stream before posting.
+ * READ producer: `release` notifications → finishedSending (via the transfer id → request map).
+ * WRITE: the consumer grants its destination pages and notifies the producer (`remote_blocks`); the
+ * producer pushes once its pages are final and notifies `write_done` after the destination acknowledged.
+ */
+import { assert } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+import type { Device, PageAccess } from '../device/types.ts';
+import { slabTransferRanges } from '../kv/layout.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import type { TransferEngine, TransferHandle, TransferRange } from '../transfer/types.ts';
+import type { ConnectorWorkerHooks, LoadResult } from '../worker/hooks.ts';
+import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
+import { alignReadBlocks } from './alignment.ts';
+import type { OneSidedConfig } from './config.ts';
+import type { OneSidedMetadata, RecvReqMeta, SaveReqMeta } from './metadata.ts';
+
+interface RemoteBlocks {
+  fromEngineId: string;
+  blockIds: number[][];
+  grant: string;
+}
+
+export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
+  private readonly peers = new Map<string, Promise<string>>();
+  private sendTransfers: Record<string, string> = {};
+  private readonly released = new Set<string>();
+  private readonly pendingSaves = new Map<string, SaveReqMeta>();
+  private readonly remoteBlocks = new Map<string, RemoteBlocks>();
+  private readonly savesInFlight = new Set<string>();
+  private finishedSaves: string[] = [];
+  /** WRITE consumer: transfer id → request and the time by which the producer must have written. */
+  private readonly recvTransfers = new Map<string, { requestId: string; deadlineMs: number; blockIds: number[] }>();
+  private finishedRecving: string[] = [];
+  private readonly unsubscribe: () => void;
+  stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, writesPosted: 0, hostSyncWaits: 0 };
+
+  constructor(
+    readonly config: OneSidedConfig,
+    readonly kvConfig: KVCacheConfig,
+    private readonly transfer: TransferEngine,
+    private readonly device: Device,
+    /** Transfer group → KV group id (attention groups first, then Mamba). */
+    private readonly transferGroupIds: number[],
+    private readonly env: Env,
+    private readonly log?: Logger,
+    private readonly onActivity?: () => void,
+  ) {
+    this.unsubscribe = transfer.onNotification((from, n) => {
+      if (n.type === 'release') {
+        this.released.add(n.transferId);
+        transfer.revokeGrant(n.transferId); // a grant dies on release
+      } else if (n.type === 'remote_blocks') {
+        const p = n.payload ?? {};
+        if (!Array.isArray(p['blockIds']) || typeof p['grant'] !== 'string') {
+          this.log?.warn({ from, transferId: n.transferId }, 'malformed remote_blocks notification dropped');
+          return;
+        }
+        this.remoteBlocks.set(n.transferId, { fromEngineId: from, blockIds: p['blockIds'] as number[][], grant: p['grant'] });
+      } else if (n.type === 'write_done') {
+        const rec = this.recvTransfers.get(n.transferId);
+        if (rec !== undefined) {
+          this.recvTransfers.delete(n.transferId);
+          transfer.revokeGrant(n.transferId);
+          this.finishedRecving.push(rec.requestId);
+        }
+      }
+      this.onActivity?.();
+    });
+  }
+
+  /** Slabs holding a transfer group's layers. */
+  private slabsOf(transferGroup: number): number[] {
+    const g = this.kvConfig.groups[this.transferGroupIds[transferGroup] ?? -1];
+    assert(g !== undefined, `transfer group ${transferGroup} has no KV group`);
+    return g.layerNames.map((_, i) => i);
+  }
+
+  private rangesFor(local: number[][], remote: number[][]): { ranges: TransferRange[]; footprint: PageAccess[] } {
+    const ranges: TransferRange[] = [];
+    const footprint: PageAccess[] = [];
+    local.forEach((ids, tg) => {
+      if (ids.length === 0) return;
+      const slabs = this.slabsOf(tg);
+      ranges.push(...slabTransferRanges(this.kvConfig, slabs, ids, remote[tg] ?? []));
+      for (const slab of slabs) for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
+    });
+    return { ranges, footprint };
+  }
+
+  private peer(host: string, port: number): Promise<string> {
+    const key = `${host}:${port}`;
+    let p = this.peers.get(key);
+    if (!p) {
+      p = this.transfer.handshake({ host, port }).then((m) => m.engineId);
+      p.catch(() => this.peers.delete(key)); // retry the handshake next time
+      this.peers.set(key, p);
+    }
+    return p;
+  }
+
+  async preForward(so: SchedulerOutput): Promise<LoadResult> {
+    const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
+    const result: LoadResult = { failedReqIds: [], invalidBlockIds: [] };
+    if (!meta) return result;
+    this.sendTransfers = meta.sendTransfers;
+    for (const t of meta.expiredTransfers) this.transfer.revokeGrant(t);
+    for (const s of meta.reqsToSave) this.pendingSaves.set(s.transferId, s);
+    for (const n of meta.reqsToNotify) await this.notifyRemoteBlocks(n.requestId, n.transferId, n.localBlockIds, n.remoteEngineId, n.remoteHost, n.remotePort);
+    this.startReadySaves();
+    if (meta.reqsToRecv.length === 0) return result;
+
+    if (this.config.syncBeforeRead && meta.reqsToRecv.some((r) => r.localBlockIds.some((g) => g.length > 0))) {
+      // The alternative fix: the host waits until the stream has run everything queued so far (the
+      // previous forward and this step's zeroing) before any READ is posted.
+      this.stats.hostSyncWaits++;
+      await this.device.compute.recordEvent().wait();
+    }
+    const posted: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
+    for (const r of meta.reqsToRecv) posted.push(await this.postReadFor(r, so.step));
+    for (const p of posted) {
+      let error = p.error;
+      if (p.handle && !error) {
+        try {
+          await this.transfer.wait([p.handle], this.config.transferTimeoutMs);
+        } catch (e) {
+          if (!isHandoffError(e)) throw e;
+          error = e;
+          await this.transfer.abort([p.handle]); // the NIC must not touch the pages any more
+        }
+      }
+      if (error) {
+        this.stats.readsFailed++;
+        this.log?.warn({ requestId: p.r.requestId, code: error.code, err: error.message }, 'KV READ failed');
+        result.failedReqIds.push(p.r.requestId);
+        result.invalidBlockIds.push(...p.r.localBlockIds.flat());
+      }
+      this.release(p.r);
+    }
+    return result;
+  }
+
+  private async postReadFor(r: RecvReqMeta, step: number): Promise<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> {
+    if (r.localBlockIds.every((g) => g.length === 0)) return { r, handle: null, error: null };
+    try {
+      const peerEngineId = await this.peer(r.remoteHost, r.remotePort);
+      if (peerEngineId !== r.remoteEngineId) {
+        throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${r.remoteHost}:${r.remotePort} is ${peerEngineId}, not ${r.remoteEngineId}`);
+      }
+      const { ranges, footprint } = this.rangesFor(r.localBlockIds, r.remoteBlockIds);
+      this.stats.readsPosted++;
+      const handle = this.transfer.postRead({
+        peerEngineId,
+        transferId: r.transferId,
+        grantToken: r.grant,
+        ranges,
+        label: { what: 'kv-read', requestIds: [r.requestId], step },
+        footprint,
+      });
+      return { r, handle, error: null };
+    } catch (e) {
+      if (!isHandoffError(e)) throw e;
+      return { r, handle: null, error: e };
+    }
+  }
+
+  /** Tell the producer it may free its pages (also after a failure or an empty READ). */
+  private release(r: RecvReqMeta): void {
+    void this.peer(r.remoteHost, r.remotePort)
+      .then((engineId) => this.transfer.notify(engineId, { type: 'release', transferId: r.transferId }))
+      .then(
+        () => void this.stats.releasesSent++,
+        (e: unknown) => {
+          this.stats.releasesFailed++;
+          this.log?.warn({ transferId: r.transferId, err: String(e) }, 'release notification failed; the producer lease will free the pages');
+        },
+      );
+  }
+
+  private async notifyRemoteBlocks(requestId: string, transferId: string, local: number[][], remoteEngineId: string, host: string, port: number): Promise<void> {
+    try {
+      const engineId = await this.peer(host, port);
+      assert(engineId === remoteEngineId || remoteEngineId === '', 'WRITE producer identity');
+      const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: local.flat(), ttlMs: this.config.leaseMs });
+      this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: local.flat() });
+      await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, grant: grant.token } });
+    } catch (e) {
+      this.log?.warn({ requestId, transferId, err: String(e) }, 'could not tell the producer where to write');
+    }
+  }
+
+  /** WRITE producer: push every save whose destination is known. */
+  private startReadySaves(): void {
+    for (const [transferId, save] of this.pendingSaves) {
+      const dest = this.remoteBlocks.get(transferId);
+      if (!dest || this.savesInFlight.has(transferId)) continue;
+      this.pendingSaves.delete(transferId);
+      this.remoteBlocks.delete(transferId);
+      this.savesInFlight.add(transferId);
+      void this.push(save, dest).finally(() => {
+        this.savesInFlight.delete(transferId);
+        this.finishedSaves.push(save.requestId);
+        this.onActivity?.();
+      });
+    }
+  }
+
+  private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
+    try {
+      // Decode's list may skip its local prefix hit: pair it with the suffix of ours.
+      const pairs = save.localBlockIds.map((ids, g) => alignReadBlocks(dest.blockIds[g] ?? [], ids, 1));
+      const { ranges, footprint } = this.rangesFor(
+        pairs.map((p) => p.remote),
+        pairs.map((p) => p.local),
+      );
+      this.stats.writesPosted++;
+      const h = this.transfer.postWrite({
+        peerEngineId: dest.fromEngineId,
+        transferId: save.transferId,
+        grantToken: dest.grant,
+        ranges,
+        label: { what: 'kv-write', requestIds: [save.requestId] },
+        footprint: footprint.map((f) => ({ ...f, write: false })),
+      });
+      await this.transfer.wait([h], this.config.transferTimeoutMs);
+      await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId });
+    } catch (e) {
+      this.log?.warn({ transferId: save.transferId, err: String(e) }, 'KV WRITE failed; decode will time out and recompute');
+    }
+  }
+
+  async postForward(_so: SchedulerOutput): Promise<KVConnectorOutput> {
+    this.startReadySaves();
+    const out = emptyConnectorOutput();
+    for (const t of [...this.released]) {
+      const reqId = this.sendTransfers[t];
+      if (reqId === undefined) continue; // not mapped yet: kept until the metadata arrives or the lease ends
+      this.released.delete(t);
+      out.finishedSending.push(reqId);
+    }
+    if (this.released.size > 1024) this.released.clear(); // bound: stale releases of expired transfers
+    out.finishedSending.push(...this.finishedSaves);
+    this.finishedSaves = [];
+    out.finishedRecving = this.finishedRecving;
+    this.finishedRecving = [];
+    const now = this.env.nowMs();
+    for (const [transferId, rec] of this.recvTransfers) {
+      if (rec.deadlineMs > now) continue;
+      // The producer never wrote: stop accepting its WRITEs, then report the load as failed.
+      this.recvTransfers.delete(transferId);
+      this.transfer.revokeGrant(transferId);
+      out.failedLoadReqIds.push(rec.requestId);
+      out.invalidBlockIds.push(...rec.blockIds);
+    }
+    return out;
+  }
+
+  hasPendingWork(): boolean {
+    return this.pendingSaves.size > 0 || this.savesInFlight.size > 0 || this.recvTransfers.size > 0;
+  }
+
+  close(): void {
+    this.unsubscribe();
+  }
+}

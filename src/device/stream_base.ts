@@ -1,0 +1,82 @@
+/**
+ * The host side of a stream, shared by both devices: checks each op, derives its footprint, tells
+ * the race checker, and hands out tickets and events. Subclasses decide how items reach the executor
+ * (a worker thread for `threaded`, a local queue for `sim`).
+ *
+ * Enqueue never blocks: it validates, records, hands the item over, and returns.
+ */
+import { assert } from '../util/assert.ts';
+import { Deferred } from './deferred.ts';
+import { eventSource, makeDeviceEvent, type EventSource } from './device_event.ts';
+import { observed } from './observed_promise.ts';
+import { opFootprint, validateOp, type SlabGeometry } from './page_ops.ts';
+import type { RaceChecker } from './race_checker.ts';
+import type { DeviceEvent, OpSubmission, OpTicket, Stream } from './types.ts';
+
+/** What every stream of one device shares. */
+export interface StreamContext {
+  geometry: SlabGeometry;
+  checker: RaceChecker | null;
+  /** Ticket ids, unique over the device's streams. */
+  nextOpId(): number;
+  nextEventId(): number;
+}
+
+/** Ops (and waits) queued on one stream and not yet executed. */
+export const STREAM_PENDING_MAX = 65_536;
+
+export abstract class StreamBase implements Stream {
+  protected closed = false;
+
+  constructor(
+    readonly name: string,
+    protected readonly ctx: StreamContext,
+  ) {
+    ctx.checker?.addStream(name);
+  }
+
+  enqueue(sub: OpSubmission): OpTicket {
+    assert(!this.closed, `enqueue on closed stream '${this.name}'`);
+    const { geometry, checker } = this.ctx;
+    validateOp(sub.op, geometry);
+    const footprint = opFootprint(sub.op, sub.footprint, geometry);
+    if (checker !== null) {
+      // Invariant: with the checker on, a kernel without a declared footprint would be invisible to it.
+      assert(sub.op.kind !== 'kernel' || sub.footprint !== undefined, `kernel '${sub.label.what}' has no footprint`);
+    }
+    const checkerOpId = checker === null ? null : checker.hostEnqueue(this.name, sub.label, footprint);
+    const id = this.ctx.nextOpId();
+    const result = new Deferred<unknown>();
+    this.submitOp(id, sub, result);
+    const done = observed(result.promise, () => {
+      if (checker !== null && checkerOpId !== null) checker.hostWaitOp(checkerOpId);
+    });
+    return { id, done };
+  }
+
+  recordEvent(): DeviceEvent {
+    assert(!this.closed, `recordEvent on closed stream '${this.name}'`);
+    const checker = this.ctx.checker;
+    const checkerEventId = checker === null ? null : checker.recordEvent(this.name);
+    return makeDeviceEvent(this.ctx.nextEventId(), this.submitRecord(), checker, checkerEventId);
+  }
+
+  waitEvent(ev: DeviceEvent): void {
+    assert(!this.closed, `waitEvent on closed stream '${this.name}'`);
+    const checker = this.ctx.checker;
+    // An event the checker does not know (a foreign object) adds no edge: it can only cause a false
+    // report, never hide a race.
+    const checkerEventId = checker?.eventIdOf(ev);
+    if (checker !== null && checkerEventId !== undefined) checker.streamWaitEvent(this.name, checkerEventId);
+    this.submitWait(eventSource(ev));
+  }
+
+  /** Hand an op to the executor; settle `result` when it has executed. */
+  protected abstract submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void;
+  /** Mark the current end of the stream; the source is reached when everything before it executed. */
+  protected abstract submitRecord(): EventSource;
+  /** Later items wait until `source` is reached. */
+  protected abstract submitWait(source: EventSource): void;
+  /** Close: reject every pending ticket and event with `err`. */
+  abstract fail(err: unknown): void;
+}

@@ -1,0 +1,116 @@
+/**
+ * The real device: slabs are SharedArrayBuffers visible to every thread, and the compute stream is
+ * one worker thread that executes ops in FIFO order while the host goes on. The host never blocks:
+ * it enqueues and later waits on tickets or events. A NIC thread (src/transfer) writes the same
+ * slabs without waiting on this stream, so the seed's zeroing-vs-READ race really happens here.
+ *
+ *   host ──postMessage{seq, op}──> [ compute thread: op op op ]──writes──> SharedArrayBuffer slabs
+ *        <──done{seq, result}────                     progress[0] = last executed seq (Atomics)
+ *
+ * The thread is ref'd only while it has work, so an idle device does not keep the process alive;
+ * close() terminates it and rejects whatever is still pending.
+ */
+import { Worker } from 'node:worker_threads';
+import { assert } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
+import { checkGeometry } from './page_ops.ts';
+import { RaceChecker } from './race_checker.ts';
+import type { StreamContext } from './stream_base.ts';
+import type { FromThread, ThreadInit } from './threaded_protocol.ts';
+import { ThreadedStream } from './threaded_stream.ts';
+import type { Device, DeviceOptions } from './types.ts';
+
+export interface ThreadedDeviceOptions extends DeviceOptions {
+  raceCheck?: boolean;
+}
+
+const THREAD_ENTRY = new URL('./threaded_thread.mjs', import.meta.url);
+
+/** Start the compute thread, load the kernel module in it, and return once it is ready. */
+export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise<Device> {
+  const g = checkGeometry(opts);
+  const buffers = Array.from({ length: g.numSlabs }, () => new SharedArrayBuffer(g.numBlocks * g.pageBytes));
+  const progress = new SharedArrayBuffer(BigInt64Array.BYTES_PER_ELEMENT);
+  const init: ThreadInit = {
+    buffers,
+    pageBytes: g.pageBytes,
+    progress,
+    kernelModuleUrl: opts.kernelModuleUrl,
+    kernelInit: opts.kernelInit,
+  };
+  const worker = new Worker(THREAD_ENTRY, { workerData: init });
+  let settle: { resolve: () => void; reject: (e: HandoffError) => void } | null = null;
+  const started = new Promise<void>((resolve, reject) => (settle = { resolve, reject }));
+  const onMessage = (msg: FromThread): void => {
+    if (msg.t === 'ready') settle?.resolve();
+    else if (msg.t === 'initError') settle?.reject(new HandoffError('BAD_CONFIG', `compute thread failed to start: ${msg.message}`));
+  };
+  const onError = (err: Error): void => settle?.reject(new HandoffError('INTERNAL', `compute thread failed to start: ${err.message}`));
+  const onExit = (code: number): void => settle?.reject(new HandoffError('INTERNAL', `compute thread exited during start (code ${code})`));
+  worker.on('message', onMessage).on('error', onError).on('exit', onExit);
+  try {
+    await started;
+  } catch (err) {
+    await worker.terminate();
+    throw err;
+  } finally {
+    // Only our own listeners: the Worker keeps internal ones that must stay.
+    worker.off('message', onMessage).off('error', onError).off('exit', onExit);
+  }
+  return new ThreadedDevice(opts, buffers, progress, worker);
+}
+
+class ThreadedDevice implements Device {
+  readonly kind = 'threaded' as const;
+  readonly numSlabs: number;
+  readonly numBlocks: number;
+  readonly pageBytes: number;
+  readonly slabs: Uint8Array[];
+  readonly buffers: SharedArrayBuffer[];
+  readonly compute: ThreadedStream;
+  readonly raceChecker: RaceChecker | null;
+  private closed = false;
+
+  constructor(opts: ThreadedDeviceOptions, buffers: SharedArrayBuffer[], progress: SharedArrayBuffer, private readonly worker: Worker) {
+    this.numSlabs = opts.numSlabs;
+    this.numBlocks = opts.numBlocks;
+    this.pageBytes = opts.pageBytes;
+    this.buffers = buffers;
+    this.slabs = buffers.map((b) => new Uint8Array(b));
+    this.raceChecker = opts.raceCheck === true ? new RaceChecker() : null;
+    let opSeq = 0;
+    let eventSeq = 0;
+    const ctx: StreamContext = {
+      geometry: { numSlabs: this.numSlabs, numBlocks: this.numBlocks, pageBytes: this.pageBytes },
+      checker: this.raceChecker,
+      nextOpId: () => ++opSeq,
+      nextEventId: () => ++eventSeq,
+    };
+    this.compute = new ThreadedStream('compute', ctx, worker, new BigInt64Array(progress));
+    worker.on('message', (msg: FromThread) => {
+      this.compute.onMessage(msg);
+      if (this.compute.pending() === 0) worker.unref();
+    });
+    // The thread dying is not an op failure: everything pending fails with the reason.
+    worker.on('error', (err) => this.die(`compute thread died: ${err.message}`));
+    worker.on('exit', (code) => this.die(`compute thread exited (code ${code})`));
+    worker.unref();
+  }
+
+  async synchronize(): Promise<void> {
+    assert(!this.closed, 'synchronize on a closed device');
+    await this.compute.recordEvent().wait();
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.die('device closed');
+    await this.worker.terminate();
+  }
+
+  private die(reason: string): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.compute.fail(new HandoffError('INTERNAL', reason));
+  }
+}

@@ -1,0 +1,38 @@
+/**
+ * Device factories for an engine: the model's step kernel (src/worker/kernels.ts) runs inside the
+ * device's compute stream, in a worker thread (`threaded`) or in process (`sim`).
+ */
+import { createSimDevice, type SimDevice } from '../device/sim.ts';
+import { createThreadedDevice } from '../device/threaded.ts';
+import type { Device } from '../device/types.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import * as workerKernels from '../worker/kernels.ts';
+
+export const KERNEL_MODULE_URL = new URL('../worker/kernels.ts', import.meta.url).href;
+
+export function threadedDevice(preset: ModelPreset, modelSeed: number, raceCheck = false): (kv: KVCacheConfig) => Promise<Device> {
+  return (kvConfig) =>
+    createThreadedDevice({
+      numSlabs: kvConfig.numSlabs,
+      numBlocks: kvConfig.numBlocks,
+      pageBytes: kvConfig.pageBytes,
+      kernelModuleUrl: KERNEL_MODULE_URL,
+      kernelInit: { preset, seed: modelSeed, kvConfig },
+      raceCheck,
+    });
+}
+
+/** In-process device whose ops run at the next microtask (tests); the simulator drives its own. */
+export function simDevice(preset: ModelPreset, modelSeed: number, opts: { raceCheck?: boolean; autoRun?: boolean } = {}): (kv: KVCacheConfig) => Promise<SimDevice> {
+  return async (kvConfig) =>
+    createSimDevice({
+      numSlabs: kvConfig.numSlabs,
+      numBlocks: kvConfig.numBlocks,
+      pageBytes: kvConfig.pageBytes,
+      kernels: workerKernels,
+      kernelInit: { preset, seed: modelSeed, kvConfig },
+      raceCheck: opts.raceCheck ?? false,
+      autoRun: opts.autoRun ?? true,
+    });
+}

@@ -1,0 +1,161 @@
+/**
+ * LLMEngine: one serving instance (colocated, prefill or decode) built from plain config: a device
+ * (threaded or sim), the preset's KV cache, scheduler, runner, an optional connector, and the engine
+ * loop. `generate()` streams a request's outputs; the servers, `handoff ab` and the tests use it.
+ */
+import { assert } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { hexId } from '../util/ids.ts';
+import type { Logger } from '../util/log.ts';
+import type { Device } from '../device/types.ts';
+import { KVCacheManager } from '../kv/kv_cache_manager.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { presetKVGroups } from '../kv/presets.ts';
+import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
+import { EOS_TOKEN_ID } from '../model/tokenizer.ts';
+import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
+import type { KVTransferParams } from '../connector/params.ts';
+import type { ConnectorWorkerHooks } from '../worker/hooks.ts';
+import { ModelRunner } from '../worker/model_runner.ts';
+import type { SamplingParamsData } from '../worker/scheduler_output.ts';
+import { EngineCore } from './engine_core.ts';
+import type { EngineOutput } from './output.ts';
+import { Request } from './request.ts';
+import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
+
+export interface ConnectorPair {
+  scheduler: ConnectorScheduler & {
+    validateRequest?(req: Request): void;
+    prefillPromptTokens?(prompt: readonly number[], params: KVTransferParams | null): number[];
+  };
+  worker: ConnectorWorkerHooks | null;
+  close?(): Promise<void>;
+}
+
+export interface EngineConfig {
+  preset: ModelPreset;
+  modelSeed: number;
+  numBlocks: number;
+  asyncScheduling: boolean;
+  scheduler: Partial<SchedulerConfig>;
+  idlePollMs: number;
+  /** Builds the device for this KV config (threaded or sim). */
+  makeDevice: (kvConfig: KVCacheConfig) => Promise<Device>;
+  /** Builds the connector once the device exists (P/D); omitted for colocated serving. */
+  makeConnector?: (ctx: { device: Device; kvConfig: KVCacheConfig; env: Env; numLookaheadTokens: number }) => Promise<ConnectorPair>;
+}
+
+export interface GenerateRequest {
+  requestId?: string;
+  promptTokenIds: number[];
+  sampling: Partial<SamplingParamsData> & { maxTokens: number };
+  kvTransferParams?: KVTransferParams | null;
+}
+
+export class LLMEngine {
+  private constructor(
+    readonly config: EngineConfig,
+    readonly kvConfig: KVCacheConfig,
+    readonly device: Device,
+    readonly kv: KVCacheManager,
+    readonly scheduler: Scheduler,
+    readonly runner: ModelRunner,
+    readonly core: EngineCore,
+    readonly connector: ConnectorPair | null,
+    private readonly env: Env,
+  ) {}
+
+  static async create(config: EngineConfig, env: Env, log?: Logger): Promise<LLMEngine> {
+    const kvConfig = makeKVCacheConfig(presetKVGroups(config.preset), config.numBlocks);
+    const device = await config.makeDevice(kvConfig);
+    assert(device.numBlocks === kvConfig.numBlocks && device.pageBytes === kvConfig.pageBytes, 'device geometry must match the KV config');
+    const schedCfg: SchedulerConfig = { ...DEFAULT_SCHEDULER_CONFIG, eosTokenId: EOS_TOKEN_ID, ...config.scheduler };
+    const kv = new KVCacheManager(kvConfig, { enableCaching: schedCfg.enablePrefixCaching });
+    const connector = config.makeConnector
+      ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens: schedCfg.numLookaheadTokens })
+      : null;
+    const scheduler = new Scheduler(schedCfg, kv, connector?.scheduler ?? new NullConnector(), env);
+    const runner = new ModelRunner(device, kvConfig, connector?.worker ?? null);
+    const core = new EngineCore(scheduler, runner, env, { asyncScheduling: config.asyncScheduling, idlePollMs: config.idlePollMs }, log);
+    core.start();
+    return new LLMEngine(config, kvConfig, device, kv, scheduler, runner, core, connector, env);
+  }
+
+  /** Build and validate a request; throws HandoffError (nothing allocated) on bad input. */
+  makeRequest(g: GenerateRequest): Request {
+    const params = g.kvTransferParams ?? null;
+    const maxTokens = g.sampling.maxTokens;
+    if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new HandoffError('BAD_REQUEST', 'max_tokens must be an integer >= 1');
+    if (g.promptTokenIds.length === 0) throw new HandoffError('BAD_REQUEST', 'the prompt is empty');
+    const prompt = this.connector?.scheduler.prefillPromptTokens?.(g.promptTokenIds, params) ?? g.promptTokenIds;
+    const req = new Request({
+      requestId: g.requestId ?? `req-${hexId(this.env, 8)}`,
+      promptTokenIds: prompt,
+      sampling: {
+        maxTokens,
+        temperature: g.sampling.temperature ?? 0,
+        topP: g.sampling.topP,
+        topK: g.sampling.topK,
+        seed: g.sampling.seed ?? 0,
+        stopTokenIds: g.sampling.stopTokenIds ?? [],
+        ignoreEos: g.sampling.ignoreEos ?? false,
+      },
+      kvTransferParams: params ? { ...params } : null,
+      arrivalMs: this.env.nowMs(),
+    });
+    this.connector?.scheduler.validateRequest?.(req);
+    return req;
+  }
+
+  /** Submit a request; outputs arrive on `onOutput`, the last with a finishReason. */
+  submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): Request {
+    const req = this.makeRequest(g);
+    if (this.scheduler.requests.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
+    this.core.addRequest(req, onOutput);
+    return req;
+  }
+
+  /** Run a request to the end and collect everything (tests, the A/B, the bench). */
+  generate(g: GenerateRequest): Promise<GenerateResult> {
+    return new Promise((resolve, reject) => {
+      const tokens: number[] = [];
+      const hashes: Array<string | null> = [];
+      const logprobs: Array<number | null> = [];
+      let nan = false;
+      try {
+        this.submit(g, (o) => {
+          tokens.push(...o.newTokenIds);
+          hashes.push(...o.logitsHashes);
+          logprobs.push(...o.newLogprobs);
+          nan ||= o.nanLogits;
+          if (o.finishReason === null) return;
+          if (o.error) reject(o.error);
+          else resolve({ tokenIds: tokens, logitsHashes: hashes, logprobs, finishReason: o.finishReason, kvTransferParams: o.kvTransferParams, nanLogits: nan, numExternalTokens: o.numExternalTokens });
+        });
+      } catch (e) {
+        reject(e);
+      }
+    });
+  }
+
+  abort(requestId: string): void {
+    this.core.abort(requestId);
+  }
+
+  async close(): Promise<void> {
+    await this.core.stop();
+    await this.connector?.close?.();
+    await this.device.close();
+  }
+}
+
+export interface GenerateResult {
+  tokenIds: number[];
+  logitsHashes: Array<string | null>;
+  logprobs: Array<number | null>;
+  finishReason: string;
+  kvTransferParams: Record<string, unknown> | null;
+  nanLogits: boolean;
+  numExternalTokens: number;
+}

@@ -1,0 +1,26 @@
+/** Scheduler limits and policies (vLLM's SchedulerConfig, camelCase). */
+export interface SchedulerConfig {
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  enableChunkedPrefill: boolean;
+  enablePrefixCaching: boolean;
+  numLookaheadTokens: number;
+  kvLoadFailurePolicy: 'fail' | 'recompute';
+  eosTokenId: number;
+  /** Bound on the waiting queue (CONVENTIONS: bound everything). */
+  maxWaiting: number;
+}
+
+export const DEFAULT_SCHEDULER_CONFIG: SchedulerConfig = {
+  maxNumSeqs: 32,
+  maxNumBatchedTokens: 512,
+  maxModelLen: 1024,
+  enableChunkedPrefill: true,
+  enablePrefixCaching: true,
+  numLookaheadTokens: 0,
+  kvLoadFailurePolicy: 'recompute',
+  eosTokenId: 50256,
+  maxWaiting: 4096,
+};
+

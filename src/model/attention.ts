@@ -1,0 +1,150 @@
+/**
+ * Paged attention as real kernels do it, and the bf16 GQA layer built on it.
+ *
+ * `attendSlots` scores EVERY slot decoded from the block table's pages. A slot after the query
+ * position (causal, or past the sequence) gets its score plus -Infinity, so its weight is exactly 0,
+ * and the weighted sum still runs over it: `acc += w * v`. Stale bytes that decode to NaN (or to
+ * an infinite value) therefore poison the output, as 0 * NaN = NaN on a GPU too; finite stale bytes
+ * contribute exactly 0 and change nothing. Scores are rounded to f32 like a kernel's accumulator,
+ * so huge garbage keys overflow to Infinity and poison as well (Inf - Inf = NaN).
+ *
+ * The softmax max runs over the unmasked slots only (a masked slot is -Infinity), and slots are
+ * visited in table order, so a prompt computed in one chunk or several gives bit-identical results.
+ */
+import { defined } from '../util/assert.ts';
+import type { GqaWeights } from './weights.ts';
+import type { CachePlace, ModelConfig } from './config.ts';
+import type { FullAttentionSpec } from '../kv/spec.ts';
+import { matVec, rmsNorm, rope, Scratch, type FlopCounter } from './ops.ts';
+import { readKvPages, slotLocation, writeKvSlot } from './pages.ts';
+import { applyMlp } from './mlp.ts';
+
+/** Decoded slots: slot j's key is keys[j*kStride + kOff ..], its value values[j*vStride + vOff ..]. */
+export interface SlotSet {
+  numSlots: number;
+  keys: Float64Array;
+  kStride: number;
+  kOff: number;
+  values: Float64Array;
+  vStride: number;
+  vOff: number;
+}
+
+/**
+ * out[outOff .. outOff+vDim) = softmax(q . k_j * scale, masked j > queryPos) weighted sum of v_j,
+ * over all numSlots slots. `probs` is scratch of at least numSlots.
+ */
+export function attendSlots(
+  q: Float64Array,
+  qOff: number,
+  kDim: number,
+  s: SlotSet,
+  vDim: number,
+  queryPos: number,
+  scale: number,
+  probs: Float64Array,
+  out: Float64Array,
+  outOff: number,
+  fc: FlopCounter,
+): void {
+  let max = -Infinity;
+  for (let j = 0; j < s.numSlots; j++) {
+    const kb = j * s.kStride + s.kOff;
+    let dot = 0;
+    for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (s.keys[kb + d] as number);
+    const score = Math.fround(dot * scale) + (j <= queryPos ? 0 : -Infinity);
+    probs[j] = score;
+    if (score > max) max = score;
+  }
+  let sum = 0;
+  for (let j = 0; j < s.numSlots; j++) {
+    const p = Math.exp((probs[j] as number) - max);
+    probs[j] = p;
+    sum += p;
+  }
+  for (let d = 0; d < vDim; d++) out[outOff + d] = 0;
+  for (let j = 0; j < s.numSlots; j++) {
+    const w = probs[j] as number;
+    const vb = j * s.vStride + s.vOff;
+    for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (s.values[vb + d] as number);
+  }
+  for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) / sum;
+  fc.flops += s.numSlots * (2 * kDim + 2 * vDim + 2);
+}
+
+/** One request's chunk as the layers see it: hidden states of the chunk's tokens (updated in place). */
+export interface Chunk {
+  startPos: number;
+  hidden: Float64Array[];
+  blockTables: number[][];
+}
+
+export function blockTable(chunk: Chunk, group: number): number[] {
+  return defined(chunk.blockTables[group], `block table of KV group ${group}`);
+}
+
+/** bf16 grouped-query attention (K/V per kv head in the page) + MLP. */
+export class GqaLayer {
+  private readonly q = new Scratch();
+  private readonly kv = new Scratch();
+  private readonly keys = new Scratch();
+  private readonly values = new Scratch();
+  private readonly probs = new Scratch();
+  private readonly tmp = new Scratch();
+
+  constructor(
+    private readonly cfg: ModelConfig,
+    private readonly cache: CachePlace<FullAttentionSpec>,
+    private readonly numHeads: number,
+    private readonly w: GqaWeights,
+  ) {}
+
+  forward(chunk: Chunk, slabs: Uint8Array[], fc: FlopCounter): void {
+    const { cfg, cache, numHeads, w } = this;
+    const spec = cache.spec;
+    const slab = slabs[cache.slab] as Uint8Array;
+    const table = blockTable(chunk, cache.group);
+    const D = spec.headSize;
+    const kvDim = spec.numKvHeads * D;
+    const qDim = numHeads * D;
+    const n = chunk.hidden.length;
+    const q = this.q.get(n * qDim);
+    const kv = this.kv.get(2 * kvDim + cfg.hidden);
+    const xn = kv.subarray(2 * kvDim);
+    // 1. This chunk's K/V: project, rotate, write into their slots.
+    for (let i = 0; i < n; i++) {
+      const pos = chunk.startPos + i;
+      rmsNorm(chunk.hidden[i] as Float64Array, 0, cfg.hidden, w.norm, cfg.rmsEps, xn, 0);
+      matVec(w.wq, xn, 0, q, i * qDim, fc);
+      matVec(w.wk, xn, 0, kv, 0, fc);
+      matVec(w.wv, xn, 0, kv, kvDim, fc);
+      for (let h = 0; h < numHeads; h++) rope(q, i * qDim + h * D, D, pos, cfg.ropeTheta);
+      for (let h = 0; h < spec.numKvHeads; h++) rope(kv, h * D, D, pos, cfg.ropeTheta);
+      const { block, slot } = slotLocation(table, spec.blockSize, pos, cfg.numBlocks);
+      writeKvSlot(slab, spec, cfg.pageBytes, block, slot, kv, 0, kv, kvDim);
+    }
+    // 2. Read whole pages back (the chunk's own K/V included, quantized to bf16) and attend.
+    const slots = table.length * spec.blockSize;
+    const keys = this.keys.get(slots * kvDim);
+    const values = this.values.get(slots * kvDim);
+    readKvPages(slab, spec, cfg.pageBytes, table, keys, values);
+    const probs = this.probs.get(slots);
+    const tmp = this.tmp.get(qDim + cfg.hidden);
+    const att = tmp.subarray(0, qDim);
+    const proj = tmp.subarray(qDim, qDim + cfg.hidden);
+    const group = numHeads / spec.numKvHeads;
+    const scale = 1 / Math.sqrt(D);
+    for (let i = 0; i < n; i++) {
+      const pos = chunk.startPos + i;
+      for (let h = 0; h < numHeads; h++) {
+        const kvh = Math.floor(h / group);
+        const set: SlotSet = { numSlots: slots, keys, kStride: kvDim, kOff: kvh * D, values, vStride: kvDim, vOff: kvh * D };
+        attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, probs, att, h * D, fc);
+      }
+      matVec(w.wo, att, 0, proj, 0, fc);
+      const hid = chunk.hidden[i] as Float64Array;
+      for (let d = 0; d < cfg.hidden; d++) hid[d] = (hid[d] as number) + (proj[d] as number);
+      applyMlp(w.mlp, hid, cfg, fc);
+    }
+  }
+}

@@ -1,0 +1,20 @@
+/**
+ * Proves benchModel measures something real and reports it in the agreed shape: positive, finite
+ * throughput and roofline from the injected clock, and ratio = gflops / rooflineGflops. (No timing
+ * thresholds: only shape and consistency.)
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { RealEnv } from '../util/env.ts';
+import { benchModel } from './bench.ts';
+
+test('benchModel: positive finite figures, ratio consistent with its parts', async () => {
+  const r = await benchModel({ preset: 'llama-mini', env: new RealEnv(1), tokens: 8 });
+  assert.equal(r.preset, 'llama-mini');
+  for (const k of ['tokensPerSec', 'gflops', 'rooflineGflops', 'ratio'] as const) assert.ok(Number.isFinite(r[k]) && r[k] > 0, `${k} = ${r[k]}`);
+  assert.ok(Math.abs(r.ratio - r.gflops / r.rooflineGflops) < 1e-12);
+});
+
+test('benchModel: rejects a token count outside 1..8192', async () => {
+  await assert.rejects(benchModel({ preset: 'llama-mini', env: new RealEnv(1), tokens: 0 }), /bench tokens/);
+});

@@ -1,0 +1,144 @@
+/**
+ * Model shapes, derived from the KV cache groups of a preset (src/kv/presets.ts), so the model's
+ * layers and the cache cannot disagree: layer i's cache is wherever kvConfig puts 'layers.i.<kind>'.
+ *
+ *   dsv4-mini:   layer i = MLA attention (group 0, slab i) + compressor (group 1, slab i) + MLP
+ *   hybrid-mini: layers 0, 2 = GQA attention (group 0), layers 1, 3 = Mamba (group 1); each + MLP
+ *   llama-mini:  layers 0, 1 = GQA attention (group 0) + MLP
+ */
+import { HandoffError } from '../util/errors.ts';
+import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import {
+  layerPlacements,
+  type CompressorSpec,
+  type FullAttentionSpec,
+  type KVCacheConfig,
+  type KVCacheSpec,
+  type MambaSpec,
+  type MLAAttentionSpec,
+} from '../kv/spec.ts';
+
+export const HIDDEN = 64;
+/** GPT-2 vocabulary (js-tiktoken gpt2 ranks, EOS 50256). */
+export const VOCAB_SIZE = 50257;
+export const MLP_HIDDEN = 128;
+export const NUM_QUERY_HEADS = 4;
+export const ROPE_THETA = 10000;
+export const RMS_EPS = 1e-6;
+
+/** Where one cached tensor of a layer lives: its group (block table index) and slab. */
+export interface CachePlace<S extends KVCacheSpec> {
+  group: number;
+  slab: number;
+  spec: S;
+}
+
+export type LayerPlan =
+  | { kind: 'gqa'; index: number; numHeads: number; cache: CachePlace<FullAttentionSpec> }
+  | {
+      kind: 'mla';
+      index: number;
+      numHeads: number;
+      cache: CachePlace<MLAAttentionSpec>;
+      compressor: CachePlace<CompressorSpec>;
+    }
+  | { kind: 'mamba'; index: number; cache: CachePlace<MambaSpec> };
+
+export interface ModelConfig {
+  preset: ModelPreset;
+  hidden: number;
+  vocabSize: number;
+  mlpHidden: number;
+  ropeTheta: number;
+  rmsEps: number;
+  /** The lm head is the embedding matrix (tied); false for every preset (see weights.ts). */
+  tiedEmbeddings: boolean;
+  pageBytes: number;
+  numBlocks: number;
+  layers: LayerPlan[];
+}
+
+/** A spec without its padding, for comparing a config against the preset it claims to be. */
+function unpadded(spec: KVCacheSpec): string {
+  const { pageSizePadded: _ignored, ...rest } = spec;
+  return JSON.stringify(rest, Object.keys(rest).sort());
+}
+
+function checkMatchesPreset(preset: ModelPreset, kvConfig: KVCacheConfig): void {
+  const want = presetKVGroups(preset);
+  const same =
+    want.length === kvConfig.groups.length &&
+    want.every((g, i) => {
+      const got = kvConfig.groups[i];
+      return (
+        got !== undefined &&
+        got.groupId === g.groupId &&
+        got.layerNames.join(',') === g.layerNames.join(',') &&
+        unpadded(got.spec) === unpadded(g.spec)
+      );
+    });
+  if (!same) throw new HandoffError('BAD_CONFIG', `KV cache config does not match the groups of preset ${preset}`);
+}
+
+export function modelConfig(preset: ModelPreset, kvConfig: KVCacheConfig): ModelConfig {
+  checkMatchesPreset(preset, kvConfig);
+  const byLayer = new Map<number, Map<string, CachePlace<KVCacheSpec>>>();
+  for (const p of layerPlacements(kvConfig)) {
+    const m = /^layers\.(\d+)\.(attn|compressor|mamba)$/.exec(p.layerName);
+    if (!m) throw new HandoffError('BAD_CONFIG', `unknown layer name ${p.layerName}`);
+    const index = Number(m[1]);
+    const spec = kvConfig.groups[p.groupId]?.spec;
+    if (!spec) throw new HandoffError('BAD_CONFIG', `layer ${p.layerName} has no group spec`);
+    const parts = byLayer.get(index) ?? new Map<string, CachePlace<KVCacheSpec>>();
+    parts.set(m[2] as string, { group: p.groupId, slab: p.slab, spec });
+    byLayer.set(index, parts);
+  }
+  const indices = [...byLayer.keys()].sort((a, b) => a - b);
+  const layers = indices.map((index, i): LayerPlan => {
+    if (index !== i) throw new HandoffError('BAD_CONFIG', `layer indices must be 0..n-1, missing ${i}`);
+    return layerPlan(index, byLayer.get(index) as Map<string, CachePlace<KVCacheSpec>>);
+  });
+  return {
+    preset,
+    hidden: HIDDEN,
+    vocabSize: VOCAB_SIZE,
+    mlpHidden: MLP_HIDDEN,
+    ropeTheta: ROPE_THETA,
+    rmsEps: RMS_EPS,
+    tiedEmbeddings: false,
+    pageBytes: kvConfig.pageBytes,
+    numBlocks: kvConfig.numBlocks,
+    layers,
+  };
+}
+
+function layerPlan(index: number, parts: Map<string, CachePlace<KVCacheSpec>>): LayerPlan {
+  const attn = parts.get('attn');
+  const comp = parts.get('compressor');
+  const mamba = parts.get('mamba');
+  if (mamba && !attn && !comp && mamba.spec.type === 'mamba') {
+    if (mamba.spec.convDim !== HIDDEN) throw new HandoffError('BAD_CONFIG', `mamba convDim must be ${HIDDEN}`);
+    return { kind: 'mamba', index, cache: { ...mamba, spec: mamba.spec } };
+  }
+  if (attn?.spec.type === 'mla' && comp?.spec.type === 'compressor' && !mamba) {
+    const spec = attn.spec;
+    if (spec.latentDim + spec.ropeDim !== HIDDEN || spec.ropeDim % 2 !== 0 || spec.latentDim % spec.scaleTile !== 0) {
+      throw new HandoffError('BAD_CONFIG', `MLA latent ${spec.latentDim}+${spec.ropeDim} must be ${HIDDEN}, rope even`);
+    }
+    return {
+      kind: 'mla',
+      index,
+      numHeads: NUM_QUERY_HEADS,
+      cache: { ...attn, spec },
+      compressor: { ...comp, spec: comp.spec },
+    };
+  }
+  if (attn?.spec.type === 'full_attention' && !comp && !mamba) {
+    const spec = attn.spec;
+    if (NUM_QUERY_HEADS % spec.numKvHeads !== 0 || spec.headSize % 2 !== 0) {
+      throw new HandoffError('BAD_CONFIG', `GQA needs ${NUM_QUERY_HEADS} query heads divisible by kv heads, even head size`);
+    }
+    return { kind: 'gqa', index, numHeads: NUM_QUERY_HEADS, cache: { ...attn, spec } };
+  }
+  throw new HandoffError('BAD_CONFIG', `layer ${index}: unsupported combination of caches ${[...parts.keys()].join('+')}`);
+}

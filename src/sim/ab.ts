@@ -1,0 +1,153 @@
+/**
+ * `handoff ab`: the end-to-end A/B of the seed's race, in one process with real threads.
+ *
+ * A colocated engine computes the reference for every prompt. Then, per variant, a fresh 1P1D pair
+ * (inproc NIC thread, threaded devices, async scheduling) serves the same prompts with concurrent,
+ * staggered arrivals, so new requests' READs are posted while the decode stream still runs the previous
+ * forward: the window in which a zeroing queued behind that forward can land after the READ.
+ * Per variant: requests equal to the reference (tokens and logits), mismatches, races reported by the
+ * race checker on the decode device, decode tokens/s and ITL p50.
+ */
+import type { Env } from '../util/env.ts';
+import type { RaceChecker } from '../device/race_checker.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
+import { threadedDevice } from '../engine/devices.ts';
+import { LLMEngine, type GenerateRequest, type GenerateResult } from '../engine/llm_engine.ts';
+import { PdPair } from './pd_pair.ts';
+
+export interface AbVariant {
+  name: string;
+  zeroExclusion: ZeroExclusion;
+  syncBeforeRead: boolean;
+}
+
+export const AB_VARIANTS: AbVariant[] = [
+  { name: 'none', zeroExclusion: 'none', syncBeforeRead: false },
+  { name: 'mamba-only', zeroExclusion: 'mamba-only', syncBeforeRead: false },
+  { name: 'all-read-groups', zeroExclusion: 'all-read-groups', syncBeforeRead: false },
+  { name: 'all-read-groups+syncBeforeRead', zeroExclusion: 'all-read-groups', syncBeforeRead: true },
+];
+
+export interface AbVariantResult {
+  name: string;
+  exactMatch: number;
+  mismatchedRequests: number;
+  races: number;
+  tokensPerSec: number;
+  itlMsP50: number;
+  /** Extra detail (not part of the JSON contract's required keys). */
+  errors: number;
+  nanRequests: number;
+  pagesZeroed: number;
+  pagesExcludedFromZeroing: number;
+  hostSyncWaits: number;
+  sampleRace: string | null;
+}
+
+export interface AbReport {
+  model: ModelPreset;
+  requests: number;
+  variants: AbVariantResult[];
+}
+
+export interface AbOptions {
+  preset: ModelPreset;
+  requests: number;
+  maxTokens: number;
+  seed: number;
+  /** Mean gap between arrivals; arrivals overlap with decoding. */
+  arrivalGapMs: number;
+  variants?: AbVariant[];
+  onProgress?: (variant: string, done: number, total: number) => void;
+}
+
+/** Prompts of varied lengths (some not block aligned, some spanning many pages). */
+export function abPrompts(n: number, seed: number, env: Env): GenerateRequest[] {
+  const rng = env.rng;
+  void seed;
+  return Array.from({ length: n }, (_, i) => {
+    const len = 8 + rng.int(120);
+    return {
+      promptTokenIds: Array.from({ length: len }, () => 1 + rng.int(50000)),
+      sampling: { maxTokens: 0, temperature: i % 3 === 2 ? 0.7 : 0, seed: 1000 + i, ignoreEos: true },
+    };
+  });
+}
+
+function p50(xs: number[]): number {
+  if (xs.length === 0) return 0;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor((s.length - 1) / 2)] as number;
+}
+
+const sameRun = (a: GenerateResult, b: GenerateResult): boolean =>
+  a.tokenIds.length === b.tokenIds.length && a.tokenIds.every((t, i) => t === b.tokenIds[i]) && a.logitsHashes.every((h, i) => h === b.logitsHashes[i]);
+
+export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
+  const prompts = abPrompts(opts.requests, opts.seed, env).map((p) => ({ ...p, sampling: { ...p.sampling, maxTokens: opts.maxTokens } }));
+  const numBlocks = 64 + opts.requests * Math.ceil((128 + opts.maxTokens) / 16) * 2;
+  const common = { preset: opts.preset, modelSeed: opts.seed, numBlocks, scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 } };
+
+  // Reference: colocated, requests one at a time (batch invariance makes this the ground truth).
+  const colo = await LLMEngine.create({ ...common, asyncScheduling: true, idlePollMs: 2, makeDevice: threadedDevice(opts.preset, opts.seed) }, env);
+  const reference: GenerateResult[] = [];
+  try {
+    for (const p of prompts) reference.push(await colo.generate(p));
+  } finally {
+    await colo.close();
+  }
+
+  const variants: AbVariantResult[] = [];
+  for (const v of opts.variants ?? AB_VARIANTS) {
+    const pair = await PdPair.create(
+      { ...common, decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' }, raceCheck: true, name: `ab-${v.name}` },
+      env,
+    );
+    try {
+      const itls: number[] = [];
+      let done = 0;
+      let errors = 0;
+      const t0 = env.nowMs();
+      const results = await Promise.all(
+        prompts.map(async (p, i) => {
+          await env.sleep(i * opts.arrivalGapMs);
+          let last: number | null = null;
+          try {
+            const r = await pair.generate(p, (t) => {
+              if (last !== null) itls.push(t - last);
+              last = t;
+            });
+            return r;
+          } catch {
+            errors++;
+            return null;
+          } finally {
+            opts.onProgress?.(v.name, ++done, prompts.length);
+          }
+        }),
+      );
+      const elapsedMs = env.nowMs() - t0;
+      const matched = results.filter((r, i) => r !== null && sameRun(r, reference[i] as GenerateResult)).length;
+      const races = (pair.decode.device.raceChecker as RaceChecker | null)?.races() ?? [];
+      const tokens = results.reduce((s, r) => s + (r?.tokenIds.length ?? 0), 0);
+      variants.push({
+        name: v.name,
+        exactMatch: matched,
+        mismatchedRequests: prompts.length - matched,
+        races: races.length,
+        tokensPerSec: tokens / (elapsedMs / 1000),
+        itlMsP50: p50(itls),
+        errors,
+        nanRequests: results.filter((r) => r?.nanLogits).length,
+        pagesZeroed: pair.decode.scheduler.stats.pagesZeroListed,
+        pagesExcludedFromZeroing: pair.decode.scheduler.stats.pagesExcludedFromZeroing,
+        hostSyncWaits: pair.decodeConnector.worker.stats.hostSyncWaits,
+        sampleRace: races[0] ? JSON.stringify(races[0]).slice(0, 400) : null,
+      });
+    } finally {
+      await pair.close();
+    }
+  }
+  return { model: opts.preset, requests: opts.requests, variants };
+}

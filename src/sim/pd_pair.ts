@@ -1,0 +1,106 @@
+/**
+ * A prefill and a decode engine in one process with real threads (threaded devices, inproc transfer
+ * engine whose NIC is a worker thread), wired like a 1P1D deployment: the proxy's READ flow is two
+ * calls, prefill with max_tokens 1 + do_remote_decode, then decode with the returned params.
+ */
+import type { Env } from '../util/env.ts';
+import { hexId } from '../util/ids.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { createTransferEngine } from '../transfer/index.ts';
+import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
+import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/factory.ts';
+import type { KVTransferParams } from '../connector/params.ts';
+import { threadedDevice } from '../engine/devices.ts';
+import { LLMEngine, type EngineConfig, type GenerateRequest, type GenerateResult } from '../engine/llm_engine.ts';
+
+export interface PdPairOptions {
+  preset: ModelPreset;
+  modelSeed: number;
+  numBlocks: number;
+  /** Decode-side connector settings (zeroExclusion, syncBeforeRead, mode). */
+  decode: Partial<OneSidedConfig>;
+  raceCheck: boolean;
+  scheduler?: EngineConfig['scheduler'];
+  /** Distinguishes engines of several pairs in one process (inproc registry). */
+  name: string;
+}
+
+export class PdPair {
+  private constructor(
+    readonly prefill: LLMEngine,
+    readonly decode: LLMEngine,
+    private readonly env: Env,
+  ) {}
+
+  static async create(o: PdPairOptions, env: Env): Promise<PdPair> {
+    const base = {
+      preset: o.preset,
+      modelSeed: o.modelSeed,
+      numBlocks: o.numBlocks,
+      asyncScheduling: true,
+      scheduler: o.scheduler ?? {},
+      idlePollMs: 2,
+    };
+    const mk = (role: 'producer' | 'consumer', cfg: Partial<OneSidedConfig>, raceCheck: boolean) => {
+      let engine: LLMEngine | null = null;
+      const config: EngineConfig = {
+        ...base,
+        makeDevice: threadedDevice(o.preset, o.modelSeed, raceCheck),
+        makeConnector: oneSidedConnectorFactory(
+          { ...DEFAULT_ONE_SIDED_CONFIG, ...cfg, role },
+          { backend: 'inproc', engineId: `${o.name}-${role}`, modelName: o.preset, preset: o.preset },
+          createTransferEngine,
+          { onActivity: () => engine?.core.kick() },
+        ),
+      };
+      return LLMEngine.create(config, env).then((e) => (engine = e));
+    };
+    const prefill = await mk('producer', { mode: o.decode.mode ?? 'read' }, false);
+    const decode = await mk('consumer', o.decode, o.raceCheck);
+    return new PdPair(prefill, decode, env);
+  }
+
+  /** The proxy's READ flow; returns decode's result (and prefill's params for inspection). */
+  async generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
+    const transferId = `xfer-${hexId(this.env, 8)}`;
+    const pre = await this.prefill.generate({
+      promptTokenIds: g.promptTokenIds,
+      sampling: { ...g.sampling, maxTokens: 1 },
+      kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
+    });
+    const params = (pre.kvTransferParams ?? {}) as KVTransferParams;
+    const result = await new Promise<GenerateResult>((resolve, reject) => {
+      const tokens: number[] = [];
+      const hashes: Array<string | null> = [];
+      const logprobs: Array<number | null> = [];
+      let nan = false;
+      try {
+        this.decode.submit({ ...g, kvTransferParams: params }, (o) => {
+          if (o.newTokenIds.length > 0) onToken?.(this.env.nowMs());
+          tokens.push(...o.newTokenIds);
+          hashes.push(...o.logitsHashes);
+          logprobs.push(...o.newLogprobs);
+          nan ||= o.nanLogits;
+          if (o.finishReason === null) return;
+          if (o.error) reject(o.error);
+          else resolve({ tokenIds: tokens, logitsHashes: hashes, logprobs, finishReason: o.finishReason, kvTransferParams: null, nanLogits: nan, numExternalTokens: o.numExternalTokens });
+        });
+      } catch (e) {
+        reject(e);
+      }
+    });
+    return { ...result, prefillParams: params };
+  }
+
+  get decodeConnector(): OneSidedConnector {
+    return this.decode.connector as unknown as OneSidedConnector;
+  }
+  get prefillConnector(): OneSidedConnector {
+    return this.prefill.connector as unknown as OneSidedConnector;
+  }
+
+  async close(): Promise<void> {
+    await this.decode.close();
+    await this.prefill.close();
+  }
+}

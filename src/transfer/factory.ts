@@ -1,0 +1,27 @@
+/**
+ * createTransferEngine: the one way to get a TransferEngine. Validates the registered regions
+ * against the layout, then starts the chosen backend (its NIC thread and, for tcp, its listeners).
+ */
+import { assert } from '../util/assert.ts';
+import { InprocTransferEngine } from './inproc.ts';
+import { TcpTransferEngine } from './tcp.ts';
+import type { TransferEngine, TransferEngineOptions } from './types.ts';
+
+export async function createTransferEngine(opts: TransferEngineOptions): Promise<TransferEngine> {
+  const { numSlabs, numBlocks, pageBytes } = opts.layout;
+  assert(opts.slabs.length === numSlabs, `expected ${numSlabs} slabs, got ${opts.slabs.length}`);
+  for (const [i, s] of opts.slabs.entries()) {
+    assert(s instanceof SharedArrayBuffer, `slab ${i} must be a SharedArrayBuffer`);
+    assert(s.byteLength === numBlocks * pageBytes, `slab ${i} is ${s.byteLength} bytes, expected ${numBlocks} x ${pageBytes}`);
+  }
+  const f = opts.faults ?? {};
+  for (const rate of [f.readErrorRate, f.dropNotificationRate]) assert(rate === undefined || (rate >= 0 && rate <= 1), 'fault rates are in [0, 1]');
+  assert(f.readDelayMs === undefined || (Number.isFinite(f.readDelayMs) && f.readDelayMs >= 0), 'readDelayMs must be >= 0');
+  assert(opts.dataFrameBytes === undefined || (opts.dataFrameBytes >= 4096 && opts.dataFrameBytes <= 16 << 20), 'dataFrameBytes in [4 KiB, 16 MiB]');
+  switch (opts.backend) {
+    case 'inproc':
+      return InprocTransferEngine.create(opts);
+    case 'tcp':
+      return TcpTransferEngine.create(opts);
+  }
+}

@@ -1,0 +1,232 @@
+/**
+ * Proves the tcp frame codec: every valid frame survives encode -> any chunking -> decode; random,
+ * truncated and mutated input never throws anything but FrameError (the caller's cue to close the
+ * connection), never emits a frame it did not fully receive, and memory held stays bounded.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fc from 'fast-check';
+import {
+  DEFAULT_LIMITS,
+  FrameDecoder,
+  FrameError,
+  encodeDataHeader,
+  encodeFrame,
+  type ControlFrame,
+  type DataHead,
+  type FrameLimits,
+} from './frame.ts';
+
+type Event = { kind: 'frame'; f: ControlFrame } | { kind: 'data'; head: DataHead; bytes: number[] };
+
+/** Collects events; consecutive pieces of one DATA frame are merged. */
+function collector(): { events: Event[]; sink: ConstructorParameters<typeof FrameDecoder>[0] } {
+  const events: Event[] = [];
+  return {
+    events,
+    sink: {
+      frame: (f) => events.push({ kind: 'frame', f }),
+      data: (head, piece, at) => {
+        const last = events[events.length - 1];
+        if (at > 0) {
+          assert.ok(last?.kind === 'data' && last.head.reqId === head.reqId && last.bytes.length === at, 'a continuation piece follows its frame');
+          last.bytes.push(...piece);
+        }
+        else events.push({ kind: 'data', head: { ...head }, bytes: [...piece] });
+      },
+    },
+  };
+}
+
+const hex = (min: number, max: number) => fc.uint8Array({ minLength: min, maxLength: max }).map((b) => Buffer.from(b).toString('hex'));
+const str = fc.string({ unit: 'grapheme', maxLength: 40 });
+const u32 = fc.integer({ min: 0, max: 0xffff_ffff });
+const range = fc.record({ slab: fc.integer({ min: 0, max: 0xffff }), offset: fc.maxSafeNat(), length: u32 });
+
+const controlFrame: fc.Arbitrary<ControlFrame> = fc.oneof(
+  fc.record({ type: fc.constant('hello' as const), engineId: str, session: hex(16, 32) }),
+  fc.constant({ type: 'helloOk' as const }),
+  fc.record({
+    type: fc.constantFrom('read' as const, 'write' as const),
+    reqId: u32,
+    transferId: str,
+    grantToken: hex(0, 64),
+    ranges: fc.array(range, { maxLength: 12 }),
+  }),
+  fc.record({ type: fc.constant('done' as const), reqId: u32 }),
+  fc.record({ type: fc.constant('error' as const), reqId: u32, code: str, message: str }),
+  fc.record({ type: fc.constant('side' as const), body: fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v)) as unknown) }),
+);
+
+type Item = { control: ControlFrame } | { reqId: number; streamOffset: number; payload: Uint8Array };
+const dataItem = fc.record({ reqId: u32, streamOffset: fc.maxSafeNat(), payload: fc.uint8Array({ minLength: 1, maxLength: 3000 }) });
+const item: fc.Arbitrary<Item> = fc.oneof(controlFrame.map((control) => ({ control })), dataItem);
+
+function encodeItem(it: Item): Uint8Array {
+  if ('control' in it) return encodeFrame(it.control);
+  return Buffer.concat([encodeDataHeader(it.reqId, it.streamOffset, it.payload.length), it.payload]);
+}
+
+function expected(it: Item): Event {
+  if ('control' in it) return { kind: 'frame', f: it.control };
+  return { kind: 'data', head: { reqId: it.reqId, streamOffset: it.streamOffset, length: it.payload.length }, bytes: [...it.payload] };
+}
+
+/** Split `bytes` at the given cut points. */
+function chunks(bytes: Uint8Array, cuts: number[]): Uint8Array[] {
+  const points = [...new Set(cuts.map((c) => c % (bytes.length + 1)))].sort((a, b) => a - b);
+  const out: Uint8Array[] = [];
+  let prev = 0;
+  for (const p of [...points, bytes.length]) {
+    out.push(bytes.subarray(prev, p));
+    prev = p;
+  }
+  return out;
+}
+
+/** Feed chunks; returns the FrameError if one was thrown (anything else fails the test). */
+function feed(dec: FrameDecoder, parts: Uint8Array[]): FrameError | null {
+  for (const p of parts) {
+    try {
+      dec.push(p);
+    } catch (e) {
+      assert.ok(e instanceof FrameError, `non-FrameError thrown: ${String(e)}`);
+      return e;
+    }
+  }
+  return null;
+}
+
+test('frame codec: any sequence of valid frames, cut anywhere, decodes to the same frames and bytes', () => {
+  fc.assert(
+    fc.property(fc.array(item, { maxLength: 8 }), fc.array(fc.nat(), { maxLength: 20 }), (items, cuts) => {
+      const { events, sink } = collector();
+      const dec = new FrameDecoder(sink);
+      const stream = Buffer.concat(items.map(encodeItem));
+      assert.equal(feed(dec, chunks(stream, cuts)), null);
+      const plain = (x: unknown): unknown => JSON.parse(JSON.stringify(x));
+      assert.deepEqual(plain(events), plain(items.map(expected)));
+      assert.ok(dec.idle);
+    }),
+    { numRuns: 300 },
+  );
+});
+
+test('frame codec: a truncated stream emits only the whole frames before the cut, never throws', () => {
+  fc.assert(
+    fc.property(fc.array(item, { minLength: 1, maxLength: 6 }), fc.nat(), fc.array(fc.nat(), { maxLength: 10 }), (items, cutAt, cuts) => {
+      const encoded = items.map(encodeItem);
+      const stream = Buffer.concat(encoded);
+      const cut = cutAt % stream.length;
+      const { events, sink } = collector();
+      const dec = new FrameDecoder(sink);
+      assert.equal(feed(dec, chunks(stream.subarray(0, cut), cuts)), null);
+      let whole = 0;
+      let end = 0;
+      for (const e of encoded) {
+        if (end + e.length > cut) break;
+        end += e.length;
+        whole++;
+      }
+      const controlSeen = events.filter((e) => e.kind === 'frame').length;
+      const controlWhole = items.slice(0, whole).filter((i) => 'control' in i).length;
+      assert.equal(controlSeen, controlWhole, 'no control frame emitted before all its bytes arrived');
+      assert.equal(dec.idle, cut === end);
+    }),
+    { numRuns: 300 },
+  );
+});
+
+const small: FrameLimits = { controlBytesMax: 4096, dataBytesMax: 8192, rangesMax: 64, stringBytesMax: 256 };
+
+test('frame codec: random bytes in random chunks only ever raise FrameError, and buffering stays bounded', () => {
+  fc.assert(
+    fc.property(fc.uint8Array({ maxLength: 6000 }), fc.array(fc.nat(), { maxLength: 20 }), (bytes, cuts) => {
+      const dec = new FrameDecoder(collector().sink, small);
+      for (const p of chunks(bytes, cuts)) {
+        try {
+          dec.push(p);
+        } catch (e) {
+          assert.ok(e instanceof FrameError, `non-FrameError thrown: ${String(e)}`);
+          assert.throws(() => dec.push(new Uint8Array([0])), FrameError, 'a failed decoder stays failed');
+          return;
+        }
+        assert.ok(dec.bufferedBytes <= small.controlBytesMax + 17);
+      }
+    }),
+    { numRuns: 500 },
+  );
+});
+
+test('frame codec: well-framed random bodies of every type reach the body parsers and only raise FrameError', () => {
+  const framed = fc.record({ type: fc.integer({ min: 0, max: 10 }), body: fc.uint8Array({ maxLength: 200 }) }).map(({ type, body }) => {
+    const b = Buffer.alloc(5 + body.length);
+    b.writeUInt32BE(body.length, 0);
+    b[4] = type;
+    b.set(body, 5);
+    return b;
+  });
+  let parsed = 0;
+  fc.assert(
+    fc.property(fc.array(framed, { minLength: 1, maxLength: 5 }), fc.array(fc.nat(), { maxLength: 8 }), (frames, cuts) => {
+      const { events, sink } = collector();
+      feed(new FrameDecoder(sink, small), chunks(Buffer.concat(frames), cuts));
+      parsed += events.length;
+    }),
+    { numRuns: 1000 },
+  );
+  assert.ok(parsed > 0, 'some random bodies parse (the generator reaches the parsers)');
+});
+
+test('frame codec: valid streams with flipped bytes decode or raise FrameError, nothing else', () => {
+  fc.assert(
+    fc.property(fc.array(item, { minLength: 1, maxLength: 4 }), fc.array(fc.tuple(fc.nat(), fc.integer({ min: 1, max: 255 })), { minLength: 1, maxLength: 6 }), (items, flips) => {
+      const stream = Buffer.concat(items.map(encodeItem));
+      for (const [at, x] of flips) stream[at % stream.length] = (stream[at % stream.length] ?? 0) ^ x;
+      feed(new FrameDecoder(collector().sink), [stream]);
+    }),
+    { numRuns: 300 },
+  );
+});
+
+test('frame codec: each malformed frame kind is a FrameError', () => {
+  const header = (len: number, type: number) => {
+    const b = Buffer.alloc(5);
+    b.writeUInt32BE(len, 0);
+    b[4] = type;
+    return b;
+  };
+  const bad: Array<[string, Uint8Array]> = [
+    ['unknown type', header(0, 99)],
+    ['oversized control frame', header(DEFAULT_LIMITS.controlBytesMax + 1, 8)],
+    ['DATA without payload', Buffer.concat([header(12, 5), Buffer.alloc(12)])],
+    ['oversized DATA', header(12 + DEFAULT_LIMITS.dataBytesMax + 1, 5)],
+    ['trailing bytes', Buffer.concat([header(5, 6), Buffer.alloc(5)])],
+    ['truncated body', Buffer.concat([header(2, 6), Buffer.alloc(2)])],
+    ['invalid utf-8 string', Buffer.concat([header(6, 1), Buffer.from([0, 2, 0xff, 0xfe, 0, 0])])],
+    ['bad JSON', Buffer.concat([header(3, 8), Buffer.from('{x:')])],
+    ['range count mismatch', Buffer.concat([header(4 + 2 + 1 + 4, 3), Buffer.from([0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 9])])],
+  ];
+  for (const [what, bytes] of bad) {
+    assert.throws(() => new FrameDecoder(collector().sink).push(bytes), FrameError, what);
+  }
+});
+
+test('frame codec: DATA payloads reach the sink in pieces without reassembly', () => {
+  const payload = new Uint8Array(100_000).map((_, i) => i & 0xff);
+  const stream = Buffer.concat([encodeDataHeader(7, 1234, payload.length), payload]);
+  const pieces: number[] = [];
+  const dec = new FrameDecoder({
+    frame: () => assert.fail('no control frame expected'),
+    data: (head, piece, at) => {
+      assert.equal(head.reqId, 7);
+      assert.equal(head.streamOffset, 1234);
+      assert.ok(Buffer.from(piece).equals(payload.subarray(at, at + piece.length)));
+      pieces.push(piece.length);
+    },
+  });
+  for (let i = 0; i < stream.length; i += 65536) dec.push(stream.subarray(i, i + 65536));
+  assert.equal(pieces.reduce((a, b) => a + b, 0), payload.length);
+  assert.ok(pieces.length > 1);
+  assert.ok(dec.bufferedBytes === 0 && dec.idle);
+});

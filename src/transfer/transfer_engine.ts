@@ -1,0 +1,397 @@
+/**
+ * What every backend shares on the engine thread: grant issuance (token, expiry timer, revocation),
+ * posting work requests (validation, coalescing, faults, race-checker hooks), completion tracking
+ * (poll/wait/abort), notifications and stats. A backend adds the side channel (handshake, notify
+ * transport) and starts the NIC thread.
+ *
+ * Handle lifecycle: pending -> done | failed, exactly once. The race checker's nicObserved is called
+ * once, when the host first sees the terminal state through poll() or wait().
+ */
+import type { RaceCheckerLike } from '../device/types.ts';
+import { assert } from '../util/assert.ts';
+import type { Env, TimerHandle } from '../util/env.ts';
+import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts';
+import { createLogger, type Logger } from '../util/log.ts';
+import { GrantIssuer } from './grant_issuer.ts';
+import { isTokenFormat } from './grant_table.ts';
+import { buildMetadata } from './metadata.ts';
+import type { NicHost } from './nic_host.ts';
+import { COUNTER, CQ_DONE, CQ_FAILED, type NicEvent } from './nic_messages.ts';
+import { coalesceRanges, disjoint, localSide, packRanges, rangeProblem, remoteSide, totalBytes } from './ranges.ts';
+import {
+  NOTIFICATION_TYPES,
+  type EngineMetadata,
+  type Grant,
+  type GrantRequest,
+  type Notification,
+  type NotificationHandler,
+  type PeerAddress,
+  type PollResult,
+  type SlabLayout,
+  type TransferBackend,
+  type TransferEngine,
+  type TransferEngineOptions,
+  type TransferFaults,
+  type TransferHandle,
+  type TransferRequest,
+  type TransferStats,
+} from './types.ts';
+
+interface HandleState {
+  handle: TransferHandle;
+  slot: number | null;
+  state: 'pending' | 'done' | 'failed';
+  error: HandoffError | null;
+  rc: RaceCheckerLike | null;
+  rcId: number | null;
+  observed: boolean;
+  waiters: Set<() => void>;
+}
+
+/** One work request's ranges after coalescing (one tcp frame carries at most this many). */
+const DESCRIPTORS_MAX = 65536;
+
+type HostCounters = Omit<TransferStats, 'grantsRefused' | 'badFrames' | 'grantsIssued' | 'grantsExpired'>;
+
+export abstract class TransferEngineCore implements TransferEngine {
+  abstract readonly backend: TransferBackend;
+  readonly engineId: string;
+  readonly metadata: EngineMetadata;
+  protected readonly env: Env;
+  protected readonly log: Logger;
+  protected readonly layout: SlabLayout;
+  protected readonly slabs: SharedArrayBuffer[];
+  protected readonly secret: string | undefined;
+  protected readonly faults: Required<TransferFaults>;
+  protected readonly notifyTimeoutMs: number;
+  protected readonly handshakeTimeoutMs: number;
+  /** Peers we completed a handshake with (either direction). */
+  protected readonly peers = new Map<string, EngineMetadata>();
+  protected readonly counters: HostCounters = {
+    bytesRead: 0,
+    bytesWritten: 0,
+    readsPosted: 0,
+    readsFailed: 0,
+    writesPosted: 0,
+    writesFailed: 0,
+    descriptorsPosted: 0,
+    handshakesRefused: 0,
+    notificationsSent: 0,
+    notificationsFailed: 0,
+  };
+  private rc: RaceCheckerLike | null = null;
+  private readonly grants: GrantIssuer;
+  private readonly inflight = new Map<number, HandleState>();
+  private readonly states = new WeakMap<TransferHandle, HandleState>();
+  private readonly handlers = new Set<NotificationHandler>();
+  private readonly abortWaiters = new Map<number, Array<() => void>>();
+  private nextWrId = 1;
+  private closing: Promise<void> | null = null;
+
+  protected constructor(
+    opts: TransferEngineOptions,
+    protected readonly nic: NicHost,
+  ) {
+    this.engineId = opts.engineId;
+    this.env = opts.env;
+    this.layout = opts.layout;
+    this.slabs = opts.slabs;
+    this.secret = opts.sideChannelSecret;
+    this.metadata = buildMetadata(opts);
+    this.log = createLogger(`transfer:${opts.engineId}`);
+    const f = opts.faults ?? {};
+    this.faults = { readErrorRate: f.readErrorRate ?? 0, readDelayMs: f.readDelayMs ?? 0, dropNotificationRate: f.dropNotificationRate ?? 0 };
+    this.notifyTimeoutMs = opts.notifyTimeoutMs ?? 5000;
+    this.handshakeTimeoutMs = opts.handshakeTimeoutMs ?? 5000;
+    this.grants = new GrantIssuer(opts.env, nic, opts.layout.numBlocks);
+    nic.onEvent((ev) => this.onNicEvent(ev));
+  }
+
+  abstract address(): PeerAddress;
+  abstract ports(): { sideChannel: number; data: number };
+  protected abstract handshakeImpl(peer: PeerAddress): Promise<EngineMetadata>;
+  /** Deliver to the peer and resolve when it acknowledged. */
+  protected abstract sendNotification(peerEngineId: string, n: Notification): Promise<void>;
+  protected abstract closeTransport(): Promise<void>;
+
+  get isClosed(): boolean {
+    return this.closing !== null;
+  }
+
+  attachRaceChecker(rc: RaceCheckerLike | null): void {
+    this.rc = rc;
+  }
+
+  // ---- grants (serving side) ----
+
+  issueGrant(req: GrantRequest): Grant {
+    assert(!this.isClosed, 'issueGrant after close');
+    return this.grants.issue(req);
+  }
+
+  revokeGrant(transferId: string): boolean {
+    return this.grants.revoke(transferId);
+  }
+
+  // ---- work requests (requesting side) ----
+
+  handshake(peer: PeerAddress): Promise<EngineMetadata> {
+    if (this.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', 'engine is closed'));
+    return this.withTimeout(this.handshakeImpl(peer), this.handshakeTimeoutMs, 'PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port}`);
+  }
+
+  postRead(req: TransferRequest): TransferHandle {
+    return this.post('read', req);
+  }
+
+  postWrite(req: TransferRequest): TransferHandle {
+    return this.post('write', req);
+  }
+
+  private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
+    assert(req.ranges.length > 0, 'a work request needs at least one range');
+    for (const r of req.ranges) {
+      const problem = rangeProblem({ slab: r.slab, offset: r.localOffset, length: r.length }, this.layout);
+      assert(problem === null, () => `local range: ${problem}`);
+      assert(Number.isSafeInteger(r.remoteOffset) && r.remoteOffset >= 0, `bad remote offset ${r.remoteOffset}`);
+    }
+    assert(kind === 'write' || disjoint(localSide(req.ranges)), 'READ destinations overlap');
+    const ranges = coalesceRanges(req.ranges);
+    const rc = this.rc;
+    const handle: TransferHandle = Object.freeze({
+      id: this.nextWrId++,
+      kind,
+      peerEngineId: req.peerEngineId,
+      transferId: req.transferId,
+      bytes: totalBytes(ranges),
+      descriptors: ranges.length,
+    });
+    const st: HandleState = { handle, slot: null, state: 'pending', error: null, rc, rcId: null, observed: false, waiters: new Set() };
+    st.rcId = rc ? rc.nicPost(req.label, req.footprint) : null;
+    this.states.set(handle, st);
+    if (kind === 'read') this.counters.readsPosted++;
+    else this.counters.writesPosted++;
+    this.counters.descriptorsPosted += ranges.length;
+
+    if (this.isClosed) return this.failNow(st, 'TRANSFER_FAILED', 'engine is closed');
+    const peer = this.peers.get(req.peerEngineId);
+    if (peer === undefined) return this.failNow(st, 'PEER_UNAVAILABLE', `no handshake with peer ${req.peerEngineId}`);
+    if (!isTokenFormat(req.grantToken)) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'malformed grant token');
+    if (req.transferId.length === 0 || req.transferId.length > 256) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'transferId must be 1..256 chars');
+    if (ranges.length > DESCRIPTORS_MAX) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}`);
+    const outside = remoteSide(ranges).find((r) => rangeProblem(r, peer.layout) !== null);
+    if (outside !== undefined) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `remote range: ${rangeProblem(outside, peer.layout)}`);
+    const slot = this.nic.allocSlot();
+    if (slot === null) return this.failNow(st, 'OVERLOADED', `${this.nic.slotsMax} work requests already in flight`);
+    st.slot = slot;
+    this.inflight.set(handle.id, st);
+    const faulty = kind === 'read' && this.faults.readErrorRate > 0 && this.env.rng.next() < this.faults.readErrorRate;
+    this.nic.send({
+      t: 'post',
+      wr: {
+        wrId: handle.id,
+        slot,
+        kind,
+        peerEngineId: req.peerEngineId,
+        transferId: req.transferId,
+        grantToken: req.grantToken,
+        ranges: packRanges(ranges),
+        delayMs: kind === 'read' ? this.faults.readDelayMs : 0,
+        failWith: faulty ? 'TRANSFER_FAILED' : null,
+      },
+    });
+    return handle;
+  }
+
+  private failNow(st: HandleState, code: ErrorCode, message: string): TransferHandle {
+    this.finish(st, code, message);
+    return st.handle;
+  }
+
+  private finish(st: HandleState, code: ErrorCode | null, message: string): void {
+    if (st.state !== 'pending') return;
+    if (st.slot !== null) this.nic.freeSlot(st.slot);
+    st.slot = null;
+    this.inflight.delete(st.handle.id);
+    const { kind, bytes, transferId } = st.handle;
+    if (code === null) {
+      st.state = 'done';
+      if (kind === 'read') this.counters.bytesRead += bytes;
+      else this.counters.bytesWritten += bytes;
+    } else {
+      st.state = 'failed';
+      st.error = new HandoffError(code, message || `${kind} of transfer ${transferId} failed (${code})`, { transferId });
+      if (kind === 'read') this.counters.readsFailed++;
+      else this.counters.writesFailed++;
+    }
+    for (const w of [...st.waiters]) w();
+    st.waiters.clear();
+  }
+
+  private onNicEvent(ev: NicEvent): void {
+    if (ev.t === 'cq') {
+      const st = this.inflight.get(ev.wrId);
+      if (st) this.finish(st, ev.code, ev.message);
+    } else if (ev.t === 'aborted') {
+      const ws = this.abortWaiters.get(ev.wrId) ?? [];
+      this.abortWaiters.delete(ev.wrId);
+      for (const w of ws) w();
+    }
+  }
+
+  /**
+   * Read the completion queue without waiting for the NIC's message. wait() takes only successes
+   * from it and lets failures arrive with the NIC's message (it names the reason); poll() cannot wait.
+   */
+  private refresh(st: HandleState, takeFailures = true): void {
+    if (st.state !== 'pending' || st.slot === null) return;
+    const { state, code } = this.nic.slotState(st.slot);
+    if (state === CQ_DONE) this.finish(st, null, '');
+    else if (state === CQ_FAILED && takeFailures) this.finish(st, code, '');
+  }
+
+  private stateOf(handle: TransferHandle): HandleState {
+    const st = this.states.get(handle);
+    assert(st !== undefined, `handle ${handle.id} was not posted by engine ${this.engineId}`);
+    return st;
+  }
+
+  private observe(st: HandleState): void {
+    if (st.observed || st.state === 'pending') return;
+    st.observed = true;
+    if (st.rc !== null && st.rcId !== null) st.rc.nicObserved(st.rcId);
+  }
+
+  poll(handle: TransferHandle): PollResult {
+    const st = this.stateOf(handle);
+    this.refresh(st);
+    if (st.state === 'pending') return { state: 'pending' };
+    this.observe(st);
+    return st.state === 'done' ? { state: 'done' } : { state: 'failed', error: st.error as HandoffError };
+  }
+
+  wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
+    assert(Number.isFinite(timeoutMs) && timeoutMs >= 0, `wait timeout must be >= 0, got ${timeoutMs}`);
+    const sts = handles.map((h) => this.stateOf(h));
+    return new Promise<void>((resolve, reject) => {
+      let settled = false;
+      let timer: TimerHandle | null = null;
+      const settle = (): void => {
+        settled = true;
+        timer?.cancel();
+        for (const st of sts) st.waiters.delete(check);
+      };
+      const check = (): void => {
+        if (settled) return;
+        for (const st of sts) this.refresh(st, false);
+        const failed = sts.find((s) => s.state === 'failed');
+        if (failed !== undefined) {
+          settle();
+          this.observe(failed);
+          reject(failed.error);
+        } else if (sts.every((s) => s.state === 'done')) {
+          settle();
+          for (const st of sts) this.observe(st);
+          resolve();
+        }
+      };
+      check();
+      if (settled) return;
+      for (const st of sts) if (st.state === 'pending') st.waiters.add(check);
+      timer = this.env.setTimer(timeoutMs, () => {
+        if (settled) return;
+        settle();
+        const pending = sts.filter((s) => s.state === 'pending');
+        const code = pending.some((s) => s.handle.kind === 'read') ? 'KV_READ_TIMEOUT' : 'TIMEOUT';
+        const ids = [...new Set(pending.map((s) => s.handle.transferId))];
+        reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
+      });
+    });
+  }
+
+  async abort(handles: readonly TransferHandle[]): Promise<void> {
+    const waits: Promise<void>[] = [];
+    for (const h of handles) {
+      const st = this.stateOf(h);
+      this.refresh(st);
+      if (st.state !== 'pending' || st.slot === null) continue;
+      waits.push(new Promise((resolve) => this.abortWaiters.set(h.id, [...(this.abortWaiters.get(h.id) ?? []), resolve])));
+      this.nic.send({ t: 'abort', wrId: h.id });
+    }
+    await Promise.all(waits);
+  }
+
+  // ---- notifications ----
+
+  onNotification(handler: NotificationHandler): () => void {
+    this.handlers.add(handler);
+    return () => this.handlers.delete(handler);
+  }
+
+  async notify(peerEngineId: string, notification: Notification): Promise<void> {
+    assert(NOTIFICATION_TYPES.includes(notification.type), `unknown notification type ${notification.type}`);
+    assert(typeof notification.transferId === 'string' && notification.transferId.length <= 256, 'bad notification transferId');
+    const n: Notification = structuredClone(notification);
+    try {
+      if (this.isClosed) throw new HandoffError('PEER_UNAVAILABLE', 'engine is closed');
+      if (!this.peers.has(peerEngineId)) throw new HandoffError('PEER_UNAVAILABLE', `no handshake with peer ${peerEngineId}`);
+      const dropped = this.faults.dropNotificationRate > 0 && this.env.rng.next() < this.faults.dropNotificationRate;
+      const delivery = dropped ? new Promise<void>(() => {}) : this.sendNotification(peerEngineId, n);
+      await this.withTimeout(delivery, this.notifyTimeoutMs, 'TIMEOUT', `${n.type} notification to ${peerEngineId}`);
+      this.counters.notificationsSent++;
+    } catch (e) {
+      this.counters.notificationsFailed++;
+      throw isHandoffError(e) ? e : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
+    }
+  }
+
+  /** Called by the backend when a notification arrives from a peer. */
+  protected deliver(fromEngineId: string, n: Notification): void {
+    if (n.type === 'release' || n.type === 'write_done') this.grants.releasedBy(n.transferId, fromEngineId);
+    for (const h of [...this.handlers]) {
+      try {
+        h(fromEngineId, n);
+      } catch (e) {
+        this.log.error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw');
+      }
+    }
+  }
+
+  protected withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const timer = this.env.setTimer(ms, () => reject(new HandoffError(code, `${what}: no answer after ${ms} ms`)));
+      p.then(
+        (v) => {
+          timer.cancel();
+          resolve(v);
+        },
+        (e: unknown) => {
+          timer.cancel();
+          reject(e);
+        },
+      );
+    });
+  }
+
+  stats(): TransferStats {
+    return {
+      ...this.counters,
+      grantsIssued: this.grants.issued,
+      grantsExpired: this.grants.expired,
+      grantsRefused: this.nic.counter(COUNTER.grantsRefused),
+      badFrames: this.nic.counter(COUNTER.badFrames),
+    };
+  }
+
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      this.grants.clear();
+      await this.closeTransport();
+      await this.nic.close();
+      for (const st of [...this.inflight.values()]) this.finish(st, 'PEER_UNAVAILABLE', 'engine closed');
+      for (const ws of this.abortWaiters.values()) for (const w of ws) w();
+      this.abortWaiters.clear();
+    })();
+    return this.closing;
+  }
+}

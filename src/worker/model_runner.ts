@@ -1,0 +1,144 @@
+/**
+ * ModelRunner: turns a SchedulerOutput into work on the device, in vLLM V2's order:
+ *
+ *   1. forget finished/preempted requests, add new ones, append new pages to block tables;
+ *   2. updateRequests: zero `newBlockIdsToZero` on the compute stream (queued behind whatever the
+ *      stream is still running, e.g. the previous forward), then copy-on-write copies;
+ *   3. preForward (connector): post this step's READs from the host and await every one of them;
+ *   4. enqueue the forward on the compute stream (never waits for it here);
+ *   5. when the forward is done: postForward (connector results) → ModelRunnerOutput.
+ *
+ * The host returns after step 4, so the engine can schedule and prepare step k+1 while the stream
+ * runs step k: the overlap that makes the seed's race real (the zeroing of step k+1 lands after the
+ * previous forward, while the NIC writes the READ destinations at once).
+ */
+import { assert, defined } from '../util/assert.ts';
+import type { Device } from '../device/types.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import { forwardFootprint } from '../model/footprint.ts';
+import type { ForwardRequest, ForwardResult } from '../model/types.ts';
+import { BlockZeroer } from './block_zeroer.ts';
+import type { ConnectorWorkerHooks, LoadResult } from './hooks.ts';
+import { PLACEHOLDER_TOKEN, type StepArgs } from './kernels.ts';
+import { emptyConnectorOutput, type ModelRunnerOutput, type SamplingParamsData, type SchedulerOutput } from './scheduler_output.ts';
+
+interface RunnerRequest {
+  tokenIds: number[];
+  blockTables: number[][];
+  sampling: SamplingParamsData;
+}
+
+export interface StepHandle {
+  /** Resolves when the step's forward has run and the connector reported (never rejects for load failures). */
+  output: Promise<ModelRunnerOutput>;
+}
+
+export class ModelRunner {
+  private readonly reqs = new Map<string, RunnerRequest>();
+  readonly zeroer: BlockZeroer | null;
+  private forgotten: string[] = [];
+  stats = { steps: 0, forwards: 0, pagesZeroed: 0 };
+
+  constructor(
+    private readonly device: Device,
+    readonly kvConfig: KVCacheConfig,
+    private readonly hooks: ConnectorWorkerHooks | null,
+  ) {
+    this.zeroer = kvConfig.needsKvCacheZeroing ? new BlockZeroer(device, kvConfig) : null;
+    this.zeroer?.warmup();
+  }
+
+  get numRequests(): number {
+    return this.reqs.size;
+  }
+
+  async executeModel(so: SchedulerOutput): Promise<StepHandle> {
+    this.stats.steps++;
+    // 1. Request state.
+    for (const id of [...so.finishedReqIds, ...so.preemptedReqIds]) {
+      this.reqs.delete(id);
+      this.forgotten.push(id);
+    }
+    for (const n of so.scheduledNewReqs) {
+      this.reqs.set(n.requestId, { tokenIds: [...n.tokenIds], blockTables: n.blockIds.map((g) => [...g]), sampling: n.sampling });
+    }
+    for (const c of so.scheduledCachedReqs) {
+      const r = defined(this.reqs.get(c.requestId), `runner state of ${c.requestId}`);
+      c.newBlockIds.forEach((ids, g) => defined(r.blockTables[g], `block table ${g}`).push(...ids));
+    }
+    // 2. Zeroing, then copy-on-write, on the compute stream.
+    if (so.newBlockIdsToZero && so.newBlockIdsToZero.length > 0) {
+      const zeroer = defined(this.zeroer, 'zero list sent to a cache that needs no zeroing');
+      zeroer.zeroBlockIds(so.newBlockIdsToZero, so.step);
+      this.stats.pagesZeroed += so.newBlockIdsToZero.length;
+    }
+    if (so.kvCacheBlockCopies.length > 0) {
+      this.device.compute.enqueue({
+        op: { kind: 'copy', pairs: so.kvCacheBlockCopies, slabs: [...Array(this.kvConfig.numSlabs).keys()] },
+        label: { what: 'cow-copy', step: so.step },
+      });
+    }
+    // 3. Loads: every READ of this step has landed (or failed) when this returns.
+    const loads: LoadResult = this.hooks ? await this.hooks.preForward(so) : { failedReqIds: [], invalidBlockIds: [] };
+    const failed = new Set(loads.failedReqIds);
+    // 4. The forward.
+    const requests = this.buildForwardRequests(so, failed);
+    let forward: Promise<ForwardResult | null> = Promise.resolve(null);
+    if (requests.length > 0 || this.forgotten.length > 0) {
+      const args: StepArgs = { step: so.step, requests, forget: this.forgotten };
+      this.forgotten = [];
+      this.stats.forwards++;
+      const ticket = this.device.compute.enqueue({
+        op: { kind: 'kernel', name: 'step', args },
+        label: { what: 'forward', step: so.step, requestIds: requests.map((r) => r.requestId) },
+        footprint: forwardFootprint(this.kvConfig, args),
+      });
+      forward = ticket.done as Promise<ForwardResult>;
+    }
+    // 5. Results.
+    const output = forward.then(async (result) => {
+      const conn = this.hooks ? await this.hooks.postForward(so) : emptyConnectorOutput();
+      const sampled = (result?.outputs ?? [])
+        .filter((o) => o.tokenId !== null)
+        .map((o) => ({ requestId: o.requestId, tokenId: o.tokenId as number, logprob: o.logprob, logitsHash: o.logitsHash, nanLogits: o.nanLogits }));
+      for (const s of sampled) this.reqs.get(s.requestId)?.tokenIds.push(s.tokenId);
+      return {
+        step: so.step,
+        sampled,
+        kvConnectorOutput: {
+          ...conn,
+          failedLoadReqIds: [...conn.failedLoadReqIds, ...loads.failedReqIds],
+          invalidBlockIds: [...conn.invalidBlockIds, ...loads.invalidBlockIds],
+        },
+      };
+    });
+    return { output };
+  }
+
+  private buildForwardRequests(so: SchedulerOutput, failed: Set<string>): ForwardRequest[] {
+    const out: ForwardRequest[] = [];
+    const add = (requestId: string, start: number, tokenIds: number[], outputIndex: number): void => {
+      if (failed.has(requestId)) return;
+      const r = defined(this.reqs.get(requestId), `runner state of ${requestId}`);
+      const n = defined(so.numScheduledTokens[requestId], `scheduled tokens of ${requestId}`);
+      assert(tokenIds.length === n, `request ${requestId}: ${tokenIds.length} input tokens for ${n} scheduled`);
+      out.push({
+        requestId,
+        tokenIds,
+        startPos: start,
+        blockTables: r.blockTables.map((g) => [...g]),
+        sample: so.sampleAfter[requestId] === true,
+        sampling: { temperature: r.sampling.temperature, topP: r.sampling.topP, topK: r.sampling.topK, seed: r.sampling.seed, outputIndex },
+      });
+    };
+    for (const n of so.scheduledNewReqs) {
+      const count = defined(so.numScheduledTokens[n.requestId], 'scheduled tokens');
+      add(n.requestId, n.numComputedTokens, n.tokenIds.slice(n.numComputedTokens, n.numComputedTokens + count), n.numOutputTokens);
+    }
+    for (const c of so.scheduledCachedReqs) {
+      const tokens = c.newTokenIds.length > 0 ? c.newTokenIds : [PLACEHOLDER_TOKEN];
+      add(c.requestId, c.numComputedTokens, tokens, c.numOutputTokens);
+    }
+    return out;
+  }
+}
