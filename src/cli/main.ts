@@ -1,6 +1,7 @@
 /** The `handoff` command: parses arguments with commander and dispatches to subcommands. */
 import { Command } from 'commander';
 import { isHandoffError } from '../util/errors.ts';
+import { registerCoreCommands } from './core_commands.ts';
 
 export async function main(argv: string[]): Promise<void> {
   const program = new Command();
@@ -13,6 +14,8 @@ export async function main(argv: string[]): Promise<void> {
       process.stderr.write('handoff up: the serving layer is not built yet; see `handoff --help` for what is available\n');
       process.exitCode = 2;
     });
+
+  registerCoreCommands(program);
 
   try {
     await program.parseAsync(argv);

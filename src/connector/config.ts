@@ -8,6 +8,7 @@
 import { z } from 'zod';
 import { HandoffError } from '../util/errors.ts';
 import { ZERO_EXCLUSIONS, type ZeroExclusion } from './zero_exclusion.ts';
+import type { MutantName } from '../util/mutants.ts';
 
 export interface OneSidedConfig {
   role: 'producer' | 'consumer' | 'both';
@@ -20,6 +21,8 @@ export interface OneSidedConfig {
   transferTimeoutMs: number;
   /** Test-only fault switch forwarded to the transfer engine. */
   faults?: { readErrorRate?: number; readDelayMs?: number; dropNotificationRate?: number };
+  /** Bug zoo only (src/util/mutants.ts). */
+  mutant?: MutantName;
 }
 
 export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {

@@ -45,6 +45,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   readonly hasMamba: boolean;
   readonly blockSize: number;
   private reqsNeedRecv = new Map<string, RecvReqMeta>();
+  /** Mutant 'tail-not-zeroed' only: the destinations before alignment dropped the recompute tail. */
+  private readonly unalignedLocal = new Map<string, number[][]>();
   private reqsNeedNotify = new Map<string, NotifyReqMeta>();
   private reqsNeedSave = new Map<string, SaveReqMeta>();
   private readonly held = new Map<string, Held>();
@@ -173,6 +175,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       // Nothing to load (full local hit): an empty READ still releases the producer's pages.
       aligned = { local: remote.map(() => []), remote: remote.map(() => []) };
     }
+    if (this.config.mutant === 'tail-not-zeroed') this.unalignedLocal.set(req.requestId, local);
     this.stats.readRequests++;
     this.reqsNeedRecv.set(req.requestId, {
       ...base,
@@ -189,8 +192,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       out.newBlockIdsToZero,
       this.config.zeroExclusion,
       { readMode: this.config.mode === 'read', hasMamba: this.hasMamba, numAttnGroups: this.numAttnGroups },
-      meta.reqsToRecv.map((r) => r.localBlockIds),
+      this.config.mutant === 'tail-not-zeroed' ? meta.reqsToRecv.map((r) => this.unalignedLocal.get(r.requestId) ?? r.localBlockIds) : meta.reqsToRecv.map((r) => r.localBlockIds),
     );
+    this.unalignedLocal.clear();
     meta.reqsToNotify = [...this.reqsNeedNotify.values()];
     meta.reqsToSave = [...this.reqsNeedSave.values()];
     for (const [requestId, h] of this.held) meta.sendTransfers[h.transferId] = requestId;
@@ -244,7 +248,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     } else {
       this.reqsNeedSave.set(req.requestId, { requestId: req.requestId, transferId, localBlockIds: groups });
     }
-    return { delayFree: true, kvTransferParams: params };
+    // Mutant 'free-before-release': the pages go back to the pool while decode may still READ them.
+    return { delayFree: this.config.mutant !== 'free-before-release', kvTransferParams: params };
   }
 
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {

@@ -41,6 +41,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** WRITE consumer: transfer id → request and the time by which the producer must have written. */
   private readonly recvTransfers = new Map<string, { requestId: string; deadlineMs: number; blockIds: number[] }>();
   private finishedRecving: string[] = [];
+  /** Mutant 'no-await-reads' only: READs observed after the forward. */
+  private lateReads: Array<{ r: RecvReqMeta; handle: TransferHandle }> = [];
   private readonly unsubscribe: () => void;
   stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, writesPosted: 0, hostSyncWaits: 0 };
 
@@ -127,6 +129,11 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     }
     const posted: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
     for (const r of meta.reqsToRecv) posted.push(await this.postReadFor(r, so.step));
+    if (this.config.mutant === 'no-await-reads') {
+      // Mutant: the forward is enqueued while the NIC may still be writing its pages.
+      for (const p of posted) if (p.handle) this.lateReads.push({ r: p.r, handle: p.handle });
+      return result;
+    }
     for (const p of posted) {
       let error = p.error;
       if (p.handle && !error) {
@@ -231,6 +238,12 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
         label: { what: 'kv-write', requestIds: [save.requestId] },
         footprint: footprint.map((f) => ({ ...f, write: false })),
       });
+      if (this.config.mutant === 'write-done-early') {
+        // Mutant: completion announced before the destination has the data.
+        await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId });
+        await this.transfer.wait([h], this.config.transferTimeoutMs);
+        return;
+      }
       await this.transfer.wait([h], this.config.transferTimeoutMs);
       await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId });
     } catch (e) {
@@ -239,6 +252,10 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   }
 
   async postForward(_so: SchedulerOutput): Promise<KVConnectorOutput> {
+    for (const late of this.lateReads.splice(0)) {
+      await this.transfer.wait([late.handle], this.config.transferTimeoutMs).catch(() => undefined);
+      this.release(late.r);
+    }
     this.startReadySaves();
     const out = emptyConnectorOutput();
     for (const t of [...this.released]) {

@@ -438,6 +438,7 @@ export class Scheduler {
     req.finishedKvTransferParams = handoff.kvTransferParams;
     const detached = this.kv.detach(req.requestId);
     if (handoff.delayFree) this.heldForSend.set(req.requestId, detached);
+    else if (status === 'FINISHED_ABORTED' && this.config.mutant === 'free-on-abort') this.kv.freeBlockIds(detached);
     else this.fence.defer(detached);
     if (wasQueued) this.finishedSinceLast.push(req.requestId);
     this.requests.delete(req.requestId);

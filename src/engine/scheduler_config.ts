@@ -1,3 +1,5 @@
+import type { MutantName } from '../util/mutants.ts';
+
 /** Scheduler limits and policies (vLLM's SchedulerConfig, camelCase). */
 export interface SchedulerConfig {
   maxNumSeqs: number;
@@ -8,6 +10,8 @@ export interface SchedulerConfig {
   numLookaheadTokens: number;
   kvLoadFailurePolicy: 'fail' | 'recompute';
   eosTokenId: number;
+  /** Bug zoo only: 'free-on-abort' frees an aborted request's pages without the fence. */
+  mutant?: MutantName;
   /** Bound on the waiting queue (CONVENTIONS: bound everything). */
   maxWaiting: number;
 }

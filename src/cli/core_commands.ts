@@ -1,0 +1,117 @@
+/** `handoff ab` and `handoff bench transfer|model|sched`: the core measurements, human output or --json. */
+import type { Command } from 'commander';
+import cliProgress from 'cli-progress';
+import { RealEnv } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { isModelPreset, type ModelPreset } from '../kv/presets.ts';
+import { benchTransfer } from '../transfer/bench.ts';
+import { benchModel } from '../model/bench.ts';
+import { benchSched } from '../engine/bench_sched.ts';
+import { runAb, AB_VARIANTS } from '../sim/ab.ts';
+
+function preset(name: string): ModelPreset {
+  if (!isModelPreset(name)) throw new HandoffError('BAD_CONFIG', `unknown model '${name}' (dsv4-mini, hybrid-mini, llama-mini)`);
+  return name;
+}
+
+function int(name: string, v: string, min: number, max: number): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min || n > max) throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${v}'`);
+  return n;
+}
+
+const out = (s: string): void => void process.stdout.write(`${s}\n`);
+
+export function registerCoreCommands(program: Command): Command {
+  program
+    .command('ab')
+    .description('end-to-end A/B of the zeroing-vs-READ race: colocated reference vs 1P1D per zeroing variant (real threads)')
+    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--requests <n>', 'number of prompts', '24')
+    .option('--max-tokens <n>', 'tokens generated per request', '8')
+    .option('--seed <n>', 'seed for prompts and weights', '1')
+    .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
+    .option('--json', 'print one JSON object')
+    .action(async (o: Record<string, string | boolean>) => {
+      const env = new RealEnv(int('seed', String(o['seed']), 0, 2 ** 31));
+      const requests = int('requests', String(o['requests']), 1, 1000);
+      const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' }, cliProgress.Presets.shades_classic);
+      bar.start(requests * AB_VARIANTS.length, 0, { variant: 'reference' });
+      let base = 0;
+      let last = '';
+      const report = await runAb(
+        {
+          preset: preset(String(o['model'])),
+          requests,
+          maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
+          seed: int('seed', String(o['seed']), 0, 2 ** 31),
+          arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
+          onProgress: (variant, done) => {
+            if (variant !== last) {
+              if (last !== '') base += requests;
+              last = variant;
+            }
+            bar.update(base + done, { variant });
+          },
+        },
+        env,
+      );
+      bar.stop();
+      if (o['json']) {
+        out(JSON.stringify({ ...report, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
+        return;
+      }
+      out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
+      const fast = report.variants.find((v) => v.name === 'all-read-groups');
+      for (const v of report.variants) {
+        const ratio = fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
+        out(
+          `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
+            `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
+        );
+      }
+    });
+
+  const bench = program.command('bench').description('benchmarks, as ratios against a baseline measured in the same run');
+  bench
+    .command('transfer')
+    .description('move pages through the transfer engine vs memcpy (inproc) or a raw socket (tcp)')
+    .option('--backend <b>', 'inproc | tcp', 'inproc')
+    .option('--page-bytes <n>', 'page size', String(32 * 1024))
+    .option('--pages <n>', 'pages per slab', '2048')
+    .option('--json', 'print one JSON object')
+    .action(async (o: Record<string, string | boolean>) => {
+      const backend = String(o['backend']);
+      if (backend !== 'inproc' && backend !== 'tcp') throw new HandoffError('BAD_CONFIG', `--backend must be inproc or tcp, got '${backend}'`);
+      const r = await benchTransfer({ backend, env: new RealEnv(), pageBytes: int('page-bytes', String(o['pageBytes']), 64, 1 << 24), pages: int('pages', String(o['pages']), 1, 1 << 16) });
+      if (o['json']) out(JSON.stringify(r));
+      else out(`transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`);
+    });
+  bench
+    .command('model')
+    .description('forward throughput vs a plain TS matmul roofline measured in the same run')
+    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--tokens <n>', 'decode tokens', '64')
+    .option('--json', 'print one JSON object')
+    .action(async (o: Record<string, string | boolean>) => {
+      const r = await benchModel({ preset: preset(String(o['model'])), env: new RealEnv(), tokens: int('tokens', String(o['tokens']), 1, 100_000) });
+      if (o['json']) out(JSON.stringify(r));
+      else out(`model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`);
+    });
+  bench
+    .command('sched')
+    .description('schedule() + buildConnectorMeta per step at 64 and 256 running requests, as a fraction of a model step')
+    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--json', 'print one JSON object')
+    .action((o: Record<string, string | boolean>) => {
+      const rows = benchSched({ preset: preset(String(o['model'])), env: new RealEnv() });
+      if (o['json']) out(JSON.stringify({ model: o['model'], rows }));
+      else
+        for (const r of rows)
+          out(
+            `sched ${r.running} running: ${r.schedMsPerStep.toFixed(3)} ms/step = ${(100 * r.fractionOfModelStep).toFixed(2)}% of the batch's model step ` +
+              `(${r.modelStepMs.toFixed(1)} ms), ${(100 * r.fractionOfTokenStep).toFixed(1)}% of one request's decode token (${r.tokenStepMs.toFixed(2)} ms)`,
+          );
+    });
+  return bench;
+}

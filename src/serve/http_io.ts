@@ -1,0 +1,93 @@
+/**
+ * Small node:http helpers shared by the instance server and the proxy: bounded JSON bodies, JSON and
+ * OpenAI-style error responses, bearer-token checks and X-Request-Id handling. Every operating error
+ * leaves here as `{error: {message, type, code, param}}` with the HandoffError's HTTP status.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+
+export const REQUEST_ID_HEADER = 'x-request-id';
+/** Bound on a request body (a prompt of maxModelLen tokens as JSON is far below this). */
+export const MAX_BODY_BYTES = 4 << 20;
+const REQUEST_ID_RE = /^[A-Za-z0-9._:@-]{1,128}$/;
+
+/** Read the whole body (bounded) and parse it as a JSON object; BAD_REQUEST otherwise. */
+export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
+  const chunks: Buffer[] = [];
+  let total = 0;
+  for await (const chunk of req) {
+    const b = chunk as Buffer;
+    total += b.length;
+    if (total > maxBytes) throw new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
+    chunks.push(b);
+  }
+  const text = Buffer.concat(chunks).toString('utf8');
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new HandoffError('BAD_REQUEST', `request body is not valid JSON: ${(e as Error).message}`);
+  }
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new HandoffError('BAD_REQUEST', 'request body must be a JSON object');
+  return value as Record<string, unknown>;
+}
+
+export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
+  res.end(text);
+}
+
+/** Any thrown value → OpenAI error JSON. Non-HandoffErrors are bugs: logged, answered as INTERNAL. */
+export function sendError(res: ServerResponse, e: unknown, log?: Logger, headers: Record<string, string> = {}): void {
+  const err = toHandoffError(e, log);
+  sendJson(res, err.httpStatus, err.toJSON(), headers);
+}
+
+export function toHandoffError(e: unknown, log?: Logger): HandoffError {
+  if (isHandoffError(e)) return e;
+  log?.error({ err: e }, 'unexpected error while serving a request');
+  return new HandoffError('INTERNAL', `internal error: ${e instanceof Error ? e.message : String(e)}`);
+}
+
+/** An error answered with another status than its code's (e.g. an upstream's status in the proxy). */
+export function sendErrorWithStatus(res: ServerResponse, status: number, err: HandoffError, headers: Record<string, string> = {}): void {
+  sendJson(res, status, err.toJSON(), headers);
+}
+
+/** The client's X-Request-Id if well formed; BAD_REQUEST if present but malformed; null if absent. */
+export function requestIdFrom(req: IncomingMessage): string | null {
+  const raw = req.headers[REQUEST_ID_HEADER];
+  if (raw === undefined) return null;
+  const v = Array.isArray(raw) ? raw[0] ?? '' : raw;
+  if (!REQUEST_ID_RE.test(v)) throw new HandoffError('BAD_REQUEST', 'X-Request-Id must be 1-128 characters of [A-Za-z0-9._:@-]');
+  return v;
+}
+
+/** Constant-time check of `Authorization: Bearer <key>`; UNAUTHORIZED when it does not match. */
+export function checkBearer(req: IncomingMessage, apiKey: string | null): void {
+  if (apiKey === null) return;
+  const header = req.headers['authorization'] ?? '';
+  const m = /^Bearer\s+(.+)$/i.exec(header);
+  const given = createHash('sha256').update(m?.[1] ?? '').digest();
+  const want = createHash('sha256').update(apiKey).digest();
+  if (!m || !timingSafeEqual(given, want)) throw new HandoffError('UNAUTHORIZED', 'missing or wrong API key (Authorization: Bearer <key>)');
+}
+
+/** Path without the query string. */
+export function pathOf(req: IncomingMessage): string {
+  const url = req.url ?? '/';
+  const q = url.indexOf('?');
+  return q < 0 ? url : url.slice(0, q);
+}
+
+/** True when the response was not completed (the client went away first). */
+export function clientGone(res: ServerResponse): boolean {
+  return !res.writableFinished;
+}
