@@ -245,7 +245,9 @@ export class Scheduler {
     const tokens = this.tokensOf(req);
     let localBlocks: number[][] | undefined;
     let numLocal = req.numComputedTokens;
-    if (numLocal === 0 && this.config.enablePrefixCaching) {
+    // A request rolled back after a failed load keeps its pages: no prefix lookup for it.
+    const fresh = numLocal === 0 && this.kv.getBlockIds(req.requestId).every((g) => g.length === 0);
+    if (fresh && this.config.enablePrefixCaching) {
       const hit = this.kv.getComputedBlocks(tokens);
       localBlocks = hit.blocks;
       numLocal = hit.numComputedTokens;
@@ -263,8 +265,8 @@ export class Scheduler {
       numNew = budget;
     }
     const newBlocks = this.kv.allocateSlots(tokens, numNew, {
-      numNewComputedTokens: req.numComputedTokens === 0 ? numLocal : 0,
-      newComputedBlocks: req.numComputedTokens === 0 ? localBlocks : undefined,
+      numNewComputedTokens: fresh ? numLocal : 0,
+      newComputedBlocks: fresh ? localBlocks : undefined,
       numExternalComputedTokens: numExternal,
       numLookaheadTokens: match.loadAsync ? 0 : this.config.numLookaheadTokens,
       // Pages a load will fill are published only once the load landed (a failed READ must not be hit).
@@ -283,7 +285,7 @@ export class Scheduler {
       return 'failed';
     }
     req.numExternalComputedTokens += numExternal;
-    if (req.numComputedTokens === 0) req.numLocalHitTokens = numLocal;
+    if (fresh) req.numLocalHitTokens = numLocal;
 
     if (match.loadAsync) {
       req.status = 'WAITING_FOR_REMOTE_KVS';

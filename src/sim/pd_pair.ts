@@ -19,6 +19,8 @@ export interface PdPairOptions {
   numBlocks: number;
   /** Decode-side connector settings (zeroExclusion, syncBeforeRead, mode). */
   decode: Partial<OneSidedConfig>;
+  /** Prefill-side connector settings (leaseMs, faults...). */
+  prefill?: Partial<OneSidedConfig>;
   raceCheck: boolean;
   scheduler?: EngineConfig['scheduler'];
   /** Distinguishes engines of several pairs in one process (inproc registry). */
@@ -55,9 +57,28 @@ export class PdPair {
       };
       return LLMEngine.create(config, env).then((e) => (engine = e));
     };
-    const prefill = await mk('producer', { mode: o.decode.mode ?? 'read' }, false);
+    const prefill = await mk('producer', { mode: o.decode.mode ?? 'read', ...o.prefill }, false);
     const decode = await mk('consumer', o.decode, o.raceCheck);
     return new PdPair(prefill, decode, env);
+  }
+
+  /** The proxy's WRITE flow: both at once; prefill pushes into decode's pages when its forward is done. */
+  async generateWrite(g: GenerateRequest): Promise<GenerateResult> {
+    const transferId = `xfer-${hexId(this.env, 8)}`;
+    const conn = this.prefillConnector.transfer;
+    const addr = conn.address();
+    const [, result] = await Promise.all([
+      this.prefill.generate({
+        promptTokenIds: g.promptTokenIds,
+        sampling: { ...g.sampling, maxTokens: 1 },
+        kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
+      }),
+      this.decode.generate({
+        ...g,
+        kvTransferParams: { do_remote_prefill: true, remote_engine_id: conn.engineId, remote_host: addr.host, remote_port: addr.port, transfer_id: transferId },
+      }),
+    ]);
+    return result;
   }
 
   /** The proxy's READ flow; returns decode's result (and prefill's params for inspection). */

@@ -37,6 +37,11 @@ export class ModelRunner {
   private readonly reqs = new Map<string, RunnerRequest>();
   readonly zeroer: BlockZeroer | null;
   private forgotten: string[] = [];
+  /**
+   * Requests whose load failed: left out of every forward until the scheduler rebuilds them (it rolls
+   * them back; steps scheduled before it knew may still name them, with inputs that never existed).
+   */
+  private readonly poisoned = new Set<string>();
   stats = { steps: 0, forwards: 0, pagesZeroed: 0 };
 
   constructor(
@@ -57,9 +62,11 @@ export class ModelRunner {
     // 1. Request state.
     for (const id of [...so.finishedReqIds, ...so.preemptedReqIds]) {
       this.reqs.delete(id);
+      this.poisoned.delete(id);
       this.forgotten.push(id);
     }
     for (const n of so.scheduledNewReqs) {
+      this.poisoned.delete(n.requestId);
       this.reqs.set(n.requestId, { tokenIds: [...n.tokenIds], blockTables: n.blockIds.map((g) => [...g]), sampling: n.sampling });
     }
     for (const c of so.scheduledCachedReqs) {
@@ -80,7 +87,8 @@ export class ModelRunner {
     }
     // 3. Loads: every READ of this step has landed (or failed) when this returns.
     const loads: LoadResult = this.hooks ? await this.hooks.preForward(so) : { failedReqIds: [], invalidBlockIds: [] };
-    const failed = new Set(loads.failedReqIds);
+    for (const id of loads.failedReqIds) this.poisoned.add(id);
+    const failed = this.poisoned;
     // 4. The forward.
     const requests = this.buildForwardRequests(so, failed);
     let forward: Promise<ForwardResult | null> = Promise.resolve(null);

@@ -1,0 +1,152 @@
+/**
+ * Generation: one API request driven through the engine. Engine outputs (one token each) become text
+ * with the incremental detokenizer, pass the stop-string checker, and reach a sink as pieces and one
+ * final event (finish or error). A stop string aborts the engine request at once, so its pages are
+ * freed; `cancel()` (client gone) does the same and reports nothing.
+ *
+ * Prefill requests of a P/D pair (`do_remote_decode`) only compute the KV: stop strings do not apply,
+ * so the request always reaches the connector's requestFinished and returns kv_transfer_params.
+ */
+import { assert } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { decode, EOS_TOKEN_ID, IncrementalDecoder } from '../model/tokenizer.ts';
+import type { EngineOutput } from '../engine/output.ts';
+import type { GenerateRequest } from '../engine/llm_engine.ts';
+import type { ApiRequest } from './openai_request.ts';
+import { emptyPiece, usageOf, type ApiFinishReason, type Piece, type Usage } from './openai_response.ts';
+import { StopChecker } from './stop_checker.ts';
+
+export interface GenerationSink {
+  onPiece(p: Piece): void;
+  onFinish(f: { piece: Piece; finishReason: ApiFinishReason; kvTransferParams: Record<string, unknown> | null; usage: Usage }): void;
+  onError(e: HandoffError): void;
+}
+
+/** Latency hooks (metrics); milliseconds. */
+export interface GenerationObserver {
+  firstToken(ttftMs: number): void;
+  interToken(itlMs: number): void;
+  finished(reason: 'stop' | 'length' | 'abort' | 'error', promptTokens: number, completionTokens: number): void;
+}
+
+/** What a generation needs of the engine (LLMEngine satisfies it). */
+export interface EngineHandle {
+  submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): unknown;
+  abort(requestId: string): void;
+}
+
+export class Generation {
+  private readonly decoder = new IncrementalDecoder();
+  private readonly stops: StopChecker;
+  private readonly startMs: number;
+  private lastTokenMs: number | null = null;
+  private completionTokens = 0;
+  private charsSoFar = 0;
+  private finished = false;
+  private cancelled = false;
+
+  constructor(
+    private readonly engine: EngineHandle,
+    readonly api: ApiRequest,
+    readonly requestId: string,
+    private readonly seed: number,
+    private readonly env: Env,
+    private readonly sink: GenerationSink,
+    private readonly observer: GenerationObserver | null = null,
+  ) {
+    const isPrefillHalf = api.kvTransferParams?.do_remote_decode === true;
+    this.stops = new StopChecker(isPrefillHalf ? [] : api.stop);
+    this.startMs = env.nowMs();
+  }
+
+  get done(): boolean {
+    return this.finished;
+  }
+
+  /** Submit to the engine; throws HandoffError (nothing allocated) when the engine refuses the request. */
+  start(): void {
+    const a = this.api;
+    this.engine.submit(
+      {
+        requestId: this.requestId,
+        promptTokenIds: a.promptTokenIds,
+        sampling: {
+          maxTokens: a.maxTokens,
+          temperature: a.temperature,
+          ...(a.topP !== undefined ? { topP: a.topP } : {}),
+          ...(a.topK !== undefined ? { topK: a.topK } : {}),
+          seed: this.seed,
+          stopTokenIds: a.stopTokenIds,
+          ignoreEos: a.ignoreEos,
+        },
+        kvTransferParams: a.kvTransferParams,
+      },
+      (o) => this.onOutput(o),
+    );
+  }
+
+  /** The client went away: abort in the engine (pages freed) and report nothing more. */
+  cancel(): void {
+    if (this.finished) return;
+    this.cancelled = true;
+    this.finished = true;
+    this.engine.abort(this.requestId);
+  }
+
+  private onOutput(o: EngineOutput): void {
+    if (this.finished) return;
+    assert(o.requestId === this.requestId, 'an output for another request');
+    const piece = emptyPiece();
+    let stoppedByString = false;
+    o.newTokenIds.forEach((id, i) => {
+      if (stoppedByString) return;
+      this.timeToken();
+      this.completionTokens++;
+      const isLast = i === o.newTokenIds.length - 1;
+      const isStopToken = isLast && o.finishReason === 'stop' && ((id === EOS_TOKEN_ID && !this.api.ignoreEos) || this.api.stopTokenIds.includes(id));
+      const tokenText = decode([id]);
+      piece.tokenIds.push(id);
+      piece.tokenTexts.push(tokenText);
+      piece.logprobs.push(o.newLogprobs[i] ?? null);
+      piece.textOffsets.push(this.charsSoFar);
+      this.charsSoFar += tokenText.length;
+      if (isStopToken) return; // like vLLM: the stop token counts but its text is not returned
+      const r = this.stops.push(this.decoder.push(id));
+      piece.text += r.text;
+      stoppedByString = r.stopped;
+    });
+    if (stoppedByString) {
+      this.finished = true;
+      this.engine.abort(this.requestId); // free the pages now; the abort output is ignored
+      this.observer?.finished('stop', this.api.promptTokenIds.length, this.completionTokens);
+      this.sink.onFinish({ piece, finishReason: 'stop', kvTransferParams: null, usage: this.usage() });
+      return;
+    }
+    if (o.finishReason === null) {
+      if (piece.tokenIds.length > 0 || piece.text.length > 0) this.sink.onPiece(piece);
+      return;
+    }
+    this.finished = true;
+    this.observer?.finished(o.finishReason, this.api.promptTokenIds.length, this.completionTokens);
+    if (o.finishReason === 'error' || o.finishReason === 'abort') {
+      if (this.cancelled) return;
+      this.sink.onError(o.error ?? new HandoffError('REQUEST_ABORTED', `request ${this.requestId} was aborted by the server`));
+      return;
+    }
+    const tail = this.stops.push(this.decoder.flush());
+    piece.text += tail.text + this.stops.flush();
+    this.sink.onFinish({ piece, finishReason: o.finishReason, kvTransferParams: o.kvTransferParams, usage: this.usage() });
+  }
+
+  private timeToken(): void {
+    const now = this.env.nowMs();
+    if (this.lastTokenMs === null) this.observer?.firstToken(now - this.startMs);
+    else this.observer?.interToken(now - this.lastTokenMs);
+    this.lastTokenMs = now;
+  }
+
+  private usage(): Usage {
+    return usageOf(this.api.promptTokenIds.length, this.completionTokens);
+  }
+}

@@ -1,0 +1,97 @@
+/**
+ * 1P1D in one process with real threads: WRITE mode equals colocated; a READ that fails is recovered by
+ * local recompute (same output as colocated) or fails with KV_LOAD_FAILED by policy; a decode that never
+ * reads does not strand prefill's pages (the lease frees them and kills the grant).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { RealEnv } from '../util/env.ts';
+import { threadedDevice } from '../engine/devices.ts';
+import { LLMEngine, type GenerateRequest } from '../engine/llm_engine.ts';
+import { PdPair, type PdPairOptions } from './pd_pair.ts';
+
+const env = new RealEnv(4);
+const prompts: GenerateRequest[] = [5, 33, 47, 80].map((n, i) => ({
+  promptTokenIds: Array.from({ length: n }, (_, k) => (i * 977 + k * 31) % 50000),
+  sampling: { maxTokens: 5, temperature: i % 2 ? 0.9 : 0, seed: 3 + i, ignoreEos: true },
+}));
+
+async function reference(preset: PdPairOptions['preset']): Promise<string[]> {
+  const e = await LLMEngine.create(
+    { preset, modelSeed: 2, numBlocks: 128, asyncScheduling: true, scheduler: {}, idlePollMs: 2, makeDevice: threadedDevice(preset, 2) },
+    env,
+  );
+  try {
+    const out: string[] = [];
+    for (const p of prompts) out.push((await e.generate(p)).logitsHashes.join(','));
+    return out;
+  } finally {
+    await e.close();
+  }
+}
+
+const base = (name: string, over: Partial<PdPairOptions> = {}): PdPairOptions => ({
+  preset: 'dsv4-mini',
+  modelSeed: 2,
+  numBlocks: 128,
+  decode: {},
+  raceCheck: true,
+  name,
+  ...over,
+});
+
+test('WRITE mode: prefill pushes after its forward; decode output equals colocated, no race, no leak', async () => {
+  const ref = await reference('dsv4-mini');
+  const pair = await PdPair.create(base('write', { decode: { mode: 'write' } }), env);
+  try {
+    const got = await Promise.all(prompts.map((p) => pair.generateWrite(p)));
+    got.forEach((r, i) => assert.equal(r.logitsHashes.join(','), ref[i], `request ${i}`));
+    assert.ok(got.some((r) => r.numExternalTokens > 0), 'KV came from prefill');
+    assert.equal((pair.decode.device.raceChecker as unknown as { races(): unknown[] }).races().length, 0);
+    for (let k = 0; k < 200 && !(pair.prefill.core.isIdle() && pair.decode.core.isIdle()); k++) await env.sleep(5);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'prefill freed its pages after write_done');
+    assert.equal(pair.decode.kv.getNumFreeBlocks(), 127);
+  } finally {
+    await pair.close();
+  }
+});
+
+test('READ failures (every READ fails): recompute policy recovers with the colocated output; fail policy returns KV_LOAD_FAILED', async () => {
+  const ref = await reference('dsv4-mini');
+  const pair = await PdPair.create(base('readfail', { decode: { faults: { readErrorRate: 1 } } }), env);
+  try {
+    const got = await Promise.all(prompts.map((p) => pair.generate(p)));
+    got.forEach((r, i) => assert.equal(r.logitsHashes.join(','), ref[i], `request ${i} recomputed locally`));
+    assert.ok(pair.decode.scheduler.stats.loadFailures >= 3, 'the loads did fail');
+    for (let k = 0; k < 200 && !pair.prefill.core.isIdle(); k++) await env.sleep(5);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'a failed READ still releases prefill');
+  } finally {
+    await pair.close();
+  }
+  const strict = await PdPair.create(base('readfail-strict', { decode: { faults: { readErrorRate: 1 } }, scheduler: { kvLoadFailurePolicy: 'fail' } }), env);
+  try {
+    await assert.rejects(strict.generate(prompts[2] as GenerateRequest), (e: Error & { code?: string }) => e.code === 'KV_LOAD_FAILED');
+    assert.equal(strict.decode.kv.getNumFreeBlocks(), 127, 'the failed request freed its pages');
+    assert.ok(await strict.decode.generate(prompts[0] as GenerateRequest).then((r) => r.tokenIds.length === 5), 'decode keeps serving');
+  } finally {
+    await strict.close();
+  }
+});
+
+test('lease: prefill frees held pages and revokes the grant when decode never reads', async () => {
+  const pair = await PdPair.create(base('lease', { prefill: { leaseMs: 150 } }), env);
+  try {
+    const r = await pair.prefill.generate({ ...(prompts[3] as GenerateRequest), sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'lease-1' } });
+    assert.ok(r.kvTransferParams?.['grant'], 'a grant was issued');
+    assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'pages held for the decode side');
+    for (let k = 0; k < 200 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'freed when the lease ended');
+    assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 1);
+    // A READ with the dead grant is refused, not served.
+    const late = await pair.decode.generate({ ...(prompts[3] as GenerateRequest), kvTransferParams: r.kvTransferParams });
+    assert.equal(late.tokenIds.length, 5, 'decode recomputed locally after GRANT_DENIED');
+    assert.ok(pair.prefillConnector.transfer.stats().grantsRefused >= 1);
+  } finally {
+    await pair.close();
+  }
+});
