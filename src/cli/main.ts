@@ -2,6 +2,7 @@
 import { Command } from 'commander';
 import { isHandoffError } from '../util/errors.ts';
 import { registerCoreCommands } from './core_commands.ts';
+import { registerServingCommands } from './serving_commands.ts';
 
 export async function main(argv: string[]): Promise<void> {
   const program = new Command();
@@ -16,6 +17,7 @@ export async function main(argv: string[]): Promise<void> {
     });
 
   registerCoreCommands(program);
+  registerServingCommands(program);
 
   try {
     await program.parseAsync(argv);

@@ -73,8 +73,20 @@ export class Scheduler {
         `prompt (${req.numPromptTokens} tokens) + max_tokens (${req.sampling.maxTokens}) exceeds the model's maximum length ${this.config.maxModelLen}`,
       );
     }
+    const need = this.pagesNeeded(req.numPromptTokens + req.sampling.maxTokens);
+    if (need > this.kv.config.numBlocks - 1) {
+      throw new HandoffError('OUT_OF_PAGES', `the request needs ${need} KV pages at its longest; this instance has ${this.kv.config.numBlocks - 1}`);
+    }
     this.requests.set(req.requestId, req);
     this.waiting.push(req);
+  }
+
+  /** Pages a request of `numTokens` tokens holds across all groups (a Mamba group holds one). */
+  private pagesNeeded(numTokens: number): number {
+    return this.kv.config.groups.reduce(
+      (n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil((numTokens + this.config.numLookaheadTokens) / g.spec.blockSize)),
+      0,
+    );
   }
 
   /** Abort: the request finishes now; its pages are freed behind the fence. */

@@ -4,6 +4,7 @@
  */
 import { assert } from '../util/assert.ts';
 import { InprocTransferEngine } from './inproc.ts';
+import { SimTransferEngine } from './sim.ts';
 import { TcpTransferEngine } from './tcp.ts';
 import type { TransferEngine, TransferEngineOptions } from './types.ts';
 
@@ -23,5 +24,8 @@ export async function createTransferEngine(opts: TransferEngineOptions): Promise
       return InprocTransferEngine.create(opts);
     case 'tcp':
       return TcpTransferEngine.create(opts);
+    case 'sim':
+      // The simulator builds its engines on its own fabric; this path is the auto-running one (tests).
+      return SimTransferEngine.create(opts);
   }
 }

@@ -13,7 +13,7 @@ import type { OpLabel, PageAccess, RaceCheckerLike } from '../device/types.ts';
 import type { Env } from '../util/env.ts';
 import type { HandoffError } from '../util/errors.ts';
 
-export type TransferBackend = 'inproc' | 'tcp';
+export type TransferBackend = 'inproc' | 'tcp' | 'sim';
 
 /** Where a peer's side channel listens. inproc: `{ host: 'inproc://<engineId>', port: 0 }`. */
 export interface PeerAddress {

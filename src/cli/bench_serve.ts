@@ -1,0 +1,123 @@
+/**
+ * `handoff bench serve`: load against a running server (--url) or against servers it starts itself
+ * (--target pd: prefill + decode + proxy; --target colocated: one `--role both` instance). Without
+ * either it runs both, one after the other with the same seeded workload, and prints them side by side.
+ * `--json` prints exactly {requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors}
+ * and so needs one target (--url or --target).
+ */
+import type { Command } from 'commander';
+import cliProgress from 'cli-progress';
+import { RealEnv, type Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { createLogger } from '../util/log.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { runLoad, type BenchServeResult, type LoadSpec } from '../serve/load_generator.ts';
+import { spawnHandoff } from './children.ts';
+import { serveArgs, startLocalCluster } from './cluster.ts';
+import { choiceFlag, intFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
+import { secretFlag } from './serve.ts';
+
+type Opts = Record<string, string | boolean | undefined>;
+type Target = 'pd' | 'colocated';
+
+/** Add `serve` under the `bench` command (created if nobody registered it). */
+export function registerBenchServe(program: Command): void {
+  const bench = program.commands.find((c) => c.name() === 'bench') ?? program.command('bench').description('benchmarks');
+  bench
+    .command('serve')
+    .description('load generator like `vllm bench serve`: TTFT/ITL p50/p99, tokens/s, errors; P/D vs colocated side by side')
+    .option('--url <url>', 'a running server or proxy (else servers are started)')
+    .option('--target <t>', 'pd | colocated: start that deployment (default without --url: both)')
+    .option('--model <preset>', 'model preset for started servers (and the request model field)', 'dsv4-mini')
+    .option('--mode <mode>', 'read | write (started P/D)', 'read')
+    .option('--requests <n>', 'requests to send', '64')
+    .option('--concurrency <n>', 'requests in flight at once (default 8 without --rate)')
+    .option('--rate <r>', 'Poisson arrivals per second instead of a concurrency')
+    .option('--prompt-len <min:max>', 'prompt tokens, uniform in [min, max]', '32:256')
+    .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
+    .option('--seed <n>', 'workload seed', '0')
+    .option('--num-blocks <n>', 'KV pages per started instance', '2048')
+    .option('--api-key <key>', 'Authorization: Bearer key (or HANDOFF_API_KEY)')
+    .option('--json', 'print one JSON object')
+    .action(async (o: Opts) => {
+      const env = new RealEnv();
+      const preset = presetFlag(o['model']);
+      const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
+      if (o['concurrency'] !== undefined && o['rate'] !== undefined) throw new HandoffError('BAD_CONFIG', 'pass --concurrency or --rate, not both');
+      const spec: Omit<LoadSpec, 'url'> = {
+        model: preset,
+        requests: intFlag('requests', o['requests'], 1, 100_000),
+        concurrency: o['rate'] !== undefined ? null : intFlag('concurrency', o['concurrency'] ?? '8', 1, 4096),
+        ratePerSec: o['rate'] !== undefined ? numberFlag('rate', o['rate'], 0.001, 100_000) : null,
+        promptLen: rangeFlag('prompt-len', o['promptLen'], 1, 1 << 16),
+        outputLen: rangeFlag('output-len', o['outputLen'], 1, 1 << 16),
+        seed: intFlag('seed', o['seed'], 0, 2 ** 32 - 1),
+        apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
+        timeoutMs: 600_000,
+      };
+      const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
+      const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
+      const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
+      if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
+      if (o['json'] && url === null && target === null) throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
+      const run = (u: string, label: string): Promise<BenchServeResult> => withProgress(label, spec.requests, (tick) => runLoad({ ...spec, url: u }, env, tick).then((r) => r.result));
+      if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench') }]);
+      const started = { preset, mode, numBlocks, apiKey: spec.apiKey };
+      const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
+      const rows: Array<{ label: string; r: BenchServeResult }> = [];
+      for (const t of targets) rows.push({ label: t === 'pd' ? `P/D (${mode})` : 'colocated', r: await onStarted(t, started, env, (u) => run(u, t)) });
+      print(o, rows);
+    });
+}
+
+async function onStarted<T>(t: Target, s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null }, env: Env, fn: (url: string) => Promise<T>): Promise<T> {
+  const common = { preset: s.preset, mode: s.mode, host: '127.0.0.1', serveArgs: ['--num-blocks', s.numBlocks], apiKey: s.apiKey };
+  if (t === 'pd') {
+    const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('bench') }, env);
+    try {
+      return await fn(cluster.proxyUrl);
+    } finally {
+      await cluster.stop();
+    }
+  }
+  const server = await spawnHandoff(serveArgs('both', common), env);
+  try {
+    return await fn(server.url);
+  } finally {
+    await server.stop();
+  }
+}
+
+async function withProgress<T>(label: string, total: number, fn: (tick: (done: number) => void) => Promise<T>): Promise<T> {
+  const bar = new cliProgress.SingleBar(
+    { stream: process.stderr, noTTYOutput: !process.stderr.isTTY, format: `${label.padEnd(10)} [{bar}] {value}/{total} requests` },
+    cliProgress.Presets.shades_classic,
+  );
+  bar.start(total, 0);
+  try {
+    return await fn((done) => bar.update(done));
+  } finally {
+    bar.stop();
+  }
+}
+
+function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): void {
+  const out = (s: string): void => void process.stdout.write(`${s}\n`);
+  if (o['json']) {
+    const { requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors } = (rows[0] as { r: BenchServeResult }).r;
+    out(JSON.stringify({ requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors }));
+    return;
+  }
+  const fields: Array<[string, (r: BenchServeResult) => string]> = [
+    ['requests', (r) => String(r.requests)],
+    ['errors', (r) => String(r.errors)],
+    ['TTFT p50 (ms)', (r) => r.ttftMsP50.toFixed(1)],
+    ['TTFT p99 (ms)', (r) => r.ttftMsP99.toFixed(1)],
+    ['ITL p50 (ms)', (r) => r.itlMsP50.toFixed(2)],
+    ['ITL p99 (ms)', (r) => r.itlMsP99.toFixed(2)],
+    ['output tokens/s', (r) => r.tokensPerSec.toFixed(1)],
+  ];
+  const w = Math.max(14, ...rows.map((x) => x.label.length + 2));
+  out(`${''.padEnd(18)}${rows.map((x) => x.label.padStart(w)).join('')}`);
+  for (const [name, f] of fields) out(`${name.padEnd(18)}${rows.map((x) => f(x.r).padStart(w)).join('')}`);
+}

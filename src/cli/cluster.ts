@@ -1,0 +1,101 @@
+/**
+ * A local P/D deployment: prefill and decode as separate `handoff serve` processes on free loopback
+ * ports (tcp transport), and the proxy in this process. `handoff up` and `handoff bench serve` use it.
+ */
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { DEFAULT_PROXY_OPTIONS, Proxy } from '../serve/proxy.ts';
+import type { RoutingPolicy } from '../serve/instance_pool.ts';
+import { spawnHandoff, type ChildServer } from './children.ts';
+
+export interface ClusterOptions {
+  preset: ModelPreset;
+  mode: 'read' | 'write';
+  host: string;
+  /** Proxy port (0 = a free one). */
+  proxyPort: number;
+  policy?: RoutingPolicy;
+  /** Extra `handoff serve` flags for both instances (e.g. --num-blocks). */
+  serveArgs?: string[];
+  apiKey?: string | null;
+  log?: Logger;
+  readyTimeoutMs?: number;
+}
+
+export interface LocalCluster {
+  proxyUrl: string;
+  prefill: ChildServer;
+  decode: ChildServer;
+  proxy: Proxy;
+  stop(): Promise<void>;
+}
+
+export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | 'write'): string {
+  return JSON.stringify({
+    kv_connector: 'OneSidedConnector',
+    kv_role: role === 'prefill' ? 'kv_producer' : 'kv_consumer',
+    kv_connector_extra_config: { read_mode: mode === 'read' },
+  });
+}
+
+export function serveArgs(role: 'prefill' | 'decode' | 'both', o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'apiKey'>): string[] {
+  const args = ['serve', '--role', role, '--model', o.preset, '--host', o.host, '--port', '0', ...(o.serveArgs ?? [])];
+  if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode));
+  if (o.apiKey) args.push('--api-key', o.apiKey);
+  return args;
+}
+
+/** Poll until the proxy sees both instances healthy (bounded). */
+async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<void> {
+  const deadline = env.nowMs() + timeoutMs;
+  for (;;) {
+    await proxy.checkHealth();
+    if (proxy.healthy) return;
+    if (env.nowMs() > deadline) {
+      const why = [...proxy.prefill.members, ...proxy.decode.members].map((m) => `${m.url}: ${m.lastError ?? 'ok'}`).join('; ');
+      throw new HandoffError('PEER_UNAVAILABLE', `instances not healthy after ${timeoutMs} ms (${why})`);
+    }
+    await env.sleep(100);
+  }
+}
+
+export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<LocalCluster> {
+  const timeout = o.readyTimeoutMs ?? 60_000;
+  const spawned = await Promise.allSettled((['prefill', 'decode'] as const).map((role) => spawnHandoff(serveArgs(role, o), env, { readyTimeoutMs: timeout })));
+  const started = spawned.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  try {
+    const failure = spawned.find((r) => r.status === 'rejected');
+    if (failure) throw failure.reason;
+    const [prefill, decode] = started;
+    const p = prefill as ChildServer;
+    const d = decode as ChildServer;
+    const proxy = new Proxy({ ...DEFAULT_PROXY_OPTIONS, prefillUrls: [p.url], decodeUrls: [d.url], mode: o.mode, policy: o.policy ?? 'round-robin', apiKey: o.apiKey ?? null }, env, o.log);
+    const port = await proxy.listen(o.proxyPort, o.host).catch(async (e: unknown) => {
+      await proxy.close().catch(() => undefined);
+      throw e;
+    });
+    const proxyUrl = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`;
+    try {
+      await waitHealthy(proxy, env, timeout);
+      await proxy.start();
+    } catch (e) {
+      await proxy.close();
+      throw e;
+    }
+    return {
+      proxyUrl,
+      prefill: p,
+      decode: d,
+      proxy,
+      stop: async () => {
+        await proxy.close();
+        await Promise.all([p.stop(), d.stop()]);
+      },
+    };
+  } catch (e) {
+    await Promise.all(started.map((c) => c.stop(1000)));
+    throw e;
+  }
+}

@@ -1,0 +1,71 @@
+/** Flag values → typed options, with errors that name the flag (BAD_CONFIG). */
+import { HandoffError } from '../util/errors.ts';
+import { isModelPreset, MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
+
+export function intFlag(name: string, v: unknown, min: number, max: number): number {
+  const n = typeof v === 'number' ? v : Number(String(v).trim());
+  if (String(v).trim() === '' || !Number.isInteger(n) || n < min || n > max) {
+    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
+  }
+  return n;
+}
+
+export function numberFlag(name: string, v: unknown, min: number, max: number): number {
+  const n = Number(String(v).trim());
+  if (String(v).trim() === '' || !Number.isFinite(n) || n < min || n > max) {
+    throw new HandoffError('BAD_CONFIG', `--${name} must be a number in [${min}, ${max}], got '${String(v)}'`);
+  }
+  return n;
+}
+
+export function optionalInt(name: string, v: unknown, min: number, max: number): number | undefined {
+  return v === undefined ? undefined : intFlag(name, v, min, max);
+}
+
+export function choiceFlag<T extends string>(name: string, v: unknown, choices: readonly T[]): T {
+  const s = String(v);
+  if (!(choices as readonly string[]).includes(s)) throw new HandoffError('BAD_CONFIG', `--${name} must be one of ${choices.join(', ')}; got '${s}'`);
+  return s as T;
+}
+
+export function presetFlag(v: unknown): ModelPreset {
+  const s = String(v);
+  if (!isModelPreset(s)) throw new HandoffError('BAD_CONFIG', `--model must be one of ${MODEL_PRESETS.join(', ')}; got '${s}'`);
+  return s;
+}
+
+export function portFlag(name: string, v: unknown): number {
+  return intFlag(name, v, 0, 65535);
+}
+
+/** `MIN:MAX` or `N` (both ends inclusive). */
+export function rangeFlag(name: string, v: unknown, min: number, max: number): [number, number] {
+  const parts = String(v).split(':');
+  if (parts.length > 2) throw new HandoffError('BAD_CONFIG', `--${name} must be N or MIN:MAX, got '${String(v)}'`);
+  const lo = intFlag(name, parts[0], min, max);
+  const hi = parts.length === 2 ? intFlag(name, parts[1], min, max) : lo;
+  if (hi < lo) throw new HandoffError('BAD_CONFIG', `--${name}: MIN must not exceed MAX, got '${String(v)}'`);
+  return [lo, hi];
+}
+
+/** A comma-separated list of http(s) URLs (trailing slashes dropped). */
+export function urlListFlag(name: string, v: unknown): string[] {
+  const urls = String(v ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
+  if (urls.length === 0) throw new HandoffError('BAD_CONFIG', `--${name} needs at least one URL`);
+  const origins = urls.map((u) => {
+    let parsed: URL;
+    try {
+      parsed = new URL(u);
+    } catch {
+      throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not a URL`);
+    }
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not an http(s) URL`);
+    return parsed.origin;
+  });
+  const dup = origins.find((u, i) => origins.indexOf(u) !== i);
+  if (dup !== undefined) throw new HandoffError('BAD_CONFIG', `--${name} lists ${dup} twice`);
+  return origins;
+}

@@ -1,0 +1,62 @@
+/**
+ * `handoff proxy`: the P/D router over running instances. `--json` prints one ready line `{url, pid,
+ * mode, policy}` (tests and scripts pass `--port 0`).
+ */
+import { Option, type Command } from 'commander';
+import { RealEnv } from '../util/env.ts';
+import { createLogger } from '../util/log.ts';
+import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
+import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from '../serve/proxy.ts';
+import { choiceFlag, intFlag, portFlag, urlListFlag } from './flags.ts';
+import { onShutdown } from './lifecycle.ts';
+import { secretFlag } from './serve.ts';
+
+type Opts = Record<string, string | boolean | undefined>;
+
+export function registerProxy(program: Command): void {
+  program
+    .command('proxy')
+    .description('route OpenAI requests over prefill and decode instances (READ: prefill then decode; WRITE: both at once)')
+    .requiredOption('--prefill <urls>', 'prefill instance URLs, comma separated')
+    .requiredOption('--decode <urls>', 'decode instance URLs, comma separated')
+    .option('--mode <mode>', 'read | write', 'read')
+    .option('--policy <policy>', 'round-robin | least-loaded', 'round-robin')
+    .option('--host <host>', 'HTTP interface', '127.0.0.1')
+    .option('--port <port>', 'HTTP port (0 = a free one)', '8000')
+    .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/* (or HANDOFF_API_KEY); forwarded upstream')
+    .option('--health-interval-ms <n>', 'period of the instance health checks', String(DEFAULT_PROXY_OPTIONS.healthIntervalMs))
+    .option('--health-timeout-ms <n>', 'bound on one health check', String(DEFAULT_PROXY_OPTIONS.healthTimeoutMs))
+    .option('--json', 'print one JSON line when ready')
+    .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
+    .action(async (o: Opts) => {
+      const opts = proxyOptionsFrom(o);
+      const env = new RealEnv();
+      const log = createLogger('proxy');
+      const proxy = new Proxy(opts, env, log);
+      const host = String(o['host']);
+      const port = await proxy.listen(portFlag('port', o['port']), host);
+      await proxy.start();
+      onShutdown(() => proxy.close(), { env, exitWithParent: o['exitWithParent'] === true, log: (m) => log.info(m) });
+      const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+      if (o['json']) process.stdout.write(`${JSON.stringify({ url, pid: process.pid, mode: opts.mode, policy: opts.policy })}\n`);
+      else {
+        process.stdout.write(`handoff proxy: ${opts.mode.toUpperCase()} mode, ${opts.policy}, listening on ${url}\n`);
+        for (const p of [proxy.prefill, proxy.decode]) {
+          for (const m of p.members) process.stdout.write(`  ${p.side.padEnd(8)} ${m.url}  ${m.healthy ? 'healthy' : `unhealthy (${m.lastError ?? '?'})`}\n`);
+        }
+      }
+    });
+}
+
+export function proxyOptionsFrom(o: Opts): ProxyOptions {
+  return {
+    ...DEFAULT_PROXY_OPTIONS,
+    prefillUrls: urlListFlag('prefill', o['prefill']),
+    decodeUrls: urlListFlag('decode', o['decode']),
+    mode: choiceFlag('mode', o['mode'], ['read', 'write'] as const),
+    policy: choiceFlag('policy', o['policy'], ROUTING_POLICIES),
+    apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
+    healthIntervalMs: intFlag('health-interval-ms', o['healthIntervalMs'], 50, 600_000),
+    healthTimeoutMs: intFlag('health-timeout-ms', o['healthTimeoutMs'], 10, 60_000),
+  };
+}

@@ -1,0 +1,62 @@
+/**
+ * `handoff up` (what `npm start` runs): prefill and decode as separate processes on free loopback
+ * ports (tcp transport), the proxy in this process, dsv4-mini in READ mode by default. Waits until
+ * everything is healthy, prints the URL and a ready curl line, and on Ctrl-C / SIGTERM closes the
+ * proxy, stops both children and exits 0. If a child dies, everything is stopped and the exit code is 1.
+ */
+import type { Command } from 'commander';
+import { RealEnv } from '../util/env.ts';
+import { createLogger } from '../util/log.ts';
+import { choiceFlag, portFlag, presetFlag } from './flags.ts';
+import { startLocalCluster } from './cluster.ts';
+import { onShutdown } from './lifecycle.ts';
+import { secretFlag } from './serve.ts';
+
+type Opts = Record<string, string | boolean | undefined>;
+
+/** Configure the `up` command main.ts declares (flags and action). */
+export function configureUp(up: Command): void {
+  up.option('--model <preset>', 'model preset: dsv4-mini | hybrid-mini | llama-mini', 'dsv4-mini')
+    .option('--port <port>', 'proxy port', '8000')
+    .option('--host <host>', 'interface of the proxy and the instances', '127.0.0.1')
+    .option('--mode <mode>', 'read | write', 'read')
+    .option('--num-blocks <n>', 'KV pages per instance')
+    .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
+    .action(async (o: Opts) => {
+      const preset = presetFlag(o['model']);
+      const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
+      const port = portFlag('port', o['port']);
+      const host = String(o['host']);
+      const apiKey = secretFlag(o['apiKey'], 'HANDOFF_API_KEY');
+      const env = new RealEnv();
+      const log = createLogger('up');
+      const out = (s: string): void => void process.stdout.write(`${s}\n`);
+      out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
+      const serveArgs = typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : [];
+      const cluster = await startLocalCluster({ preset, mode, host, proxyPort: port, serveArgs, apiKey, log }, env);
+      let stopping = false;
+      const stop = async (): Promise<void> => {
+        stopping = true;
+        await cluster.stop();
+      };
+      onShutdown(stop, { env, exitWithParent: false, log: (m) => out(`handoff up: ${m}`) });
+      for (const c of [cluster.prefill, cluster.decode]) {
+        c.child.once('exit', (code, signal) => {
+          if (stopping) return;
+          out(`handoff up: ${String(c.ready['role'])} (pid ${c.pid}) exited (code ${code}, signal ${signal}); stopping everything`);
+          void stop().finally(() => process.exit(1));
+        });
+      }
+      const auth = apiKey ? ` -H 'Authorization: Bearer ${apiKey}'` : '';
+      out(`  prefill  ${cluster.prefill.url}  (pid ${cluster.prefill.pid}, engine ${String(cluster.prefill.ready['engineId'])})`);
+      out(`  decode   ${cluster.decode.url}  (pid ${cluster.decode.pid}, engine ${String(cluster.decode.ready['engineId'])})`);
+      out(`  proxy    ${cluster.proxyUrl}  (this process, ${mode.toUpperCase()} mode)`);
+      out('');
+      out(`Ready: OpenAI API at ${cluster.proxyUrl}/v1 (model "${preset}"). Try:`);
+      out(
+        `  curl -s ${cluster.proxyUrl}/v1/completions -H 'Content-Type: application/json'${auth} ` +
+          `-d '{"model": "${preset}", "prompt": "The KV cache moved from prefill to decode and", "max_tokens": 16, "temperature": 0}'`,
+      );
+      out('Ctrl-C stops everything.');
+    });
+}

@@ -1,0 +1,198 @@
+/**
+ * startInstance: one serving instance from plain options: an engine on the threaded device, the
+ * OneSidedConnector with its transfer engine for prefill/decode (tcp between processes), and the
+ * InstanceServer in front. `--role` sets the default kv_role of `--kv-transfer-config`; a colocated
+ * instance (`both`) runs without a connector unless a config asks for one.
+ */
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { hexId } from '../util/ids.ts';
+import type { Logger } from '../util/log.ts';
+import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import type { TransferBackend } from '../transfer/types.ts';
+import { createTransferEngine } from '../transfer/factory.ts';
+import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
+import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/factory.ts';
+import { simDevice, threadedDevice } from '../engine/devices.ts';
+import { LLMEngine, type EngineConfig } from '../engine/llm_engine.ts';
+import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
+import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
+import type { InstanceStatsSnapshot } from './metrics.ts';
+
+export interface InstanceOptions {
+  role: ServeRole;
+  preset: ModelPreset;
+  host: string;
+  /** 0 = a free port. */
+  port: number;
+  numBlocks: number;
+  modelSeed: number;
+  raceCheck: boolean;
+  /** vLLM-style kv_transfer_config (JSON text or object); null = the role's default. */
+  kvTransferConfig: string | Record<string, unknown> | null;
+  transferBackend: TransferBackend;
+  /** Interface the side channel and data plane bind to (and advertise). */
+  transferHost: string;
+  transferPort: number;
+  transferDataPort: number;
+  sideChannelSecret: string | null;
+  scheduler: Partial<Pick<SchedulerConfig, 'maxNumSeqs' | 'maxNumBatchedTokens' | 'maxModelLen'>>;
+  apiKey: string | null;
+  /** 'sim' runs the model in process (tests of colocated serving); P/D needs 'threaded'. */
+  device: 'threaded' | 'sim';
+}
+
+export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
+  role: 'both',
+  preset: 'dsv4-mini',
+  host: '127.0.0.1',
+  port: 8000,
+  numBlocks: 1024,
+  modelSeed: 0,
+  raceCheck: false,
+  kvTransferConfig: null,
+  transferBackend: 'tcp',
+  transferHost: '127.0.0.1',
+  transferPort: 0,
+  transferDataPort: 0,
+  sideChannelSecret: null,
+  scheduler: {},
+  apiKey: null,
+  device: 'threaded',
+};
+
+const ROLE_TO_KV_ROLE = { prefill: 'kv_producer', decode: 'kv_consumer', both: 'kv_both' } as const;
+
+/** The connector config for a role: null = no connector (colocated without a config). */
+export function resolveTransferConfig(role: ServeRole, raw: string | Record<string, unknown> | null): OneSidedConfig | null {
+  if (raw === null) return role === 'both' ? null : parseKvTransferConfig({ kv_role: ROLE_TO_KV_ROLE[role] }).config;
+  let obj: unknown = raw;
+  if (typeof raw === 'string') {
+    try {
+      obj = JSON.parse(raw);
+    } catch (e) {
+      throw new HandoffError('BAD_CONFIG', `--kv-transfer-config is not valid JSON: ${(e as Error).message}`);
+    }
+  }
+  if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) throw new HandoffError('BAD_CONFIG', '--kv-transfer-config must be a JSON object');
+  const withRole = { kv_role: ROLE_TO_KV_ROLE[role], ...(obj as Record<string, unknown>) };
+  if (withRole.kv_role !== ROLE_TO_KV_ROLE[role]) {
+    throw new HandoffError('BAD_CONFIG', `kv_role '${String(withRole.kv_role)}' contradicts --role ${role} (expected '${ROLE_TO_KV_ROLE[role]}')`);
+  }
+  const parsed = parseKvTransferConfig(withRole);
+  return parsed.connector === 'NullConnector' ? null : parsed.config;
+}
+
+export interface Instance {
+  engine: LLMEngine;
+  server: InstanceServer;
+  url: string;
+  info: InstanceInfo;
+  close(): Promise<void>;
+}
+
+function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number): void {
+  // Every attention group needs a page per blockSize tokens; one request of maxModelLen tokens must fit alone.
+  const need = presetKVGroups(preset)
+    .filter((g) => g.spec.type !== 'mamba')
+    .reduce((n, g) => n + Math.ceil(maxModelLen / g.spec.blockSize), 1);
+  if (numBlocks < need) {
+    throw new HandoffError('BAD_CONFIG', `--num-blocks ${numBlocks} cannot hold one request of --max-model-len ${maxModelLen} tokens (needs >= ${need})`);
+  }
+}
+
+export async function startInstance(opts: InstanceOptions, env: Env, log?: Logger): Promise<Instance> {
+  const transferConfig = resolveTransferConfig(opts.role, opts.kvTransferConfig);
+  const scheduler = { ...opts.scheduler };
+  const maxModelLen = scheduler.maxModelLen ?? DEFAULT_SCHEDULER_CONFIG.maxModelLen;
+  checkCapacity(opts.preset, opts.numBlocks, maxModelLen);
+  if (transferConfig && opts.device !== 'threaded') throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
+  const engineId = `${opts.role}-${hexId(env, 6)}`;
+  let connector: OneSidedConnector | null = null;
+  let engine: LLMEngine | null = null;
+  const config: EngineConfig = {
+    preset: opts.preset,
+    modelSeed: opts.modelSeed,
+    numBlocks: opts.numBlocks,
+    asyncScheduling: true,
+    scheduler,
+    idlePollMs: 5,
+    makeDevice: opts.device === 'threaded' ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck) : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck }),
+  };
+  if (transferConfig) {
+    const make = oneSidedConnectorFactory(
+      transferConfig,
+      {
+        backend: opts.transferBackend,
+        engineId,
+        modelName: opts.preset,
+        preset: opts.preset,
+        host: opts.transferHost,
+        port: opts.transferPort,
+        dataPort: opts.transferDataPort,
+        ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
+      },
+      createTransferEngine,
+      { ...(log ? { log } : {}), onActivity: () => engine?.core.kick() },
+    );
+    config.makeConnector = async (ctx) => (connector = await make(ctx));
+  }
+  engine = await LLMEngine.create(config, env, log);
+  const e = engine;
+  const addr = connector ? (connector as OneSidedConnector).transfer.address() : null;
+  const ports = connector ? (connector as OneSidedConnector).transfer.ports() : null;
+  const info: InstanceInfo = {
+    engine_id: connector ? engineId : null,
+    role: opts.role,
+    model: opts.preset,
+    preset: opts.preset,
+    kv_role: transferConfig ? ROLE_TO_KV_ROLE[opts.role] : null,
+    transfer_mode: transferConfig?.mode ?? null,
+    side_channel_host: addr?.host ?? null,
+    side_channel_port: addr?.port ?? null,
+    data_port: ports?.data ?? null,
+    max_model_len: maxModelLen,
+    num_pages: opts.numBlocks - 1,
+  };
+  const readStats = (): InstanceStatsSnapshot => snapshot(e, connector);
+  const served = { submit: e.submit.bind(e), abort: e.abort.bind(e), get crashed() { return e.core.crashed; } };
+  const server = new InstanceServer(served, { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info }, env, readStats, log);
+  let port: number;
+  try {
+    port = await server.listen(opts.port, opts.host);
+  } catch (err) {
+    await e.close();
+    throw err;
+  }
+  const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
+  return {
+    engine: e,
+    server,
+    url: `http://${hostForUrl}:${port}`,
+    info,
+    close: async () => {
+      await server.close();
+      await e.close();
+    },
+  };
+}
+
+function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnapshot {
+  const s = e.scheduler.stats;
+  return {
+    running: e.scheduler.numRunning,
+    waiting: e.scheduler.numWaiting,
+    heldForSend: e.scheduler.numHeldForSend,
+    kvUsage: e.kv.usage(),
+    freePages: e.kv.getNumFreeBlocks(),
+    totalPages: e.kvConfig.numBlocks - 1,
+    preemptions: s.preemptions,
+    pagesZeroListed: s.pagesZeroListed,
+    pagesExcludedFromZeroing: s.pagesExcludedFromZeroing,
+    pagesZeroed: e.runner.stats.pagesZeroed,
+    kvLoadFailures: s.loadFailures,
+    leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
+    engineSteps: e.core.stats.steps,
+    transfer: c ? c.transfer.stats() : null,
+  };
+}

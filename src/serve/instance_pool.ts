@@ -1,0 +1,81 @@
+/**
+ * InstancePool: the prefill (or decode) instances behind the proxy, their health and their load.
+ * `pick()` returns a healthy member: round robin, or least loaded (fewest requests in flight through
+ * this proxy, ties broken in round-robin order). Unhealthy members are skipped until a health check
+ * (or a successful request) brings them back.
+ */
+import { assert } from '../util/assert.ts';
+import type { InstanceInfo } from './instance_server.ts';
+
+export type RoutingPolicy = 'round-robin' | 'least-loaded';
+export const ROUTING_POLICIES: readonly RoutingPolicy[] = ['round-robin', 'least-loaded'];
+
+export interface PoolMember {
+  readonly url: string;
+  healthy: boolean;
+  inflight: number;
+  /** GET /handoff/info, once known (WRITE mode needs the side channel of prefill). */
+  info: InstanceInfo | null;
+  lastError: string | null;
+  /** Requests sent to it (for tests and /metrics). */
+  served: number;
+}
+
+export class InstancePool {
+  readonly members: PoolMember[];
+  private next = 0;
+
+  constructor(
+    readonly side: 'prefill' | 'decode',
+    urls: readonly string[],
+    readonly policy: RoutingPolicy,
+  ) {
+    assert(urls.length > 0, `the ${side} pool needs at least one instance`);
+    assert(new Set(urls).size === urls.length, `duplicate ${side} instance URLs`);
+    this.members = urls.map((url) => ({ url, healthy: false, inflight: 0, info: null, lastError: null, served: 0 }));
+  }
+
+  get numHealthy(): number {
+    return this.members.filter((m) => m.healthy).length;
+  }
+
+  /** A healthy member by the policy, or null when none is healthy. Does not acquire it. */
+  pick(): PoolMember | null {
+    const n = this.members.length;
+    let best: { m: PoolMember; i: number } | null = null;
+    for (let k = 0; k < n; k++) {
+      const i = (this.next + k) % n;
+      const m = this.members[i] as PoolMember;
+      if (!m.healthy) continue;
+      if (this.policy === 'round-robin') {
+        best = { m, i };
+        break;
+      }
+      if (best === null || m.inflight < best.m.inflight) best = { m, i };
+    }
+    if (best === null) return null;
+    this.next = (best.i + 1) % n;
+    return best.m;
+  }
+
+  acquire(m: PoolMember): void {
+    m.inflight++;
+    m.served++;
+  }
+
+  release(m: PoolMember): void {
+    assert(m.inflight > 0, `release of ${m.url} without acquire`);
+    m.inflight--;
+  }
+
+  markUp(m: PoolMember, info?: InstanceInfo): void {
+    m.healthy = true;
+    m.lastError = null;
+    if (info) m.info = info;
+  }
+
+  markDown(m: PoolMember, why: string): void {
+    m.healthy = false;
+    m.lastError = why;
+  }
+}

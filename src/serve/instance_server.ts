@@ -1,0 +1,177 @@
+/**
+ * InstanceServer: the OpenAI-compatible HTTP front of one engine (prefill, decode or colocated).
+ *
+ *   POST /v1/completions, /v1/chat/completions   JSON or SSE; kv_transfer_params in and out (vLLM style)
+ *   GET  /v1/models                               the served model
+ *   GET  /health                                  200 while the engine loop is alive, else 503
+ *   GET  /metrics                                 Prometheus text (this instance's registry)
+ *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
+ *
+ * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
+ * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
+ * the response is complete aborts its request, so its pages go back to the pool.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { hexId } from '../util/ids.ts';
+import type { Logger } from '../util/log.ts';
+import { Generation, type EngineHandle } from './generation.ts';
+import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendError, sendJson, toHandoffError } from './http_io.ts';
+import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
+import { parseApiRequest, type ApiKind } from './openai_request.ts';
+import type { ResponseContext } from './openai_response.ts';
+import { jsonSink, streamSink } from './response_sinks.ts';
+
+export type ServeRole = 'prefill' | 'decode' | 'both';
+
+/** GET /handoff/info (snake_case: it is wire data). */
+export interface InstanceInfo {
+  engine_id: string | null;
+  role: ServeRole;
+  model: string;
+  preset: string;
+  kv_role: 'kv_producer' | 'kv_consumer' | 'kv_both' | null;
+  transfer_mode: 'read' | 'write' | null;
+  side_channel_host: string | null;
+  side_channel_port: number | null;
+  data_port: number | null;
+  max_model_len: number;
+  num_pages: number;
+}
+
+export interface InstanceServerOptions {
+  modelName: string;
+  apiKey: string | null;
+  maxModelLen: number;
+  info: InstanceInfo;
+}
+
+/** What the server needs of an engine besides submit/abort. */
+export interface ServedEngine extends EngineHandle {
+  /** Non-null once the engine loop died. */
+  readonly crashed: Error | null;
+}
+
+export class InstanceServer {
+  readonly metrics: InstanceMetrics;
+  private readonly server: Server;
+  private readonly live = new Map<Generation, ServerResponse>();
+  private closing = false;
+
+  constructor(
+    private readonly engine: ServedEngine,
+    private readonly opts: InstanceServerOptions,
+    private readonly env: Env,
+    readStats: () => InstanceStatsSnapshot,
+    private readonly log?: Logger,
+  ) {
+    this.metrics = new InstanceMetrics({ role: opts.info.role, model: opts.modelName }, readStats);
+    this.server = createServer((req, res) => void this.route(req, res));
+    this.server.keepAliveTimeout = 30_000;
+  }
+
+  /** Listen; resolves with the bound port (pass 0 for a free one). */
+  listen(port: number, host: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', (e: NodeJS.ErrnoException) =>
+        reject(new HandoffError('BAD_CONFIG', e.code === 'EADDRINUSE' ? `port ${port} on ${host} is already in use` : `cannot listen on ${host}:${port}: ${e.message}`)),
+      );
+      this.server.listen(port, host, () => resolve((this.server.address() as AddressInfo).port));
+    });
+  }
+
+  get numLive(): number {
+    return this.live.size;
+  }
+
+  /** Stop accepting, end every live request (aborted in the engine), close all connections. */
+  async close(): Promise<void> {
+    this.closing = true;
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const [gen, res] of this.live) {
+      gen.cancel();
+      res.destroy();
+    }
+    this.live.clear();
+    this.server.closeAllConnections();
+    await closed;
+  }
+
+  private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = pathOf(req);
+    try {
+      if (req.method === 'GET' && path === '/health') return this.health(res);
+      if (req.method === 'GET' && path === '/metrics') {
+        const m = await this.metrics.text();
+        res.writeHead(200, { 'content-type': m.contentType });
+        res.end(m.body);
+        return;
+      }
+      if (req.method === 'GET' && path === '/handoff/info') return sendJson(res, 200, this.opts.info);
+      if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
+      if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
+      if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
+      if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
+      throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
+    } catch (e) {
+      const err = toHandoffError(e, this.log);
+      this.metrics.countError(err.code);
+      sendError(res, err, this.log);
+    }
+  }
+
+  private health(res: ServerResponse): void {
+    const crashed = this.engine.crashed;
+    if (crashed || this.closing) {
+      sendJson(res, 503, new HandoffError('INTERNAL', crashed ? `engine loop crashed: ${crashed.message}` : 'shutting down').toJSON());
+      return;
+    }
+    sendJson(res, 200, { status: 'ok', role: this.opts.info.role });
+  }
+
+  private models(): unknown {
+    const created = Math.floor(this.env.wallMs() / 1000);
+    return { object: 'list', data: [{ id: this.opts.modelName, object: 'model', created, owned_by: 'handoff', max_model_len: this.opts.maxModelLen }] };
+  }
+
+  private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
+    const headers = { 'x-request-id': requestId };
+    res.setHeader('x-request-id', requestId);
+    const body = await readJsonBody(req);
+    const api = parseApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
+    if (api.model !== null && api.model !== this.opts.modelName) {
+      throw new HandoffError('NOT_FOUND', `the model '${api.model}' does not exist (this server serves '${this.opts.modelName}')`);
+    }
+    if (this.closing) throw new HandoffError('OVERLOADED', 'the server is shutting down');
+    const ctx: ResponseContext = {
+      kind,
+      requestId,
+      createdSec: Math.floor(this.env.wallMs() / 1000),
+      model: this.opts.modelName,
+      logprobs: api.logprobs,
+      returnTokenIds: api.returnTokenIds,
+      promptTokenIds: api.promptTokenIds,
+    };
+    const onError = (e: HandoffError): void => this.metrics.countError(e.code);
+    const sink = api.stream ? streamSink(res, ctx, api.includeUsage, headers, onError) : jsonSink(res, ctx, headers, onError);
+    const arrivedMs = this.env.nowMs();
+    const seed = api.seed ?? this.env.rng.int(2 ** 31);
+    const gen = new Generation(this.engine, api, requestId, seed, this.env, sink, {
+      firstToken: (ms) => this.metrics.observeTtftMs(ms),
+      interToken: (ms) => this.metrics.observeItlMs(ms),
+      finished: (reason, p, c) => this.metrics.observeFinished(reason, p, c, this.env.nowMs() - arrivedMs),
+    });
+    gen.start(); // throws (PROMPT_TOO_LONG, BAD_TRANSFER_PARAMS, duplicate id, ...) before anything is allocated
+    this.live.set(gen, res);
+    res.on('close', () => {
+      this.live.delete(gen);
+      if (!gen.done) {
+        this.log?.info({ requestId }, 'client disconnected: aborting the request');
+        gen.cancel();
+      }
+    });
+  }
+}

@@ -1,0 +1,303 @@
+/**
+ * Proxy: the P/D router in front of prefill and decode instances (OpenAI API in, OpenAI API out).
+ *
+ *   client ──> proxy ──(READ: 1st)──> prefill  (max_tokens 1, do_remote_decode) ──> kv_transfer_params
+ *                    └─(READ: 2nd)──> decode   (original body + those params) ──> streamed back as is
+ *              WRITE: both at once with one transfer_id; decode learns prefill's side channel from
+ *              prefill's /handoff/info (fetched by the health checks).
+ *
+ * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
+ * ones are skipped. Errors of either side reach the client as one OpenAI error JSON with the upstream's
+ * status; X-Request-Id is generated if absent and forwarded to both; a client that disconnects aborts
+ * both upstream requests (the instances then abort theirs and free the pages).
+ */
+import { once } from 'node:events';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Env, TimerHandle } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { hexId } from '../util/ids.ts';
+import type { Logger } from '../util/log.ts';
+import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffError } from './http_io.ts';
+import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
+import type { InstanceInfo } from './instance_server.ts';
+import { ProxyMetrics } from './proxy_metrics.ts';
+import { decodeBodyRead, decodeBodyWrite, prefillBody } from './proxy_flow.ts';
+import { SSE_DONE, sseEvent } from './sse.ts';
+import { callUpstream, upstreamError } from './upstream.ts';
+
+export interface ProxyOptions {
+  prefillUrls: string[];
+  decodeUrls: string[];
+  mode: 'read' | 'write';
+  policy: RoutingPolicy;
+  apiKey: string | null;
+  healthIntervalMs: number;
+  healthTimeoutMs: number;
+  /** Bound on one upstream request, queueing and streaming included. */
+  upstreamTimeoutMs: number;
+}
+
+export const DEFAULT_PROXY_OPTIONS: Omit<ProxyOptions, 'prefillUrls' | 'decodeUrls'> = {
+  mode: 'read',
+  policy: 'round-robin',
+  apiKey: null,
+  healthIntervalMs: 2000,
+  healthTimeoutMs: 1000,
+  upstreamTimeoutMs: 600_000,
+};
+
+type Body = Record<string, unknown>;
+
+/** An upstream failure answered with the upstream's own HTTP status. */
+function withStatus(err: HandoffError, status: number): HandoffError {
+  return new HandoffError(err.code, err.message, { upstreamStatus: status });
+}
+
+export class Proxy {
+  readonly prefill: InstancePool;
+  readonly decode: InstancePool;
+  readonly metrics: ProxyMetrics;
+  private readonly server: Server;
+  private timer: TimerHandle | null = null;
+  private closed = false;
+
+  constructor(
+    readonly opts: ProxyOptions,
+    private readonly env: Env,
+    private readonly log?: Logger,
+  ) {
+    this.prefill = new InstancePool('prefill', opts.prefillUrls, opts.policy);
+    this.decode = new InstancePool('decode', opts.decodeUrls, opts.policy);
+    this.metrics = new ProxyMetrics([this.prefill, this.decode]);
+    this.server = createServer((req, res) => void this.route(req, res));
+    this.server.keepAliveTimeout = 30_000;
+  }
+
+  /** One round of health checks now, then one every healthIntervalMs. */
+  async start(): Promise<void> {
+    await this.checkHealth();
+    const tick = (): void => {
+      this.timer = this.env.setTimer(this.opts.healthIntervalMs, () => {
+        void this.checkHealth().finally(() => {
+          if (!this.closed) tick();
+        });
+      });
+    };
+    tick();
+  }
+
+  listen(port: number, host: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', (e: NodeJS.ErrnoException) =>
+        reject(new HandoffError('BAD_CONFIG', e.code === 'EADDRINUSE' ? `port ${port} on ${host} is already in use` : `cannot listen on ${host}:${port}: ${e.message}`)),
+      );
+      this.server.listen(port, host, () => resolve((this.server.address() as AddressInfo).port));
+    });
+  }
+
+  get healthy(): boolean {
+    return this.prefill.numHealthy > 0 && this.decode.numHealthy > 0;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.timer?.cancel();
+    const done = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    this.server.closeAllConnections();
+    await done;
+  }
+
+  async checkHealth(): Promise<void> {
+    const all = [...this.prefill.members.map((m) => ({ pool: this.prefill, m })), ...this.decode.members.map((m) => ({ pool: this.decode, m }))];
+    await Promise.all(all.map(({ pool, m }) => this.checkOne(pool, m)));
+  }
+
+  private async checkOne(pool: InstancePool, m: PoolMember): Promise<void> {
+    const get = async (path: string): Promise<{ ok: boolean; status: number; json: unknown }> => {
+      const u = await callUpstream(this.env, { method: 'GET', url: `${m.url}${path}`, timeoutMs: this.opts.healthTimeoutMs });
+      try {
+        return { ok: u.response.ok, status: u.response.status, json: u.response.ok ? await u.response.json() : null };
+      } finally {
+        u.done();
+      }
+    };
+    try {
+      const h = await get('/health');
+      if (!h.ok) return this.down(pool, m, `/health answered ${h.status}`);
+      const i = await get('/handoff/info');
+      // A server without /handoff/info (e.g. vLLM) can still serve READ mode; ours must match the proxy.
+      const info = i.ok ? (i.json as InstanceInfo) : null;
+      const why = info ? this.incompatibility(pool, info) : null;
+      if (why) return this.down(pool, m, why);
+      pool.markUp(m, info ?? undefined);
+    } catch (e) {
+      this.down(pool, m, e instanceof Error ? e.message : String(e));
+    }
+  }
+
+  private incompatibility(pool: InstancePool, info: InstanceInfo): string | null {
+    const want = pool.side === 'prefill' ? ['kv_producer', 'kv_both'] : ['kv_consumer', 'kv_both'];
+    if (!want.includes(String(info.kv_role))) return `it is not a ${pool.side} instance (kv_role ${String(info.kv_role)})`;
+    if (info.transfer_mode !== this.opts.mode) return `it runs in ${String(info.transfer_mode)} mode, the proxy in ${this.opts.mode} mode`;
+    return null;
+  }
+
+  private down(pool: InstancePool, m: PoolMember, why: string): void {
+    if (m.healthy || m.lastError !== why) this.log?.warn({ side: pool.side, url: m.url, why }, 'instance unhealthy');
+    pool.markDown(m, why);
+  }
+
+  private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = pathOf(req);
+    try {
+      if (req.method === 'GET' && path === '/health') {
+        return sendJson(res, this.healthy ? 200 : 503, { status: this.healthy ? 'ok' : 'unavailable', prefill: this.prefill.numHealthy, decode: this.decode.numHealthy });
+      }
+      if (req.method === 'GET' && path === '/metrics') {
+        const m = await this.metrics.text();
+        res.writeHead(200, { 'content-type': m.contentType });
+        res.end(m.body);
+        return;
+      }
+      if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
+      if (req.method === 'GET' && path === '/v1/models') return await this.models(req, res);
+      if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return await this.complete(path, req, res);
+      throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
+    } catch (e) {
+      const err = toHandoffError(e, this.log);
+      if (err.code === 'REQUEST_ABORTED') this.metrics.count('client_abort');
+      else this.metrics.count('error');
+      const status = typeof err.details?.['upstreamStatus'] === 'number' ? (err.details['upstreamStatus'] as number) : err.httpStatus;
+      sendJson(res, status, err.toJSON());
+    }
+  }
+
+  private pick(pool: InstancePool): PoolMember {
+    const m = pool.pick();
+    if (!m) throw new HandoffError('PEER_UNAVAILABLE', `no healthy ${pool.side} instance`);
+    return m;
+  }
+
+  private async models(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const d = this.pick(this.decode);
+    const u = await callUpstream(this.env, { method: 'GET', url: `${d.url}/v1/models`, headers: forwardHeaders(req, null), timeoutMs: this.opts.healthTimeoutMs * 5 });
+    try {
+      if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
+      sendJson(res, 200, await u.response.json());
+    } finally {
+      u.done();
+    }
+  }
+
+  private async complete(path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
+    res.setHeader('x-request-id', requestId);
+    const body = await readJsonBody(req);
+    const client = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) client.abort();
+    });
+    const headers = forwardHeaders(req, requestId);
+    const p = this.pick(this.prefill);
+    const d = this.pick(this.decode);
+    const transferId = `xfer-${hexId(this.env, 16)}`;
+    if (this.opts.mode === 'read') {
+      const pre = await this.prefillCall(p, path, prefillBody(body, transferId), headers, client.signal);
+      if (client.signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+      await this.decodeCall(d, path, decodeBodyRead(body, pre['kv_transfer_params']), headers, client.signal, res);
+    } else {
+      const decodeBody = decodeBodyWrite(body, p.info, transferId);
+      const pAbort = new AbortController();
+      const dAbort = new AbortController();
+      client.signal.addEventListener('abort', () => (pAbort.abort(), dAbort.abort()), { once: true });
+      // A prefill failure aborts decode (it would wait for KV that never comes) and is the answer;
+      // a decode failure aborts prefill (its pages are not needed) and is the answer.
+      const failed: { prefill: HandoffError | null } = { prefill: null };
+      const pre = this.prefillCall(p, path, prefillBody(body, transferId), headers, pAbort.signal).then(
+        () => undefined,
+        (e: unknown) => {
+          if (pAbort.signal.aborted) return;
+          failed.prefill = toHandoffError(e, this.log);
+          dAbort.abort();
+        },
+      );
+      try {
+        await this.decodeCall(d, path, decodeBody, headers, dAbort.signal, res);
+      } catch (e) {
+        if (!failed.prefill) pAbort.abort();
+        await pre;
+        throw client.signal.aborted ? e : (failed.prefill ?? e);
+      }
+      await pre;
+    }
+    this.metrics.count('ok');
+  }
+
+  /** Run `fn` with `m` counted as loaded; a connection failure marks it down at once. */
+  private async using<T>(pool: InstancePool, m: PoolMember, fn: () => Promise<T>): Promise<T> {
+    pool.acquire(m);
+    try {
+      return await fn();
+    } catch (e) {
+      if (e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined) this.down(pool, m, e.message);
+      throw e;
+    } finally {
+      pool.release(m);
+    }
+  }
+
+  private prefillCall(m: PoolMember, path: string, body: Body, headers: Record<string, string>, signal: AbortSignal): Promise<Body> {
+    return this.using(this.prefill, m, async () => {
+      const u = await callUpstream(this.env, { method: 'POST', url: `${m.url}${path}`, body, headers, signal, timeoutMs: this.opts.upstreamTimeoutMs });
+      try {
+        if (!u.response.ok) throw withStatus(await upstreamError('prefill', u.response), u.response.status);
+        return (await u.response.json()) as Body;
+      } finally {
+        u.done();
+      }
+    });
+  }
+
+  private decodeCall(m: PoolMember, path: string, body: Body, headers: Record<string, string>, signal: AbortSignal, res: ServerResponse): Promise<void> {
+    return this.using(this.decode, m, async () => {
+      const u = await callUpstream(this.env, { method: 'POST', url: `${m.url}${path}`, body, headers, signal, timeoutMs: this.opts.upstreamTimeoutMs });
+      try {
+        if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
+        await relay(u.response, res, signal);
+      } finally {
+        u.done();
+      }
+    });
+  }
+}
+
+/** Headers sent upstream: the request id and the client's credentials. */
+function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<string, string> {
+  const h: Record<string, string> = {};
+  if (requestId !== null) h['x-request-id'] = requestId;
+  if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
+  return h;
+}
+
+/** Stream the decode response back unchanged (status, content type, bytes). */
+async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Promise<void> {
+  const contentType = r.headers.get('content-type') ?? 'application/json';
+  res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
+  if (!r.body) {
+    res.end();
+    return;
+  }
+  try {
+    for await (const chunk of r.body) {
+      if (!res.write(chunk)) await once(res, 'drain', { signal });
+    }
+    res.end();
+  } catch (e) {
+    if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+    // The decode instance died mid-response: say so in the stream's own format, then end it.
+    const err = new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
+    if (contentType.startsWith('text/event-stream')) res.end(sseEvent(err.toJSON()) + SSE_DONE);
+    else res.destroy();
+  }
+}

@@ -1,0 +1,37 @@
+/** /metrics of the proxy: requests by outcome, and per instance its health and requests in flight. */
+import { Counter, Gauge, Registry } from 'prom-client';
+import type { InstancePool } from './instance_pool.ts';
+
+export type ProxyOutcome = 'ok' | 'error' | 'client_abort';
+
+export class ProxyMetrics {
+  readonly registry = new Registry();
+  private readonly requests: Counter<'outcome'>;
+
+  constructor(pools: readonly InstancePool[]) {
+    const reg = this.registry;
+    this.requests = new Counter({ name: 'handoff_proxy_requests_total', help: 'completions handled, by outcome', labelNames: ['outcome'], registers: [reg] });
+    const perMember = (name: string, help: string, f: (m: InstancePool['members'][number]) => number): void => {
+      new Gauge({
+        name,
+        help,
+        labelNames: ['side', 'url'],
+        registers: [reg],
+        collect() {
+          for (const p of pools) for (const m of p.members) this.set({ side: p.side, url: m.url }, f(m));
+        },
+      });
+    };
+    perMember('handoff_proxy_instance_healthy', '1 when the instance passed its last health check', (m) => (m.healthy ? 1 : 0));
+    perMember('handoff_proxy_instance_inflight', 'requests in flight to the instance through this proxy', (m) => m.inflight);
+    perMember('handoff_proxy_instance_served', 'requests sent to the instance so far', (m) => m.served);
+  }
+
+  count(outcome: ProxyOutcome): void {
+    this.requests.inc({ outcome });
+  }
+
+  async text(): Promise<{ contentType: string; body: string }> {
+    return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+  }
+}

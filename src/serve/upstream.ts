@@ -1,0 +1,75 @@
+/**
+ * HTTP calls from the proxy to its instances (global fetch), bounded by a timeout on the Env's timers
+ * and cancellable by the client's disconnect. Failures become HandoffErrors: PEER_UNAVAILABLE when the
+ * instance cannot be reached, TIMEOUT when it does not answer in time, and an upstream error response
+ * becomes the instance's own error (code and message) with the instance's HTTP status.
+ */
+import type { Env } from '../util/env.ts';
+import { HandoffError, handoffErrorFromJSON } from '../util/errors.ts';
+
+export interface UpstreamCall {
+  method: 'GET' | 'POST';
+  url: string;
+  body?: unknown;
+  headers?: Record<string, string>;
+  timeoutMs: number;
+  /** Aborts the call (the client went away). */
+  signal?: AbortSignal;
+}
+
+export interface UpstreamResponse {
+  response: Response;
+  /** Cancels the body if it is still being read (and clears the timeout). */
+  done(): void;
+}
+
+/** Send a request; resolves once the headers are in. The timeout also covers reading the body until done(). */
+export async function callUpstream(env: Env, call: UpstreamCall): Promise<UpstreamResponse> {
+  const ac = new AbortController();
+  let timedOut = false;
+  const timer = env.setTimer(call.timeoutMs, () => {
+    timedOut = true;
+    ac.abort();
+  });
+  const onAbort = (): void => ac.abort();
+  call.signal?.addEventListener('abort', onAbort, { once: true });
+  const cleanup = (): void => {
+    timer.cancel();
+    call.signal?.removeEventListener('abort', onAbort);
+  };
+  try {
+    const response = await fetch(call.url, {
+      method: call.method,
+      headers: { ...(call.body !== undefined ? { 'content-type': 'application/json' } : {}), ...call.headers },
+      ...(call.body !== undefined ? { body: JSON.stringify(call.body) } : {}),
+      signal: ac.signal,
+    });
+    return {
+      response,
+      done: () => {
+        cleanup();
+        if (!response.bodyUsed) void response.body?.cancel().catch(() => undefined);
+      },
+    };
+  } catch (e) {
+    cleanup();
+    if (timedOut) throw new HandoffError('TIMEOUT', `${call.url} did not answer within ${call.timeoutMs} ms`);
+    if (call.signal?.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+    const cause = (e as { cause?: { code?: string; message?: string } }).cause;
+    throw new HandoffError('PEER_UNAVAILABLE', `cannot reach ${call.url}: ${cause?.code ?? cause?.message ?? (e as Error).message}`);
+  }
+}
+
+/** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
+export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
+  const text = await r.text().catch(() => '');
+  let parsed: unknown = null;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    parsed = null;
+  }
+  const fallback = `${side} instance answered HTTP ${r.status}${text ? `: ${text.slice(0, 200)}` : ''}`;
+  const err = handoffErrorFromJSON(parsed, fallback);
+  return new HandoffError(err.code, `${side}: ${err.message}`);
+}

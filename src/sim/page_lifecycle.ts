@@ -1,0 +1,233 @@
+/**
+ * Page lifecycle oracle: one state machine per (instance, block), fed with what the simulator sees
+ * (pool allocations and frees, zero and forward ops enqueued and run, transfers posted and landed,
+ * grants issued and ended), asserting the invariants of failure-modes.md §5:
+ *
+ *   free → allocated → zero-queued → zeroed ─┬→ in-use → freed
+ *                  └→ read-posted → landed ──┘
+ *
+ *   I1  no zero pending on a page a transfer writes; no stale zero (from an earlier allocation) lands
+ *   I2  a fresh page (stale bytes of its previous owner) is zeroed or fully landed before a forward reads it
+ *   I3  a forward reads a page only after every transfer into it landed
+ *   I4  no page with a transfer in flight, or granted to a peer, is freed; nothing touches a freed page
+ *   I6  zeroing covers whole pages of exactly the attention slabs, of pages the instance owns
+ * (I5, "done" only once the destination has the data, spans two instances: see world_checks.ts.)
+ */
+import type { PageAccess } from '../device/types.ts';
+
+export type PageState = 'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'read-posted' | 'landed' | 'in-use' | 'freed';
+export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6';
+
+export interface LifecycleViolation {
+  invariant: Invariant;
+  instance: string;
+  block: number | null;
+  message: string;
+}
+
+interface Page {
+  state: PageState;
+  allocated: boolean;
+  /** Allocations so far: a zero or forward enqueued under an older epoch is stale. */
+  epoch: number;
+  /** 'fresh': stale bytes of a previous owner, unusable until zeroed or landed. */
+  content: 'fresh' | 'valid';
+  zeroQueued: boolean;
+  pendingZeros: number;
+  inbound: Set<number>;
+  outbound: Set<number>;
+  grants: Set<string>;
+  history: string[];
+}
+
+const HISTORY_MAX = 8;
+
+export class PageLifecycle {
+  private readonly pages: Page[];
+  private readonly attnSlabs: Set<number>;
+  private readonly zeros = new Map<number, { blocks: number[]; epochs: number[] }>();
+  private readonly forwards = new Map<number, { writes: Array<{ block: number; epoch: number }> }>();
+
+  constructor(
+    readonly instance: string,
+    numBlocks: number,
+    private readonly pageBytes: number,
+    /** The cache needs zeroing (needsKvCacheZeroing): I2 applies. */
+    private readonly zeroing: boolean,
+    attnSlabs: readonly number[],
+    private readonly report: (v: LifecycleViolation) => void,
+  ) {
+    this.attnSlabs = new Set(attnSlabs);
+    this.pages = Array.from({ length: numBlocks }, (_, b) => ({
+      state: b === 0 ? 'in-use' : 'free', allocated: b === 0, epoch: 0, content: 'valid', zeroQueued: b === 0,
+      pendingZeros: 0, inbound: new Set(), outbound: new Set(), grants: new Set(), history: [],
+    }));
+  }
+
+  state(block: number): PageState {
+    return this.page(block).state;
+  }
+
+  /** Recent transitions of a page, for violation messages. */
+  history(block: number): string {
+    return this.page(block).history.join(' → ');
+  }
+
+  private page(block: number): Page {
+    const p = this.pages[block];
+    if (p === undefined) throw new RangeError(`block ${block} outside the lifecycle table`);
+    return p;
+  }
+
+  private move(block: number, state: PageState, why: string): void {
+    const p = this.page(block);
+    p.state = state;
+    p.history.push(`${state}(${why})`);
+    if (p.history.length > HISTORY_MAX) p.history.shift();
+  }
+
+  private violate(invariant: Invariant, block: number | null, message: string): void {
+    const hist = block === null ? '' : ` [history: ${this.history(block)}]`;
+    this.report({ invariant, instance: this.instance, block, message: `${this.instance} block ${block ?? '-'}: ${message}${hist}` });
+  }
+
+  /** Pages taken from the pool: `fresh` when popped (stale bytes), not when a prefix hit revived them. */
+  allocated(blocks: readonly number[], fresh: boolean): void {
+    for (const b of blocks) {
+      const p = this.page(b);
+      if (p.allocated) this.violate('I4', b, 'allocated twice');
+      p.allocated = true;
+      p.epoch++;
+      if (fresh) {
+        p.content = 'fresh';
+        p.zeroQueued = false;
+      }
+      this.move(b, fresh ? 'allocated' : 'in-use', fresh ? 'pool' : 'prefix-hit');
+    }
+  }
+
+  freed(blocks: readonly number[]): void {
+    for (const b of blocks) {
+      const p = this.page(b);
+      if (p.inbound.size > 0) this.violate('I4', b, `freed while transfer ${[...p.inbound].join(',')} is still writing into it`);
+      // A transfer still queued to read the page is harmless once its grant is gone (it will be refused).
+      if (p.grants.size > 0) this.violate('I4', b, `freed while granted to a peer (transfer ${[...p.grants].join(',')})`);
+      p.allocated = false;
+      this.move(b, 'freed', 'pool');
+    }
+  }
+
+  zeroEnqueued(opId: number, blocks: readonly number[], slabs: readonly number[]): void {
+    const attn = [...this.attnSlabs].sort((a, b) => a - b).join(',');
+    if ([...slabs].sort((a, b) => a - b).join(',') !== attn) this.violate('I6', null, `zero op ${opId} covers slabs ${slabs.join(',')}, attention slabs are ${attn}`);
+    for (const b of blocks) {
+      const p = this.page(b);
+      if (b !== 0 && !p.allocated) this.violate('I6', b, `zeroing queued for a page the instance does not own (op ${opId})`);
+      if (p.inbound.size > 0) this.violate('I1', b, `zeroing queued while transfer ${[...p.inbound].join(',')} writes the page (op ${opId})`);
+      p.pendingZeros++;
+      p.zeroQueued = true;
+      this.move(b, 'zero-queued', `op ${opId}`);
+    }
+    this.zeros.set(opId, { blocks: [...blocks], epochs: blocks.map((b) => this.page(b).epoch) });
+  }
+
+  zeroRan(opId: number): void {
+    const z = this.zeros.get(opId);
+    if (z === undefined) return;
+    this.zeros.delete(opId);
+    z.blocks.forEach((b, i) => {
+      const p = this.page(b);
+      p.pendingZeros--;
+      if (p.epoch !== z.epochs[i] && p.allocated) this.violate('I1', b, `zeroing from an earlier allocation (op ${opId}) landed on the page's new owner`);
+      else if (p.state === 'landed') this.violate('I1', b, `zeroing (op ${opId}) ran after a transfer landed and wiped it`);
+      if (p.pendingZeros === 0 && p.epoch === z.epochs[i]) p.content = 'valid';
+      this.move(b, 'zeroed', `op ${opId}`);
+    });
+  }
+
+  /** A forward was enqueued with this footprint (reads: whole pages of the block table). */
+  forwardEnqueued(opId: number, footprint: readonly PageAccess[]): void {
+    const writes: Array<{ block: number; epoch: number }> = [];
+    const seen = new Set<string>();
+    for (const a of footprint) {
+      if (a.block === 0) continue;
+      const p = this.page(a.block);
+      const key = `${a.block}:${a.write}`;
+      if (seen.has(key)) continue;
+      seen.add(key);
+      if (!p.allocated) this.violate('I4', a.block, `forward (op ${opId}) ${a.write ? 'writes' : 'reads'} a freed page`);
+      if (a.write) {
+        writes.push({ block: a.block, epoch: p.epoch });
+        // A whole-page write (a Mamba state page; slabs are shared by groups) leaves no stale byte.
+        if (a.start === 0 && a.end === this.pageBytes) p.content = 'valid';
+        continue;
+      }
+      if (p.inbound.size > 0) this.violate('I3', a.block, `forward (op ${opId}) enqueued before transfer ${[...p.inbound].join(',')} into the page landed`);
+      else if (this.zeroing && p.content === 'fresh' && !p.zeroQueued) {
+        this.violate('I2', a.block, `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`);
+      }
+    }
+    this.forwards.set(opId, { writes });
+  }
+
+  forwardRan(opId: number): void {
+    const f = this.forwards.get(opId);
+    if (f === undefined) return;
+    this.forwards.delete(opId);
+    for (const w of f.writes) {
+      const p = this.page(w.block);
+      if (!p.allocated || p.epoch !== w.epoch) this.violate('I4', w.block, `forward (op ${opId}) wrote the page after it was freed${p.allocated ? ' and reallocated' : ''}`);
+      else this.move(w.block, 'in-use', `op ${opId}`);
+    }
+  }
+
+  /** A transfer will write these pages of this instance (READ destination, WRITE target). */
+  inboundPosted(itemId: number, blocks: readonly number[]): void {
+    for (const b of blocks) {
+      const p = this.page(b);
+      if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
+      if (p.pendingZeros > 0) this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
+      p.inbound.add(itemId);
+      this.move(b, 'read-posted', `wr ${itemId}`);
+    }
+  }
+
+  inboundDone(itemId: number, blocks: readonly number[], landed: boolean): void {
+    for (const b of blocks) {
+      const p = this.page(b);
+      p.inbound.delete(itemId);
+      if (!landed) continue;
+      if (!p.allocated) this.violate('I4', b, `transfer ${itemId} landed in a freed page`);
+      p.content = 'valid';
+      this.move(b, 'landed', `wr ${itemId}`);
+    }
+  }
+
+  /** A transfer will read these pages of this instance (READ source, WRITE source). */
+  outboundPosted(itemId: number, blocks: readonly number[]): void {
+    for (const b of blocks) this.page(b).outbound.add(itemId);
+  }
+
+  /** The transfer reads the pages now: they must still hold what was granted. */
+  outboundRan(itemId: number, blocks: readonly number[]): void {
+    for (const b of blocks) if (!this.page(b).allocated) this.violate('I4', b, `transfer ${itemId} read the page after it was freed`);
+    this.outboundDone(itemId, blocks);
+  }
+
+  outboundDone(itemId: number, blocks: readonly number[]): void {
+    for (const b of blocks) this.page(b).outbound.delete(itemId);
+  }
+
+  grant(transferId: string, blocks: readonly number[], live: boolean): void {
+    for (const b of blocks) {
+      const g = this.page(b).grants;
+      if (live) g.add(transferId);
+      else g.delete(transferId);
+    }
+  }
+
+  /** Pages still allocated (null block excluded). */
+  allocatedCount(): number {
+    return this.pages.filter((p, b) => b !== 0 && p.allocated).length;
+  }
+}

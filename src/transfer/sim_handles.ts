@@ -1,0 +1,117 @@
+/**
+ * Work-request handles of one `sim` engine: pending -> done | failed exactly once, poll/wait with a
+ * timeout, and the host's first observation of the terminal state (the race checker's nicObserved).
+ */
+import type { RaceCheckerLike } from '../device/types.ts';
+import { assert } from '../util/assert.ts';
+import type { Env, TimerHandle } from '../util/env.ts';
+import { HandoffError, type ErrorCode } from '../util/errors.ts';
+import type { PollResult, TransferHandle, TransferStats } from './types.ts';
+
+export interface HandleState {
+  handle: TransferHandle;
+  state: 'pending' | 'done' | 'failed';
+  error: HandoffError | null;
+  rc: RaceCheckerLike | null;
+  rcId: number | null;
+  observed: boolean;
+  itemId: number | null;
+  waiters: Set<() => void>;
+}
+
+export type HandleCounters = Pick<TransferStats, 'bytesRead' | 'bytesWritten' | 'readsFailed' | 'writesFailed'>;
+
+export class SimHandles {
+  /** Pending work requests by handle id. */
+  readonly inflight = new Map<number, HandleState>();
+  private readonly states = new WeakMap<TransferHandle, HandleState>();
+
+  constructor(
+    private readonly engineId: string,
+    private readonly env: Env,
+    private readonly counters: HandleCounters,
+    private readonly onObserved: (itemId: number) => void,
+  ) {}
+
+  add(handle: TransferHandle, rc: RaceCheckerLike | null, rcId: number | null): HandleState {
+    const st: HandleState = { handle, state: 'pending', error: null, rc, rcId, observed: false, itemId: null, waiters: new Set() };
+    this.states.set(handle, st);
+    return st;
+  }
+
+  finish(st: HandleState, code: ErrorCode | null, message: string): void {
+    if (st.state !== 'pending') return;
+    this.inflight.delete(st.handle.id);
+    const { kind, bytes, transferId } = st.handle;
+    if (code === null) {
+      st.state = 'done';
+      if (kind === 'read') this.counters.bytesRead += bytes;
+      else this.counters.bytesWritten += bytes;
+    } else {
+      st.state = 'failed';
+      st.error = new HandoffError(code, message || `${kind} of transfer ${transferId} failed (${code})`, { transferId });
+      if (kind === 'read') this.counters.readsFailed++;
+      else this.counters.writesFailed++;
+    }
+    for (const w of [...st.waiters]) w();
+    st.waiters.clear();
+  }
+
+  stateOf(handle: TransferHandle): HandleState {
+    const st = this.states.get(handle);
+    assert(st !== undefined, `handle ${handle.id} was not posted by engine ${this.engineId}`);
+    return st;
+  }
+
+  observe(st: HandleState): void {
+    if (st.observed || st.state === 'pending') return;
+    st.observed = true;
+    if (st.rc !== null && st.rcId !== null) st.rc.nicObserved(st.rcId);
+    if (st.itemId !== null) this.onObserved(st.itemId);
+  }
+
+  poll(handle: TransferHandle): PollResult {
+    const st = this.stateOf(handle);
+    if (st.state === 'pending') return { state: 'pending' };
+    this.observe(st);
+    return st.state === 'done' ? { state: 'done' } : { state: 'failed', error: st.error as HandoffError };
+  }
+
+  wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
+    assert(Number.isFinite(timeoutMs) && timeoutMs >= 0, `wait timeout must be >= 0, got ${timeoutMs}`);
+    const sts = handles.map((h) => this.stateOf(h));
+    return new Promise<void>((resolve, reject) => {
+      let settled = false;
+      let timer: TimerHandle | null = null;
+      const settle = (): void => {
+        settled = true;
+        timer?.cancel();
+        for (const st of sts) st.waiters.delete(check);
+      };
+      const check = (): void => {
+        if (settled) return;
+        const failed = sts.find((s) => s.state === 'failed');
+        if (failed !== undefined) {
+          settle();
+          this.observe(failed);
+          reject(failed.error);
+        } else if (sts.every((s) => s.state === 'done')) {
+          settle();
+          for (const st of sts) this.observe(st);
+          resolve();
+        }
+      };
+      check();
+      if (settled) return;
+      for (const st of sts) if (st.state === 'pending') st.waiters.add(check);
+      timer = this.env.setTimer(timeoutMs, () => {
+        if (settled) return;
+        settle();
+        const pending = sts.filter((s) => s.state === 'pending');
+        const code = pending.some((s) => s.handle.kind === 'read') ? 'KV_READ_TIMEOUT' : 'TIMEOUT';
+        const ids = [...new Set(pending.map((s) => s.handle.transferId))];
+        reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
+      });
+    });
+  }
+}
