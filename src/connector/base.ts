@@ -56,7 +56,7 @@ export class NullConnector implements ConnectorScheduler {
     return { numExternalTokens: 0, loadAsync: false };
   }
   updateStateAfterAlloc(): void {}
-  buildConnectorMeta(): unknown {
+  buildConnectorMeta(_out: SchedulerOutput): unknown {
     return null;
   }
   requestFinished(): FinishedHandoff {

@@ -112,7 +112,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   async preForward(so: SchedulerOutput): Promise<LoadResult> {
     const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
-    const result: LoadResult = { failedReqIds: [], invalidBlockIds: [] };
+    const result: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
     if (!meta) return result;
     this.sendTransfers = meta.sendTransfers;
     for (const t of meta.expiredTransfers) this.transfer.revokeGrant(t);
@@ -150,6 +150,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
         this.log?.warn({ requestId: p.r.requestId, code: error.code, err: error.message }, 'KV READ failed');
         result.failedReqIds.push(p.r.requestId);
         result.invalidBlockIds.push(...p.r.localBlockIds.flat());
+        result.loadErrors[p.r.requestId] = { code: error.code, message: error.message };
       }
       this.release(p.r);
     }
@@ -277,6 +278,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       this.transfer.revokeGrant(transferId);
       out.failedLoadReqIds.push(rec.requestId);
       out.invalidBlockIds.push(...rec.blockIds);
+      out.loadErrors[rec.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.config.transferTimeoutMs} ms` };
     }
     return out;
   }

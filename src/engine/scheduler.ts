@@ -14,7 +14,10 @@
  * and deferred frees behind the fence (free_fence.ts).
  */
 import { assert, defined } from '../util/assert.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, type ErrorCode } from '../util/errors.ts';
+
+/** Load failures caused by the request's own kv_transfer_params: always an error to the client. */
+const CLIENT_FAULT_CODES = new Set(['GRANT_DENIED', 'BAD_TRANSFER_PARAMS', 'PEER_INCOMPATIBLE']);
 import type { Env } from '../util/env.ts';
 import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
 import type { ConnectorScheduler } from '../connector/base.ts';
@@ -355,7 +358,7 @@ export class Scheduler {
     const outputs: EngineOutput[] = [];
 
     const failed = new Set(conn.failedLoadReqIds);
-    if (conn.invalidBlockIds.length > 0 || failed.size > 0) this.handleLoadErrors(conn.invalidBlockIds, failed, epochs);
+    if (conn.invalidBlockIds.length > 0 || failed.size > 0) this.handleLoadErrors(conn.invalidBlockIds, failed, epochs, conn.loadErrors);
 
     for (const s of result.sampled) {
       const req = this.requests.get(s.requestId);
@@ -389,7 +392,12 @@ export class Scheduler {
     return outputs;
   }
 
-  private handleLoadErrors(invalidBlockIds: number[], failed: Set<string>, epochs: Map<string, number>): void {
+  private handleLoadErrors(
+    invalidBlockIds: number[],
+    failed: Set<string>,
+    epochs: Map<string, number>,
+    loadErrors: Record<string, { code: string; message: string }> = {},
+  ): void {
     const invalid = new Set(invalidBlockIds);
     const bs = defined(this.kv.config.groups[0], 'group 0').spec.blockSize;
     // Async loads that failed (WRITE never arrived): recompute from the local hit, or fail.
@@ -415,6 +423,13 @@ export class Scheduler {
       if (firstBad === Infinity) continue;
       this.stats.loadFailures++;
       failed.add(req.requestId);
+      const cause = loadErrors[req.requestId];
+      if (cause && CLIENT_FAULT_CODES.has(cause.code)) {
+        // The params were bad (forged/expired grant, unknown engine...): the client gets a 4xx, no silent recompute.
+        req.error = new HandoffError(cause.code as ErrorCode, `kv_transfer_params rejected: ${cause.message}`);
+        this.finish(req, 'FINISHED_ERROR');
+        continue;
+      }
       if (this.config.kvLoadFailurePolicy === 'fail') {
         req.error = new HandoffError('KV_LOAD_FAILED', `KV load for request ${req.requestId} failed`);
         this.finish(req, 'FINISHED_ERROR');

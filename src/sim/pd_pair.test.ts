@@ -1,7 +1,8 @@
 /**
  * 1P1D in one process with real threads: WRITE mode equals colocated; a READ that fails is recovered by
  * local recompute (same output as colocated) or fails with KV_LOAD_FAILED by policy; a decode that never
- * reads does not strand prefill's pages (the lease frees them and kills the grant).
+ * reads does not strand prefill's pages (the lease frees them and kills the grant), and a READ with the dead
+ * grant fails that request with GRANT_DENIED (403) while decode keeps serving.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -87,10 +88,15 @@ test('lease: prefill frees held pages and revokes the grant when decode never re
     for (let k = 0; k < 200 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
     assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'freed when the lease ended');
     assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 1);
-    // A READ with the dead grant is refused, not served.
-    const late = await pair.decode.generate({ ...(prompts[3] as GenerateRequest), kvTransferParams: r.kvTransferParams });
-    assert.equal(late.tokenIds.length, 5, 'decode recomputed locally after GRANT_DENIED');
+    // A READ with the dead grant is refused, not served, and the client is told why (a 4xx code).
+    await assert.rejects(
+      pair.decode.generate({ ...(prompts[3] as GenerateRequest), kvTransferParams: r.kvTransferParams }),
+      (e: Error & { code?: string; httpStatus?: number }) => e.code === 'GRANT_DENIED' && e.httpStatus === 403,
+    );
     assert.ok(pair.prefillConnector.transfer.stats().grantsRefused >= 1);
+    for (let k = 0; k < 200 && !pair.decode.core.isIdle(); k++) await env.sleep(5);
+    assert.equal(pair.decode.kv.getNumFreeBlocks(), 127, 'the refused request freed its pages');
+    assert.equal((await pair.decode.generate(prompts[0] as GenerateRequest)).tokenIds.length, 5, 'decode keeps serving');
   } finally {
     await pair.close();
   }

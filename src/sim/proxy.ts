@@ -136,6 +136,7 @@ export class SimProxy {
   abort(r: ProxyRequest): void {
     if (r.phase === 'prefill' && this.prefill.alive) this.prefill.engine.abort(this.prefillId(r));
     if (r.phase === 'decode') this.decode.engine.abort(this.decodeId(r));
+    if (r.phase === 'decode' && this.mode === 'write' && this.prefill.alive) this.prefill.engine.abort(this.prefillId(r));
     if (r.phase === 'pending') this.finish(r, failure('REQUEST_ABORTED', 'aborted before it arrived', 'abort'));
   }
 

@@ -12,6 +12,13 @@ export interface LoadResult {
   failedReqIds: string[];
   /** Their destination pages (the scheduler re-zeroes or fails them). */
   invalidBlockIds: number[];
+  /** Why each failed (code + message, plain data): client-caused codes fail the request with a 4xx. */
+  loadErrors: Record<string, LoadErrorData>;
+}
+
+export interface LoadErrorData {
+  code: string;
+  message: string;
 }
 
 export interface ConnectorWorkerHooks {

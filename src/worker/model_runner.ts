@@ -86,7 +86,7 @@ export class ModelRunner {
       });
     }
     // 3. Loads: every READ of this step has landed (or failed) when this returns.
-    const loads: LoadResult = this.hooks ? await this.hooks.preForward(so) : { failedReqIds: [], invalidBlockIds: [] };
+    const loads: LoadResult = this.hooks ? await this.hooks.preForward(so) : { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
     for (const id of loads.failedReqIds) this.poisoned.add(id);
     const failed = this.poisoned;
     // 4. The forward.
@@ -117,6 +117,7 @@ export class ModelRunner {
           ...conn,
           failedLoadReqIds: [...conn.failedLoadReqIds, ...loads.failedReqIds],
           invalidBlockIds: [...conn.invalidBlockIds, ...loads.invalidBlockIds],
+          loadErrors: { ...conn.loadErrors, ...loads.loadErrors },
         },
       };
     });

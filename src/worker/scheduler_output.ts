@@ -93,8 +93,10 @@ export interface KVConnectorOutput {
   invalidBlockIds: number[];
   /** Requests whose load failed this step (their sampled output, if any, is discarded). */
   failedLoadReqIds: string[];
+  /** Per failed request: the error code and message (plain data). */
+  loadErrors: Record<string, { code: string; message: string }>;
 }
 
 export function emptyConnectorOutput(): KVConnectorOutput {
-  return { finishedSending: [], finishedRecving: [], invalidBlockIds: [], failedLoadReqIds: [] };
+  return { finishedSending: [], finishedRecving: [], invalidBlockIds: [], failedLoadReqIds: [], loadErrors: {} };
 }
