@@ -116,8 +116,8 @@ export class LLMEngine {
     return req;
   }
 
-  /** Run a request to the end and collect everything (tests, the A/B, the bench). */
-  generate(g: GenerateRequest): Promise<GenerateResult> {
+  /** Run a request to the end and collect everything (tests, the A/B, the bench); `onToken` sees each token's arrival time. */
+  generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult> {
     return new Promise((resolve, reject) => {
       const tokens: number[] = [];
       const hashes: Array<string | null> = [];
@@ -125,6 +125,7 @@ export class LLMEngine {
       let nan = false;
       try {
         this.submit(g, (o) => {
+          if (o.newTokenIds.length > 0) onToken?.(this.env.nowMs());
           tokens.push(...o.newTokenIds);
           hashes.push(...o.logitsHashes);
           logprobs.push(...o.newLogprobs);

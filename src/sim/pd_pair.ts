@@ -90,26 +90,7 @@ export class PdPair {
       kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
     });
     const params = (pre.kvTransferParams ?? {}) as KVTransferParams;
-    const result = await new Promise<GenerateResult>((resolve, reject) => {
-      const tokens: number[] = [];
-      const hashes: Array<string | null> = [];
-      const logprobs: Array<number | null> = [];
-      let nan = false;
-      try {
-        this.decode.submit({ ...g, kvTransferParams: params }, (o) => {
-          if (o.newTokenIds.length > 0) onToken?.(this.env.nowMs());
-          tokens.push(...o.newTokenIds);
-          hashes.push(...o.logitsHashes);
-          logprobs.push(...o.newLogprobs);
-          nan ||= o.nanLogits;
-          if (o.finishReason === null) return;
-          if (o.error) reject(o.error);
-          else resolve({ tokenIds: tokens, logitsHashes: hashes, logprobs, finishReason: o.finishReason, kvTransferParams: null, nanLogits: nan, numExternalTokens: o.numExternalTokens });
-        });
-      } catch (e) {
-        reject(e);
-      }
-    });
+    const result = await this.decode.generate({ ...g, kvTransferParams: params }, onToken);
     return { ...result, prefillParams: params };
   }
 
