@@ -66,3 +66,14 @@ test('grant table: sweep drops expired grants only', () => {
   assert.equal(t.sweep(100), 1);
   assert.equal(t.size, 1);
 });
+
+test('grant check: a grant issued without a peer binds to its first valid user; another engine is then refused', () => {
+  const t = table([2], null);
+  const r = [{ slab: 0, offset: 128, length: 64 }];
+  assert.deepEqual(t.check({ ...q, peerEngineId: 'thief', token: 'cd'.repeat(16), ranges: r }).ok, false, 'a wrong token binds nothing');
+  assert.deepEqual(t.check({ ...q, peerEngineId: 'D1', ranges: r }), { ok: true });
+  assert.deepEqual(t.check({ ...q, peerEngineId: 'D1', ranges: r }), { ok: true }, 'the bound peer may read again');
+  const other = t.check({ ...q, peerEngineId: 'D2', ranges: r });
+  assert.equal(other.ok, false);
+  assert.match((other as { reason: string }).reason, /not for engine D2/);
+});
