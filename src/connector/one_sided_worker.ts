@@ -129,6 +129,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     }
     const posted: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
     for (const r of meta.reqsToRecv) posted.push(await this.postReadFor(r, so.step));
+    const deadlineMs = this.env.nowMs() + this.config.transferTimeoutMs; // one deadline for the step's READs
     if (this.config.mutant === 'no-await-reads') {
       // Mutant: the forward is enqueued while the NIC may still be writing its pages.
       for (const p of posted) if (p.handle) this.lateReads.push({ r: p.r, handle: p.handle });
@@ -138,7 +139,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       let error = p.error;
       if (p.handle && !error) {
         try {
-          await this.transfer.wait([p.handle], this.config.transferTimeoutMs);
+          await this.transfer.wait([p.handle], Math.max(0, deadlineMs - this.env.nowMs()));
         } catch (e) {
           if (!isHandoffError(e)) throw e;
           error = e;

@@ -311,14 +311,22 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   async abort(handles: readonly TransferHandle[]): Promise<void> {
     const waits: Promise<void>[] = [];
-    for (const h of handles) {
-      const st = this.stateOf(h);
+    const sts = handles.map((h) => this.stateOf(h));
+    for (const st of sts) {
       this.refresh(st);
       if (st.state !== 'pending' || st.slot === null) continue;
-      waits.push(new Promise((resolve) => this.abortWaiters.set(h.id, [...(this.abortWaiters.get(h.id) ?? []), resolve])));
-      this.nic.send({ t: 'abort', wrId: h.id });
+      const id = st.handle.id;
+      waits.push(new Promise((resolve) => this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve])));
+      this.nic.send({ t: 'abort', wrId: id });
     }
     await Promise.all(waits);
+    // The host now knows the NIC will not touch these pages again: that orders every access the work
+    // request made (or would have made) before whatever the host does next, e.g. re-zeroing the pages.
+    for (const st of sts) {
+      if (st.observed) continue;
+      st.observed = true;
+      if (st.rc !== null && st.rcId !== null) st.rc.nicObserved(st.rcId);
+    }
   }
 
   // ---- notifications ----
