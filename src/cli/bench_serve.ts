@@ -28,7 +28,7 @@ export function registerBenchServe(program: Command): void {
     .description('load generator like `vllm bench serve`: TTFT/ITL p50/p99, tokens/s, errors; P/D vs colocated side by side')
     .option('--url <url>', 'a running server or proxy (else servers are started)')
     .option('--target <t>', 'pd | colocated: start that deployment (default without --url: both)')
-    .option('--model <preset>', 'model preset for started servers (and the request model field)', 'dsv4-mini')
+    .option('--model <preset>', 'model preset of the servers it starts', 'dsv4-mini')
     .option('--mode <mode>', 'read | write (started P/D)', 'read')
     .option('--requests <n>', 'requests to send', '64')
     .option('--concurrency <n>', 'requests in flight at once (default 8 without --rate)')
@@ -60,27 +60,30 @@ export function registerBenchServe(program: Command): void {
       const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
       if (o['json'] && url === null && target === null) throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
-      const run = (u: string, label: string): Promise<BenchServeResult> => withProgress(label, spec.requests, (tick) => runLoad({ ...spec, url: u }, env, tick).then((r) => r.result));
-      if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench') }]);
+      const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
+        withProgress(label, spec.requests, (tick) => runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result));
+      // A server we did not start may serve another model name: send none (the server's default).
+      if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       const started = { preset, mode, numBlocks, apiKey: spec.apiKey };
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Array<{ label: string; r: BenchServeResult }> = [];
-      for (const t of targets) rows.push({ label: t === 'pd' ? `P/D (${mode})` : 'colocated', r: await onStarted(t, started, env, (u) => run(u, t)) });
+      for (const t of targets) rows.push({ label: t === 'pd' ? `P/D (${mode})` : 'colocated', r: await onStarted(t, started, env, (u) => run(u, t, preset)) });
       print(o, rows);
     });
 }
 
 async function onStarted<T>(t: Target, s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null }, env: Env, fn: (url: string) => Promise<T>): Promise<T> {
   const common = { preset: s.preset, mode: s.mode, host: '127.0.0.1', serveArgs: ['--num-blocks', s.numBlocks], apiKey: s.apiKey };
+  const logLevel = process.env['HANDOFF_LOG_LEVEL'] ?? 'warn';
   if (t === 'pd') {
-    const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('bench') }, env);
+    const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('bench', logLevel), childLogLevel: logLevel }, env);
     try {
       return await fn(cluster.proxyUrl);
     } finally {
       await cluster.stop();
     }
   }
-  const server = await spawnHandoff(serveArgs('both', common), env);
+  const server = await spawnHandoff(serveArgs('both', common), env, { env: { HANDOFF_LOG_LEVEL: logLevel } });
   try {
     return await fn(server.url);
   } finally {

@@ -30,7 +30,8 @@ export interface SpawnOptions {
 /** Start `handoff <args> --json --exit-with-parent` and wait for its ready line. */
 export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}): Promise<ChildServer> {
   const childEnv: NodeJS.ProcessEnv = { ...process.env, ...opts.env };
-  // A child of a test run must not report to the test runner.
+  // A child of a test run must not report to the test runner, and logs only warnings.
+  if (childEnv['NODE_TEST_CONTEXT'] !== undefined) childEnv['HANDOFF_LOG_LEVEL'] ??= 'warn';
   delete childEnv['NODE_TEST_CONTEXT'];
   const child = spawn(process.execPath, [HANDOFF_BIN, ...args, '--json', '--exit-with-parent'], { stdio: ['pipe', 'pipe', 'inherit'], env: childEnv });
   let exited = false;

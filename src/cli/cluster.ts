@@ -22,6 +22,8 @@ export interface ClusterOptions {
   apiKey?: string | null;
   log?: Logger;
   readyTimeoutMs?: number;
+  /** HANDOFF_LOG_LEVEL of the instances (default: inherited). */
+  childLogLevel?: string;
 }
 
 export interface LocalCluster {
@@ -63,7 +65,7 @@ async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<v
 
 export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<LocalCluster> {
   const timeout = o.readyTimeoutMs ?? 60_000;
-  const spawned = await Promise.allSettled((['prefill', 'decode'] as const).map((role) => spawnHandoff(serveArgs(role, o), env, { readyTimeoutMs: timeout })));
+  const spawned = await Promise.allSettled((['prefill', 'decode'] as const).map((role) => spawnHandoff(serveArgs(role, o), env, { readyTimeoutMs: timeout, ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}) })));
   const started = spawned.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   try {
     const failure = spawned.find((r) => r.status === 'rejected');

@@ -92,6 +92,7 @@ export class Generation {
     this.cancelled = true;
     this.finished = true;
     this.engine.abort(this.requestId);
+    this.observer?.finished('abort', this.api.promptTokenIds.length, this.completionTokens);
   }
 
   private onOutput(o: EngineOutput): void {

@@ -108,8 +108,8 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   checkCapacity(opts.preset, opts.numBlocks, maxModelLen);
   if (transferConfig && opts.device !== 'threaded') throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
   const engineId = `${opts.role}-${hexId(env, 6)}`;
-  let connector: OneSidedConnector | null = null;
-  let engine: LLMEngine | null = null;
+  // Filled in by LLMEngine.create (the connector is built once the device exists).
+  const built: { connector: OneSidedConnector | null; engine: LLMEngine | null } = { connector: null, engine: null };
   const config: EngineConfig = {
     preset: opts.preset,
     modelSeed: opts.modelSeed,
@@ -133,14 +133,15 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
         ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
       },
       createTransferEngine,
-      { ...(log ? { log } : {}), onActivity: () => engine?.core.kick() },
+      { ...(log ? { log } : {}), onActivity: () => built.engine?.core.kick() },
     );
-    config.makeConnector = async (ctx) => (connector = await make(ctx));
+    config.makeConnector = async (ctx) => (built.connector = await make(ctx));
   }
-  engine = await LLMEngine.create(config, env, log);
-  const e = engine;
-  const addr = connector ? (connector as OneSidedConnector).transfer.address() : null;
-  const ports = connector ? (connector as OneSidedConnector).transfer.ports() : null;
+  const e = await LLMEngine.create(config, env, log);
+  built.engine = e;
+  const connector = built.connector;
+  const addr = connector?.transfer.address() ?? null;
+  const ports = connector?.transfer.ports() ?? null;
   const info: InstanceInfo = {
     engine_id: connector ? engineId : null,
     role: opts.role,

@@ -136,6 +136,17 @@ export class InstanceServer {
     return { object: 'list', data: [{ id: this.opts.modelName, object: 'model', created, owned_by: 'handoff', max_model_len: this.opts.maxModelLen }] };
   }
 
+  /** A P/D half sent to an instance that cannot play it would silently compute everything locally. */
+  private checkTransferRole(p: { do_remote_decode?: boolean | undefined; do_remote_prefill?: boolean | undefined } | null): void {
+    const kvRole = this.opts.info.kv_role;
+    if (p?.do_remote_decode === true && kvRole !== 'kv_producer' && kvRole !== 'kv_both') {
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_decode needs a prefill instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`);
+    }
+    if (p?.do_remote_prefill === true && kvRole !== 'kv_consumer' && kvRole !== 'kv_both') {
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_prefill needs a decode instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`);
+    }
+  }
+
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
     const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
     const headers = { 'x-request-id': requestId };
@@ -145,6 +156,7 @@ export class InstanceServer {
     if (api.model !== null && api.model !== this.opts.modelName) {
       throw new HandoffError('NOT_FOUND', `the model '${api.model}' does not exist (this server serves '${this.opts.modelName}')`);
     }
+    this.checkTransferRole(api.kvTransferParams);
     if (this.closing) throw new HandoffError('OVERLOADED', 'the server is shutting down');
     const ctx: ResponseContext = {
       kind,

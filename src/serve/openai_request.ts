@@ -124,6 +124,12 @@ export function parseApiRequest(kind: ApiKind, body: unknown, limits: RequestLim
   }
   // Chat defaults to the rest of the context like vLLM; completions to OpenAI's 16.
   const maxTokens = asked ?? (kind === 'chat' ? room : Math.min(DEFAULT_COMPLETION_MAX_TOKENS, room));
+  if (promptTokenIds.length + maxTokens > limits.maxModelLen) {
+    throw new HandoffError(
+      'PROMPT_TOO_LONG',
+      `prompt (${promptTokenIds.length} tokens) + max_tokens (${maxTokens}) exceeds the model's maximum length ${limits.maxModelLen}`,
+    );
+  }
   const logprobs = kind === 'chat' ? b.logprobs === true : 'logprobs' in b && b.logprobs !== null && b.logprobs !== undefined;
   const topK = b.top_k === null || b.top_k === undefined || b.top_k <= 0 ? undefined : b.top_k;
   return {

@@ -22,6 +22,7 @@ import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffEr
 import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
+import { parseApiRequest } from './openai_request.ts';
 import { decodeBodyRead, decodeBodyWrite, prefillBody } from './proxy_flow.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
 import { callUpstream, upstreamError } from './upstream.ts';
@@ -201,6 +202,10 @@ export class Proxy {
     const headers = forwardHeaders(req, requestId);
     const p = this.pick(this.prefill);
     const d = this.pick(this.decode);
+    // Refuse what decode would refuse before prefill computes (and holds pages) for nothing. Instances
+    // without /handoff/info (e.g. vLLM) validate for themselves.
+    const maxModelLen = d.info?.max_model_len;
+    if (typeof maxModelLen === 'number') parseApiRequest(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen });
     const transferId = `xfer-${hexId(this.env, 16)}`;
     if (this.opts.mode === 'read') {
       const pre = await this.prefillCall(p, path, prefillBody(body, transferId), headers, client.signal);

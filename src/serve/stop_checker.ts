@@ -4,7 +4,7 @@
  * text is cut right before it (the stop string is not returned, like OpenAI and vLLM).
  *
  *   pushed:   "Hello, wor" "ld. STO" "P here"        stop = ["STOP"]
- *   released: "Hello, w"   "orld. "  ""  → stopped; the rest is dropped
+ *   released: "Hello, "    "world. " ""  → stopped; the rest is dropped
  */
 import { assert } from '../util/assert.ts';
 

@@ -127,7 +127,7 @@ export function createExplorer(strategy: Strategy, seed: number, opts: ExplorerO
     case 'random':
       return new RandomExplorer(seed);
     case 'pct':
-      return new PctExplorer(seed, opts.pctDepth ?? 3, opts.pctSteps ?? 300);
+      return new PctExplorer(seed, opts.pctDepth ?? 3, opts.pctSteps ?? 60);
     case 'dfs':
       return new DfsExplorer(seed, opts.dfsDepth ?? 12);
   }

@@ -32,6 +32,8 @@ interface Page {
   epoch: number;
   /** 'fresh': stale bytes of a previous owner, unusable until zeroed or landed. */
   content: 'fresh' | 'valid';
+  /** Allocated through a prefix hit: it holds KV other requests may share; no transfer may write it. */
+  hit: boolean;
   zeroQueued: boolean;
   pendingZeros: number;
   inbound: Set<number>;
@@ -59,7 +61,7 @@ export class PageLifecycle {
   ) {
     this.attnSlabs = new Set(attnSlabs);
     this.pages = Array.from({ length: numBlocks }, (_, b) => ({
-      state: b === 0 ? 'in-use' : 'free', allocated: b === 0, epoch: 0, content: 'valid', zeroQueued: b === 0,
+      state: b === 0 ? 'in-use' : 'free', allocated: b === 0, epoch: 0, content: 'valid', hit: false, zeroQueued: b === 0,
       pendingZeros: 0, inbound: new Set(), outbound: new Set(), grants: new Set(), history: [],
     }));
   }
@@ -98,6 +100,7 @@ export class PageLifecycle {
       if (p.allocated) this.violate('I4', b, 'allocated twice');
       p.allocated = true;
       p.epoch++;
+      p.hit = !fresh;
       if (fresh) {
         p.content = 'fresh';
         p.zeroQueued = false;
@@ -186,6 +189,7 @@ export class PageLifecycle {
     for (const b of blocks) {
       const p = this.page(b);
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
+      else if (p.hit) this.violate('I4', b, `transfer ${itemId} overwrites a prefix-hit page (valid KV that other requests may be reading)`);
       if (p.pendingZeros > 0) this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
       p.inbound.add(itemId);
       this.move(b, 'read-posted', `wr ${itemId}`);

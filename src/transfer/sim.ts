@@ -280,6 +280,8 @@ export class SimTransferEngine implements TransferEngine {
       const msg = `work request ${h.id} aborted`;
       if (item !== null) this.failItem(st, item, 'REQUEST_ABORTED', msg);
       else this.handles.finish(st, 'REQUEST_ABORTED', msg); // delayed, not queued yet (autoRun)
+      // abort() returning tells the host the NIC is done with these pages: a happens-before edge.
+      this.handles.observe(st);
     }
   }
 

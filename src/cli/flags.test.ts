@@ -1,0 +1,38 @@
+/** CLI flag parsing: good values become typed options; bad ones are BAD_CONFIG naming the flag. */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { HandoffError } from '../util/errors.ts';
+import { intFlag, rangeFlag, urlListFlag } from './flags.ts';
+import { proxyOptionsFrom } from './proxy.ts';
+import { serveOptionsFrom } from './serve.ts';
+
+const names = (flag: string) => (e: unknown): boolean => e instanceof HandoffError && e.code === 'BAD_CONFIG' && e.message.includes(`--${flag}`);
+
+test('numbers, ranges and URL lists', () => {
+  assert.equal(intFlag('n', '12', 1, 20), 12);
+  assert.throws(() => intFlag('n', '1.5', 1, 20), names('n'));
+  assert.throws(() => intFlag('n', '', 1, 20), names('n'));
+  assert.throws(() => intFlag('n', '21', 1, 20), names('n'));
+  assert.deepEqual(rangeFlag('r', '3:9', 1, 100), [3, 9]);
+  assert.deepEqual(rangeFlag('r', '7', 1, 100), [7, 7]);
+  assert.throws(() => rangeFlag('r', '9:3', 1, 100), names('r'));
+  assert.deepEqual(urlListFlag('decode', 'http://a:1/, http://b:2'), ['http://a:1', 'http://b:2']);
+  assert.throws(() => urlListFlag('decode', 'http://a:1,http://a:1'), names('decode'));
+  assert.throws(() => urlListFlag('decode', 'ftp://a'), names('decode'));
+  assert.throws(() => urlListFlag('decode', ''), names('decode'));
+});
+
+test('serve and proxy options from commander values', () => {
+  const base = { role: 'decode', model: 'llama-mini', host: '0.0.0.0', port: '0', numBlocks: '64', transferPort: '0', transferDataPort: '0', seed: '3' };
+  const s = serveOptionsFrom({ ...base, maxModelLen: '256', apiKey: 'k' });
+  assert.equal(s.role, 'decode');
+  assert.equal(s.preset, 'llama-mini');
+  assert.equal(s.transferHost, '127.0.0.1', 'a wildcard HTTP host advertises loopback for KV unless told');
+  assert.deepEqual(s.scheduler, { maxModelLen: 256 });
+  assert.equal(s.apiKey, 'k');
+  assert.throws(() => serveOptionsFrom({ ...base, model: 'gpt-5' }), names('model'));
+  assert.throws(() => serveOptionsFrom({ ...base, maxNumSeqs: '0' }), names('max-num-seqs'));
+  const p = proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1,http://d:2', mode: 'write', policy: 'least-loaded', healthIntervalMs: '500', healthTimeoutMs: '100' });
+  assert.deepEqual([p.mode, p.policy, p.decodeUrls.length], ['write', 'least-loaded', 2]);
+  assert.throws(() => proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1', mode: 'sideways', policy: 'round-robin', healthIntervalMs: '500', healthTimeoutMs: '100' }), names('mode'));
+});

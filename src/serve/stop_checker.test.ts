@@ -1,0 +1,57 @@
+/**
+ * Stop strings over streamed text: for any text, any way of cutting it into deltas and any stop list,
+ * the released text is exactly the text cut before the earliest stop string (or all of it), every
+ * release is a prefix of that, and no released prefix ever ends inside a stop string that follows.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import fc from 'fast-check';
+import { StopChecker } from './stop_checker.ts';
+
+function reference(text: string, stops: string[]): { text: string; stopped: boolean } {
+  let cut = -1;
+  for (const s of stops) {
+    const at = text.indexOf(s);
+    if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+  }
+  return cut < 0 ? { text, stopped: false } : { text: text.slice(0, cut), stopped: true };
+}
+
+function run(deltas: string[], stops: string[]): { text: string; stopped: boolean; releases: string[] } {
+  const c = new StopChecker(stops);
+  const releases: string[] = [];
+  let text = '';
+  for (const d of deltas) {
+    const r = c.push(d);
+    text += r.text;
+    releases.push(text);
+    if (r.stopped) return { text, stopped: true, releases };
+  }
+  text += c.flush();
+  return { text, stopped: false, releases };
+}
+
+test('examples: the stop string and what follows are dropped; no stops passes text through at once', () => {
+  assert.deepEqual(run(['Hello, wor', 'ld. STO', 'P here'], ['STOP']).text, 'Hello, world. ');
+  const c = new StopChecker(['STOP']);
+  assert.deepEqual(c.push('Hello, wor'), { text: 'Hello, ', stopped: false }, 'three characters held back');
+  assert.deepEqual(new StopChecker([]).push('abc'), { text: 'abc', stopped: false });
+  assert.equal(run(['ab', 'c'], ['x']).text, 'abc');
+  assert.equal(run(['aXb'], ['b', 'X']).text, 'a', 'the earliest stop wins, whatever the list order');
+});
+
+test('property: streamed stop-string handling equals cutting the whole text', () => {
+  const alphabet = fc.constantFrom('a', 'b', 'c', ' ', 'é');
+  const str = (min: number, max: number) => fc.array(alphabet, { minLength: min, maxLength: max }).map((a) => a.join(''));
+  fc.assert(
+    fc.property(fc.array(str(0, 6), { maxLength: 12 }), fc.array(str(1, 4), { maxLength: 3 }), (deltas, stops) => {
+      const whole = deltas.join('');
+      const want = reference(whole, stops);
+      const got = run(deltas, stops);
+      assert.equal(got.text, want.text);
+      assert.equal(got.stopped, want.stopped);
+      for (const r of got.releases) assert.ok(want.text.startsWith(r), 'every release is a prefix of the answer');
+    }),
+    { numRuns: 500 },
+  );
+});

@@ -1,0 +1,26 @@
+/**
+ * The bug zoo's catalogue: for each mutant (src/util/mutants.ts), the scenario that exposes it, the
+ * oracle expected to fire, and how many seeds (from seed 1, or dfs schedule 0 with one request) it
+ * takes at most to catch it. Measured over seeds 1-40 (see the helper's report); the CI test runs
+ * every mutant within these bounds.
+ */
+import type { MutantName } from '../util/mutants.ts';
+import type { ScenarioName } from './scenarios.ts';
+
+export interface ZooEntry {
+  scenario: ScenarioName;
+  /** `oracle` or `oracle:invariant` of the violation that must appear. */
+  expect: string;
+  /** Seeds to catch, worst case over the measured window. */
+  seedsBound: { random: number; pct: number };
+}
+
+export const BUG_ZOO: Record<MutantName, ZooEntry> = {
+  'zero-none': { scenario: '1p1d', expect: 'lifecycle:I1|race', seedsBound: { random: 1, pct: 1 } },
+  'zero-mamba-only': { scenario: '1p1d', expect: 'lifecycle:I1|race', seedsBound: { random: 1, pct: 1 } },
+  'no-await-reads': { scenario: '1p1d', expect: 'lifecycle:I3|race', seedsBound: { random: 1, pct: 1 } },
+  'free-before-release': { scenario: '1p1d', expect: 'lifecycle:I4', seedsBound: { random: 1, pct: 1 } },
+  'free-on-abort': { scenario: 'abort', expect: 'lifecycle:I4', seedsBound: { random: 8, pct: 8 } },
+  'tail-not-zeroed': { scenario: '1p1d', expect: 'lifecycle:I2', seedsBound: { random: 3, pct: 3 } },
+  'write-done-early': { scenario: '1p1d-write', expect: 'lifecycle:I5', seedsBound: { random: 1, pct: 1 } },
+};

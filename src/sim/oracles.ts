@@ -1,0 +1,49 @@
+/**
+ * End-of-run oracles, judged once the world has stopped (the race checker and the page lifecycle
+ * judge during the run):
+ *   liveness             every request finished; a failure carries a typed error code (never
+ *                        untyped, never INTERNAL = a crash); without any injected fault or scenario
+ *                        action, every request succeeds
+ *   pd-equals-colocated  every successful request equals the colocated run of it alone, token for
+ *                        token and logits hash for logits hash, with no NaN logits
+ *   leak                 both live instances are quiescent with every page back in the pool
+ */
+import { colocatedReference } from './reference.ts';
+import type { SimWorld } from './world.ts';
+
+export async function judgeEnd(w: SimWorld): Promise<void> {
+  if (w.violations.length > 0) return;
+  const disturbed = Object.keys(w.buggify.fired).length > 0 || w.scenario.abortTarget !== null || w.scenario.killPrefillMidRead;
+  for (const r of w.proxy.requests) {
+    const o = r.outcome;
+    if (o === null) {
+      w.violate('liveness', `request ${r.spec.index} never finished (phase ${r.phase})`);
+      continue;
+    }
+    if (o.ok) continue;
+    if (o.errorCode === null) w.violate('liveness', `request ${r.spec.index} failed with an untyped error: ${o.errorMessage}`);
+    else if (o.errorCode === 'INTERNAL') w.violate('crash', `request ${r.spec.index} failed with INTERNAL: ${o.errorMessage}`);
+    else if (!disturbed) w.violate('liveness', `request ${r.spec.index} failed (${o.errorCode}: ${o.errorMessage}) although no fault was injected`);
+  }
+
+  const refs = await colocatedReference(w.scenario.preset, w.scenario.modelSeed, w.proxy.requests.map((r) => r.spec));
+  w.proxy.requests.forEach((r, i) => {
+    const o = r.outcome;
+    const ref = refs[i];
+    if (o === null || !o.ok || ref === undefined) return;
+    if (o.nanLogits) w.violate('pd-equals-colocated', `request ${i}: NaN logits (stale or wiped KV)`);
+    const at = ref.tokenIds.findIndex((t, k) => t !== o.tokenIds[k] || ref.logitsHashes[k] !== o.logitsHashes[k]);
+    if (at >= 0 || o.tokenIds.length !== ref.tokenIds.length) {
+      const k = at >= 0 ? at : Math.min(o.tokenIds.length, ref.tokenIds.length);
+      w.violate('pd-equals-colocated', `request ${i}: P/D output differs from colocated at token ${k} (P/D ${o.tokenIds.join(',')} vs colocated ${ref.tokenIds.join(',')}; ${o.numExternalTokens} tokens came from prefill)`);
+    }
+  });
+
+  for (const inst of w.instances) {
+    if (!inst.alive) continue;
+    const free = inst.engine.kv.getNumFreeBlocks();
+    const total = inst.kvConfig.numBlocks - 1;
+    if (free !== total) w.violate('leak', `${inst.name}: ${total - free} of ${total} pages not back in the pool (lifecycle: ${inst.lifecycle.allocatedCount()} allocated)`);
+    if (!inst.engine.scheduler.isQuiescent()) w.violate('leak', `${inst.name}: scheduler not quiescent at the end (requests, held pages or pending frees remain)`);
+  }
+}

@@ -1,0 +1,113 @@
+/**
+ * Scenarios: a 1P1D deployment, its requests and its limits, built from (name, preset, seed) alone,
+ * so a replay command names everything needed to rebuild the world.
+ *
+ *   1p1d             N requests, READ; one prompt ends on a page boundary (decode's lookahead then
+ *                    allocates a recompute tail page prefill never had)
+ *   1p1d-write       the same with WRITE (prefill pushes; decode waits in WAITING_FOR_REMOTE_KVS)
+ *   preempt          a tiny decode page budget: requests are preempted and recomputed
+ *   abort            one request is aborted while its READ is in flight (an explorer choice)
+ *   peer-death       the prefill instance dies while a READ is in flight (an explorer choice)
+ *   prefix-hit       requests share a 2-page prefix: local prefix hits on both sides, READ of the rest
+ *   chunked-prefill  long prompts in 32-token chunks
+ */
+import { HandoffError } from '../util/errors.ts';
+import { SeededRng } from '../util/env.ts';
+import type { MutantName } from '../util/mutants.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
+import type { SchedulerConfig } from '../engine/scheduler_config.ts';
+import { streamSeed } from './explorer.ts';
+import type { SimRequestSpec } from './proxy.ts';
+
+export const SCENARIOS = ['1p1d', '1p1d-write', 'preempt', 'abort', 'peer-death', 'prefix-hit', 'chunked-prefill'] as const;
+export type ScenarioName = (typeof SCENARIOS)[number];
+
+export function isScenarioName(s: string): s is ScenarioName {
+  return (SCENARIOS as readonly string[]).includes(s);
+}
+
+export interface SideConfig {
+  numBlocks: number;
+  scheduler: Partial<SchedulerConfig>;
+  connector: OneSidedConfig;
+}
+
+export interface ScenarioConfig {
+  name: ScenarioName;
+  preset: ModelPreset;
+  modelSeed: number;
+  mode: 'read' | 'write';
+  requests: SimRequestSpec[];
+  prefill: SideConfig;
+  decode: SideConfig;
+  /** Scenario actions offered to the explorer while a READ is in flight. */
+  abortTarget: number | null;
+  killPrefillMidRead: boolean;
+  idlePollMs: number;
+  notifyTimeoutMs: number;
+}
+
+/** Virtual-time limits shared by every scenario (short, so leases and timeouts fire within a run). */
+export const SIM_LEASE_MS = 300;
+export const SIM_TRANSFER_TIMEOUT_MS = 100;
+
+const VOCAB_LIMIT = 50_000;
+
+function prompt(rng: SeededRng, n: number): number[] {
+  return Array.from({ length: n }, () => 1 + rng.int(VOCAB_LIMIT - 1));
+}
+
+export function buildScenario(name: ScenarioName, preset: ModelPreset, seed: number, opts: { requests?: number; mutant?: MutantName } = {}): ScenarioConfig {
+  const rng = new SeededRng(streamSeed(seed, 3));
+  const mode = name === '1p1d-write' ? 'write' : 'read';
+  if (mode === 'write' && preset === 'hybrid-mini') throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
+  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
+  const maxTokens = name === 'preempt' ? 10 : 3;
+  const prefix = name === 'prefix-hit' ? prompt(rng, 32) : [];
+  let arrivalMs = 0;
+  const requests: SimRequestSpec[] = Array.from({ length: n }, (_, index) => {
+    let len: number;
+    if (name === 'chunked-prefill') len = 60 + rng.int(90);
+    else if (name === 'preempt') len = 20 + rng.int(25);
+    else if (index === 0) len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
+    else len = 5 + rng.int(70);
+    const tokens = name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28))] : prompt(rng, len);
+    arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
+    return { index, promptTokenIds: tokens, sampling: { maxTokens, temperature: index % 2 === 1 ? 0.8 : 0, seed: 100 + index, ignoreEos: true }, arrivalMs };
+  });
+
+  const mutant = opts.mutant;
+  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => {
+    const c: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role, mode, leaseMs: SIM_LEASE_MS, transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS };
+    if (mutant === undefined) return c;
+    if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
+    if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
+    const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
+      'no-await-reads': 'consumer', 'tail-not-zeroed': 'consumer', 'free-before-release': 'producer', 'write-done-early': 'producer',
+    };
+    if (site[mutant] === role) c.mutant = mutant;
+    return c;
+  };
+  const chunk = name === 'chunked-prefill' ? 32 : 256;
+  const sched = (role: 'producer' | 'consumer'): Partial<SchedulerConfig> => ({
+    maxNumSeqs: 8,
+    maxNumBatchedTokens: chunk,
+    // Decode reserves lookahead slots (like MTP): a prompt ending on a page boundary gets a tail page.
+    numLookaheadTokens: role === 'consumer' && name !== 'preempt' ? 4 : 0,
+    ...(mutant === 'free-on-abort' ? { mutant } : {}),
+  });
+  return {
+    name,
+    preset,
+    modelSeed: 1,
+    mode,
+    requests,
+    prefill: { numBlocks: 64, scheduler: sched('producer'), connector: connector('producer') },
+    decode: { numBlocks: name === 'preempt' ? 13 : 64, scheduler: sched('consumer'), connector: connector('consumer') },
+    abortTarget: name === 'abort' ? rng.int(n) : null,
+    killPrefillMidRead: name === 'peer-death',
+    idlePollMs: 2,
+    notifyTimeoutMs: 50,
+  };
+}

@@ -1,0 +1,150 @@
+/**
+ * What the world does with each network event of the fabric:
+ *   - feeds both instances' page lifecycles (READ: destination pages inbound on the poster, source
+ *     pages outbound on the peer; WRITE the other way round; grants on the granting side);
+ *   - checks I5 ("transfer done" only once the destination has the data): a write_done may be sent
+ *     only after every WRITE of its transfer landed and its poster observed it, and must not reach
+ *     the destination before the data;
+ *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it);
+ *   - records NIC slices and maps race-checker work-request ids to them for the trace.
+ */
+import type { RaceReport } from '../device/race_report.ts';
+import type { WireRange } from '../transfer/ranges.ts';
+import type { FabricEvent, FabricItem } from '../transfer/sim_fabric.ts';
+import { SIM_TRANSFER_TIMEOUT_MS } from './scenarios.ts';
+import type { SimWorld } from './world.ts';
+
+interface Pages {
+  local: number[];
+  remote: number[];
+}
+
+export class WorldEvents {
+  private readonly pages = new Map<number, Pages>();
+  /** `${posterEngineId}|${transferId}` → WRITE items posted, landed, observed by the poster. */
+  private readonly writes = new Map<string, { posted: Set<number>; landed: Set<number>; observed: Set<number> }>();
+  /** `${instance}:${race-checker work request id}` → fabric item id. */
+  private readonly rcItems = new Map<string, number>();
+
+  constructor(private readonly w: SimWorld) {}
+
+  private pagesOf(ranges: readonly WireRange[]): number[] {
+    const pageBytes = this.w.D.kvConfig.pageBytes;
+    const out = new Set<number>();
+    for (const r of ranges) {
+      for (let b = Math.floor(r.offset / pageBytes); b <= Math.floor((r.offset + r.length - 1) / pageBytes); b++) out.add(b);
+    }
+    return [...out].sort((a, b) => a - b);
+  }
+
+  handle(ev: FabricEvent): void {
+    switch (ev.t) {
+      case 'post':
+        return this.posted(ev.item, ev.rcId, ev.local, ev.remote);
+      case 'land':
+      case 'fail':
+        return this.ended(ev.item, ev.t === 'land');
+      case 'observed': {
+        const rec = [...this.writes.values()].find((x) => x.posted.has(ev.itemId));
+        rec?.observed.add(ev.itemId);
+        return;
+      }
+      case 'grant': {
+        const inst = this.w.instanceOf(ev.engineId);
+        inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued');
+        this.w.trace?.instant({ process: inst?.name ?? ev.engineId, lane: 'host', name: `grant ${ev.change} ${ev.transferId}`, atMs: this.w.env.nowMs(), args: { blocks: ev.blockIds } });
+        return;
+      }
+      case 'notify-send':
+        if (ev.notification.type === 'write_done') this.checkWriteDone(ev.item, 'sent', true);
+        return;
+      case 'notify-deliver':
+        if (ev.notification.type === 'write_done' && ev.delivered) this.checkWriteDone(ev.item, 'delivered', false);
+        return;
+      case 'engine-closed':
+        return;
+    }
+  }
+
+  private posted(item: FabricItem, rcId: number | null, localRanges: WireRange[], remoteRanges: WireRange[]): void {
+    const poster = this.w.instanceOf(item.from);
+    const peer = this.w.instanceOf(item.to);
+    if (poster === null || peer === null) return;
+    const p: Pages = { local: this.pagesOf(localRanges), remote: this.pagesOf(remoteRanges) };
+    this.pages.set(item.id, p);
+    if (rcId !== null) this.rcItems.set(`${poster.name}:${rcId}`, item.id);
+    if (item.kind === 'read') {
+      poster.lifecycle.inboundPosted(item.id, p.local);
+      peer.lifecycle.outboundPosted(item.id, p.remote);
+    } else {
+      poster.lifecycle.outboundPosted(item.id, p.local);
+      peer.lifecycle.inboundPosted(item.id, p.remote);
+      const key = `${item.from}|${item.transferId}`;
+      const rec = this.writes.get(key) ?? { posted: new Set(), landed: new Set(), observed: new Set() };
+      rec.posted.add(item.id);
+      this.writes.set(key, rec);
+    }
+    this.w.trace?.instant({ process: poster.name, lane: 'host', name: `post ${item.kind} net#${item.id}`, atMs: this.w.env.nowMs(), args: { transferId: item.transferId, local: p.local, remote: p.remote } });
+    this.offerActions(item);
+  }
+
+  private ended(item: FabricItem, landed: boolean): void {
+    const p = this.pages.get(item.id);
+    this.pages.delete(item.id);
+    const poster = this.w.instanceOf(item.from);
+    const peer = this.w.instanceOf(item.to);
+    if (p === undefined || poster === null || peer === null) return;
+    const [dst, dstPages, src, srcPages] = item.kind === 'read' ? [poster, p.local, peer, p.remote] : [peer, p.remote, poster, p.local];
+    dst.lifecycle.inboundDone(item.id, dstPages, landed);
+    if (landed) src.lifecycle.outboundRan(item.id, srcPages);
+    else src.lifecycle.outboundDone(item.id, srcPages);
+    if (item.kind === 'write' && landed) this.writes.get(`${item.from}|${item.transferId}`)?.landed.add(item.id);
+  }
+
+  /** I5: "done" derives from the data plane at the destination, never the sender's hope. */
+  private checkWriteDone(item: FabricItem, when: 'sent' | 'delivered', needObserved: boolean): void {
+    const rec = this.writes.get(`${item.from}|${item.transferId}`);
+    if (rec === undefined) return;
+    const notLanded = [...rec.posted].filter((id) => !rec.landed.has(id));
+    const notSeen = needObserved ? [...rec.posted].filter((id) => !rec.observed.has(id) && !notLanded.includes(id)) : [];
+    if (notLanded.length > 0) this.w.violate('lifecycle', `I5: write_done for ${item.transferId} ${when} while WRITE ${notLanded.map((i) => `net#${i}`).join(',')} has not landed at the destination`, 'I5');
+    else if (notSeen.length > 0) this.w.violate('lifecycle', `I5: write_done for ${item.transferId} ${when} before the producer observed WRITE ${notSeen.map((i) => `net#${i}`).join(',')} complete`, 'I5');
+  }
+
+  /** Scenario actions and faults that become possible once a transfer is in flight. */
+  private offerActions(item: FabricItem): void {
+    const w = this.w;
+    const reqId = item.label.requestIds?.[0] ?? '';
+    const index = Number(reqId.slice(2));
+    const r = Number.isInteger(index) ? w.proxy.requests[index] : undefined;
+    const inFlight = (): boolean => w.fabric.has(item.id);
+    if (item.kind === 'read' && w.buggify.fire('slow-read')) {
+      item.notBeforeMs = w.env.nowMs() + (w.buggify.int(2) === 0 ? 1.5 * SIM_TRANSFER_TIMEOUT_MS : 5);
+    }
+    const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
+    if (abortHere && !w.actions.has(`act:abort:${index}`)) {
+      w.addAction({ key: `act:abort:${index}`, name: `abort request ${index}`, enabled: () => inFlight() && r.phase !== 'done', run: () => w.proxy.abort(r) });
+    }
+    const kill = item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
+    if (kill && !w.actions.has('act:kill:P')) {
+      w.addAction({ key: 'act:kill:P', name: 'kill prefill', enabled: () => inFlight() && w.P.alive, run: () => {
+        w.P.kill();
+        w.proxy.prefillDied();
+      } });
+    }
+  }
+
+  /** Highlight a race's two accesses in the trace. */
+  markRace(instance: string, r: RaceReport, blocks: number[]): void {
+    const keyOf = (x: RaceReport['a']): string | null => {
+      if (x.source === 'op') return `${instance}.op#${x.id}`;
+      if (x.source === 'nic') {
+        const item = this.rcItems.get(`${instance}:${x.id}`);
+        return item === undefined ? null : `net#${item}`;
+      }
+      return null;
+    };
+    const who = (x: RaceReport['a']): string => `${x.write ? 'write' : 'read'} by ${x.label.what}${x.label.requestIds?.length ? ` (${x.label.requestIds.join(',')})` : ''}${x.label.step === undefined ? '' : ` step ${x.label.step}`}`;
+    this.w.trace?.markRace(keyOf(r.a), keyOf(r.b), `${instance}: ${who(r.a)} unordered with ${who(r.b)} on blocks ${blocks.join(',')}`);
+  }
+}
