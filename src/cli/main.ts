@@ -8,14 +8,6 @@ export async function main(argv: string[]): Promise<void> {
   const program = new Command();
   program.name('handoff').description('Disaggregated prefill/decode serving with a race-checked KV handoff').showHelpAfterError();
 
-  program
-    .command('up')
-    .description('start prefill, decode and the proxy on localhost (dsv4-mini)')
-    .action(() => {
-      process.stderr.write('handoff up: the serving layer is not built yet; see `handoff --help` for what is available\n');
-      process.exitCode = 2;
-    });
-
   registerCoreCommands(program);
   registerServingCommands(program);
 

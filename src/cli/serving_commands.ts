@@ -11,6 +11,6 @@ import { configureUp } from './up.ts';
 export function registerServingCommands(program: Command): void {
   registerServe(program);
   registerProxy(program);
-  configureUp(program.commands.find((c) => c.name() === 'up') ?? program.command('up').description('start prefill, decode and the proxy on localhost (dsv4-mini)'));
+  configureUp(program.command('up').description('start prefill, decode and the proxy on localhost (dsv4-mini)'));
   registerBenchServe(program);
 }

@@ -244,7 +244,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       const grant = defined(this.grants, 'grant issuer').issueGrant({ transferId, peerEngineId: null, blockIds: flat, ttlMs: this.config.leaseMs });
       this.stats.grantsIssued++;
       params['grant'] = grant.token;
-      params['grant_expires_ms'] = grant.expiresAtMs;
+      // Wall-clock milliseconds, meaningful to another process (the grant itself runs on this engine's clock).
+      params['grant_expires_ms'] = Math.round(this.env.wallMs() + (grant.expiresAtMs - this.env.nowMs()));
     } else {
       this.reqsNeedSave.set(req.requestId, { requestId: req.requestId, transferId, localBlockIds: groups });
     }

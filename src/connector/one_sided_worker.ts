@@ -45,6 +45,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private lateReads: Array<{ r: RecvReqMeta; handle: TransferHandle }> = [];
   private readonly unsubscribe: () => void;
   stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, writesPosted: 0, hostSyncWaits: 0 };
+  /** Latency of each request's READs (post → landed, ms), drained by the metrics; bounded. */
+  private readLatenciesMs: number[] = [];
 
   constructor(
     readonly config: OneSidedConfig,
@@ -128,6 +130,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       await this.device.compute.recordEvent().wait();
     }
     const posted: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
+    const postedAtMs = this.env.nowMs();
     for (const r of meta.reqsToRecv) posted.push(await this.postReadFor(r, so.step));
     const deadlineMs = this.env.nowMs() + this.config.transferTimeoutMs; // one deadline for the step's READs
     if (this.config.mutant === 'no-await-reads') {
@@ -140,6 +143,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       if (p.handle && !error) {
         try {
           await this.transfer.wait([p.handle], Math.max(0, deadlineMs - this.env.nowMs()));
+          if (this.readLatenciesMs.length < 4096) this.readLatenciesMs.push(this.env.nowMs() - postedAtMs);
         } catch (e) {
           if (!isHandoffError(e)) throw e;
           error = e;
@@ -198,7 +202,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private async notifyRemoteBlocks(requestId: string, transferId: string, local: number[][], remoteEngineId: string, host: string, port: number): Promise<void> {
     try {
       const engineId = await this.peer(host, port);
-      assert(engineId === remoteEngineId || remoteEngineId === '', 'WRITE producer identity');
+      if (engineId !== remoteEngineId) {
+        throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${remoteEngineId}`);
+      }
       const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: local.flat(), ttlMs: this.config.leaseMs });
       this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: local.flat() });
       await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, grant: grant.token } });
@@ -281,6 +287,13 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       out.invalidBlockIds.push(...rec.blockIds);
       out.loadErrors[rec.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.config.transferTimeoutMs} ms` };
     }
+    return out;
+  }
+
+  /** READ latencies since the last call (ms). */
+  drainReadLatencies(): number[] {
+    const out = this.readLatenciesMs;
+    this.readLatenciesMs = [];
     return out;
   }
 

@@ -195,5 +195,6 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,
     transfer: c ? c.transfer.stats() : null,
+    drainReadLatenciesMs: () => (c ? c.worker.drainReadLatencies() : []),
   };
 }

@@ -23,6 +23,8 @@ export interface InstanceStatsSnapshot {
   leasesExpired: number;
   engineSteps: number;
   transfer: TransferStats | null;
+  /** READ latencies (ms) since the last call, post → landed, per request (drained: read once per scrape). */
+  drainReadLatenciesMs: () => number[];
 }
 
 const LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48];
@@ -85,6 +87,15 @@ export class InstanceMetrics {
     mirror('handoff_transfer_notifications_failed_total', 'side-channel notifications that failed', t((x) => x.notificationsFailed));
     mirror('handoff_transfer_bad_frames_total', 'data-plane connections closed for malformed frames', t((x) => x.badFrames));
 
+    new Histogram({
+      name: 'handoff_kv_read_seconds',
+      help: 'time from posting a request’s READs to all of them landed (decode side)',
+      buckets: LATENCY_BUCKETS_S,
+      registers: [reg],
+      collect() {
+        for (const ms of s().drainReadLatenciesMs()) this.observe(ms / 1000);
+      },
+    });
     this.ttft = new Histogram({ name: 'handoff_time_to_first_token_seconds', help: 'time from request arrival to its first token', buckets: LATENCY_BUCKETS_S, registers: [reg] });
     this.itl = new Histogram({ name: 'handoff_inter_token_latency_seconds', help: 'time between consecutive tokens of a request', buckets: LATENCY_BUCKETS_S, registers: [reg] });
     this.e2e = new Histogram({ name: 'handoff_e2e_request_latency_seconds', help: 'time from arrival to the end of a request', buckets: LATENCY_BUCKETS_S, registers: [reg] });

@@ -138,6 +138,7 @@ test('/metrics parses; transfers counted; free pages return to the start value o
     if (metric(p!, 'handoff_kv_free_pages') === pages && metric(d!, 'handoff_kv_free_pages') === pages) {
       assert.ok(metric(d!, 'handoff_transfer_bytes_read_total') > 0, 'decode pulled bytes');
       assert.ok(metric(d!, 'handoff_transfer_reads_total') > 0);
+      assert.ok(metric(d!, 'handoff_kv_read_seconds_count') > 0, 'READ latency observed');
       assert.equal(metric(p!, 'handoff_transfer_grants_refused_total'), 0);
       assert.ok(metric(d!, 'handoff_pages_excluded_from_zeroing_total') > 0, 'READ destinations left off the zeroing list (dsv4-mini)');
       assert.ok(metric(d!, 'handoff_time_to_first_token_seconds_count') > 0);

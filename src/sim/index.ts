@@ -1,0 +1,9 @@
+/** The simulator's entry points for the CLI (`handoff sim`, `handoff trace`). */
+export { runSim, runSeed, formatSimReport, replayCommand, type SimOptions, type SimReport, type SimViolation, type SeedResult } from './run_sim.ts';
+export { traceSim, writeTrace } from './trace_export.ts';
+export { toChromeTrace, type SimTrace } from './trace.ts';
+export { timelineHtml } from './timeline_html.ts';
+export { SCENARIOS, isScenarioName, type ScenarioName } from './scenarios.ts';
+export { STRATEGIES, isStrategy, type Strategy } from './explorer.ts';
+export { BUG_ZOO } from './bug_zoo.ts';
+export { FAULT_SITES } from './buggify.ts';
