@@ -3,6 +3,7 @@ import { Command } from 'commander';
 import { isHandoffError } from '../util/errors.ts';
 import { registerCoreCommands } from './core_commands.ts';
 import { registerServingCommands } from './serving_commands.ts';
+import { registerSimCommands } from './sim_commands.ts';
 
 export async function main(argv: string[]): Promise<void> {
   const program = new Command();
@@ -10,6 +11,7 @@ export async function main(argv: string[]): Promise<void> {
 
   registerCoreCommands(program);
   registerServingCommands(program);
+  registerSimCommands(program);
 
   try {
     await program.parseAsync(argv);

@@ -23,7 +23,10 @@ export interface SaveReqMeta {
 export interface NotifyReqMeta {
   requestId: string;
   transferId: string;
+  /** Every page of the request per transfer group; page i receives the producer's page i. */
   localBlockIds: number[][];
+  /** Leading pages of each attention group that are decode's local prefix hit: never written. */
+  skipBlocks: number;
   remoteEngineId: string;
   remoteHost: string;
   remotePort: number;
@@ -37,8 +40,13 @@ export interface OneSidedMetadata {
   sendTransfers: Record<string, string>;
   /** Producer: transfers whose lease expired this step (grant to revoke). */
   expiredTransfers: string[];
+  /**
+   * WRITE consumer: requests that finished (aborted) while the producer may still be writing their
+   * pages. The worker revokes the grant and reports them in finishedSending once no WRITE can land.
+   */
+  abortedRecvs: Array<{ requestId: string; transferId: string }>;
 }
 
 export function emptyOneSidedMetadata(): OneSidedMetadata {
-  return { reqsToRecv: [], reqsToSave: [], reqsToNotify: [], sendTransfers: {}, expiredTransfers: [] };
+  return { reqsToRecv: [], reqsToSave: [], reqsToNotify: [], sendTransfers: {}, expiredTransfers: [], abortedRecvs: [] };
 }

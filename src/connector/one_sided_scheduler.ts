@@ -50,6 +50,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   private reqsNeedNotify = new Map<string, NotifyReqMeta>();
   private reqsNeedSave = new Map<string, SaveReqMeta>();
   private readonly held = new Map<string, Held>();
+  /** WRITE consumer: requests whose pages the producer may still write (transfer id). */
+  private readonly asyncLoading = new Map<string, string>();
+  private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
   stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
 
@@ -161,15 +164,26 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     p.do_remote_prefill = false;
     const local = this.toTransferGroups(blockIds);
     if (this.config.mode === 'write') {
-      // Only the pages the producer will write: skip decode's own (block-aligned) local prefix hit.
+      // The producer writes page i into page i, except decode's own (block-aligned) local prefix hit.
       const skip = Math.floor((req.numPromptTokens - numExternalTokens) / this.blockSize);
-      if (numExternalTokens > 0) this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local.map((ids) => ids.slice(skip)) });
+      if (numExternalTokens > 0) {
+        this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local, skipBlocks: skip });
+        this.asyncLoading.set(req.requestId, transferId);
+      }
       return;
     }
     const remote = defined(remoteBlockIdsPerGroup(p), 'remote_block_ids');
     let aligned: { local: number[][]; remote: number[][] };
     if (numExternalTokens > 0) {
-      const pairs = local.map((ids, i) => alignReadBlocks(ids, remote[i] ?? [], i >= this.numAttnGroups ? 1 : this.maxDecodeTailBlocks));
+      // Align the whole lists (page i receives remote page i; decode's recompute tail is dropped), then
+      // leave out decode's local prefix hit: those pages are shared, cached and already right, so they
+      // are never READ destinations.
+      const skip = Math.floor(Math.max(req.numPromptTokens - 1 - numExternalTokens, 0) / this.blockSize);
+      const pairs = local.map((ids, i) => {
+        if (i >= this.numAttnGroups) return alignReadBlocks(ids, remote[i] ?? [], 1);
+        const a = alignReadBlocks(ids, remote[i] ?? [], this.maxDecodeTailBlocks);
+        return { local: a.local.slice(skip), remote: a.remote.slice(skip) };
+      });
       aligned = { local: pairs.map((x) => x.local), remote: pairs.map((x) => x.remote) };
     } else {
       // Nothing to load (full local hit): an empty READ still releases the producer's pages.
@@ -200,6 +214,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     for (const [requestId, h] of this.held) meta.sendTransfers[h.transferId] = requestId;
     meta.expiredTransfers = this.expired;
     this.expired = [];
+    meta.abortedRecvs = this.abortedRecvs;
+    this.abortedRecvs = [];
     this.reqsNeedRecv = new Map();
     this.reqsNeedNotify = new Map();
     this.reqsNeedSave = new Map();
@@ -208,6 +224,15 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
 
   requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff {
     const p = req.kvTransferParams;
+    const loadingTransfer = this.asyncLoading.get(req.requestId);
+    if (loadingTransfer !== undefined) {
+      // Finished (aborted) while the producer may still be writing into its pages: hold them until the
+      // worker knows no WRITE can land any more (sglang #35049, vLLM #32255).
+      this.asyncLoading.delete(req.requestId);
+      this.reqsNeedNotify.delete(req.requestId);
+      this.abortedRecvs.push({ requestId: req.requestId, transferId: loadingTransfer });
+      return { delayFree: true, kvTransferParams: null };
+    }
     if (p?.do_remote_prefill && this.isConsumer && this.config.mode === 'read' && p.remote_engine_id && p.remote_block_ids) {
       // Finished before its pages were allocated (aborted): still release the producer's pages.
       this.reqsNeedRecv.set(req.requestId, {
@@ -254,6 +279,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   }
 
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {
+    for (const id of [...out.finishedRecving, ...out.failedLoadReqIds]) this.asyncLoading.delete(id);
     if (!this.isProducer) return out;
     const finishedSending = out.finishedSending.filter((id) => this.held.delete(id));
     const now = this.env.nowMs();
@@ -270,7 +296,15 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   }
 
   hasPendingWork(): boolean {
-    return this.held.size > 0 || this.reqsNeedRecv.size > 0 || this.reqsNeedNotify.size > 0 || this.reqsNeedSave.size > 0 || this.expired.length > 0;
+    return (
+      this.held.size > 0 ||
+      this.reqsNeedRecv.size > 0 ||
+      this.reqsNeedNotify.size > 0 ||
+      this.reqsNeedSave.size > 0 ||
+      this.expired.length > 0 ||
+      this.abortedRecvs.length > 0 ||
+      this.asyncLoading.size > 0
+    );
   }
 
   get numHeld(): number {

@@ -22,11 +22,12 @@ import type { ConnectorWorkerHooks, LoadResult } from '../worker/hooks.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { alignReadBlocks } from './alignment.ts';
 import type { OneSidedConfig } from './config.ts';
-import type { OneSidedMetadata, RecvReqMeta, SaveReqMeta } from './metadata.ts';
+import type { NotifyReqMeta, OneSidedMetadata, RecvReqMeta, SaveReqMeta } from './metadata.ts';
 
 interface RemoteBlocks {
   fromEngineId: string;
   blockIds: number[][];
+  skipBlocks: number;
   grant: string;
 }
 
@@ -39,7 +40,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private readonly savesInFlight = new Set<string>();
   private finishedSaves: string[] = [];
   /** WRITE consumer: transfer id → request and the time by which the producer must have written. */
-  private readonly recvTransfers = new Map<string, { requestId: string; deadlineMs: number; blockIds: number[] }>();
+  private readonly recvTransfers = new Map<string, { requestId: string; deadlineMs: number; blockIds: number[]; aborted: boolean }>();
+  /** WRITE consumer: aborted requests whose pages no WRITE can reach any more (→ finishedSending). */
+  private releasedAborted: string[] = [];
   private finishedRecving: string[] = [];
   /** Mutant 'no-await-reads' only: READs observed after the forward. */
   private lateReads: Array<{ r: RecvReqMeta; handle: TransferHandle }> = [];
@@ -65,21 +68,29 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
         transfer.revokeGrant(n.transferId); // a grant dies on release
       } else if (n.type === 'remote_blocks') {
         const p = n.payload ?? {};
-        if (!Array.isArray(p['blockIds']) || typeof p['grant'] !== 'string') {
+        const skip = p['skipBlocks'] ?? 0;
+        if (!Array.isArray(p['blockIds']) || typeof p['grant'] !== 'string' || !Number.isInteger(skip) || (skip as number) < 0) {
           this.log?.warn({ from, transferId: n.transferId }, 'malformed remote_blocks notification dropped');
           return;
         }
-        this.remoteBlocks.set(n.transferId, { fromEngineId: from, blockIds: p['blockIds'] as number[][], grant: p['grant'] });
+        this.remoteBlocks.set(n.transferId, { fromEngineId: from, blockIds: p['blockIds'] as number[][], skipBlocks: skip as number, grant: p['grant'] });
       } else if (n.type === 'write_done') {
         const rec = this.recvTransfers.get(n.transferId);
         if (rec !== undefined) {
           this.recvTransfers.delete(n.transferId);
           transfer.revokeGrant(n.transferId);
-          this.finishedRecving.push(rec.requestId);
+          if (rec.aborted) this.releasedAborted.push(rec.requestId);
+          else this.finishedRecving.push(rec.requestId);
         }
       }
       this.onActivity?.();
     });
+  }
+
+  /** Transfer groups before the first Mamba group. */
+  private get numAttnGroups(): number {
+    const n = this.transferGroupIds.findIndex((g) => this.kvConfig.groups[g]?.spec.type === 'mamba');
+    return n < 0 ? this.transferGroupIds.length : n;
   }
 
   /** Slabs holding a transfer group's layers. */
@@ -119,7 +130,14 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     this.sendTransfers = meta.sendTransfers;
     for (const t of meta.expiredTransfers) this.transfer.revokeGrant(t);
     for (const s of meta.reqsToSave) this.pendingSaves.set(s.transferId, s);
-    for (const n of meta.reqsToNotify) await this.notifyRemoteBlocks(n.requestId, n.transferId, n.localBlockIds, n.remoteEngineId, n.remoteHost, n.remotePort);
+    for (const a of meta.abortedRecvs) {
+      // No new WRITE is accepted into these pages; they are released when write_done arrives or the deadline passes.
+      this.transfer.revokeGrant(a.transferId);
+      const rec = this.recvTransfers.get(a.transferId);
+      if (rec) rec.aborted = true;
+      else this.releasedAborted.push(a.requestId); // never told the producer where to write
+    }
+    for (const n of meta.reqsToNotify) await this.notifyRemoteBlocks(n);
     this.startReadySaves();
     if (meta.reqsToRecv.length === 0) return result;
 
@@ -199,15 +217,18 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       );
   }
 
-  private async notifyRemoteBlocks(requestId: string, transferId: string, local: number[][], remoteEngineId: string, host: string, port: number): Promise<void> {
+  private async notifyRemoteBlocks(n: NotifyReqMeta): Promise<void> {
+    const { requestId, transferId, localBlockIds: local, remoteEngineId, remoteHost: host, remotePort: port, skipBlocks } = n;
+    // Only the pages after decode's prefix hit are granted (attention groups; Mamba groups have no hit).
+    const writable = local.map((ids, g) => (g < this.numAttnGroups ? ids.slice(skipBlocks) : ids));
     try {
       const engineId = await this.peer(host, port);
       if (engineId !== remoteEngineId) {
         throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${remoteEngineId}`);
       }
-      const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: local.flat(), ttlMs: this.config.leaseMs });
-      this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: local.flat() });
-      await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, grant: grant.token } });
+      const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: writable.flat(), ttlMs: this.config.leaseMs });
+      this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: writable.flat(), aborted: false });
+      await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, skipBlocks, grant: grant.token } });
     } catch (e) {
       this.log?.warn({ requestId, transferId, err: String(e) }, 'could not tell the producer where to write');
     }
@@ -231,8 +252,12 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
     try {
-      // Decode's list may skip its local prefix hit: pair it with the suffix of ours.
-      const pairs = save.localBlockIds.map((ids, g) => alignReadBlocks(dest.blockIds[g] ?? [], ids, 1));
+      // Page i goes to decode's page i (decode may have a longer tail), except decode's prefix hit.
+      const pairs = save.localBlockIds.map((ids, g) => {
+        const a = alignReadBlocks(dest.blockIds[g] ?? [], ids, Infinity);
+        const skip = g < this.numAttnGroups ? dest.skipBlocks : 0;
+        return { local: a.local.slice(skip), remote: a.remote.slice(skip) };
+      });
       const { ranges, footprint } = this.rangesFor(
         pairs.map((p) => p.remote),
         pairs.map((p) => p.local),
@@ -278,11 +303,17 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     out.finishedRecving = this.finishedRecving;
     this.finishedRecving = [];
     const now = this.env.nowMs();
+    out.finishedSending.push(...this.releasedAborted);
+    this.releasedAborted = [];
     for (const [transferId, rec] of this.recvTransfers) {
       if (rec.deadlineMs > now) continue;
-      // The producer never wrote: stop accepting its WRITEs, then report the load as failed.
       this.recvTransfers.delete(transferId);
       this.transfer.revokeGrant(transferId);
+      if (rec.aborted) {
+        out.finishedSending.push(rec.requestId); // past the deadline no WRITE of the producer lands
+        continue;
+      }
+      // The producer never wrote: stop accepting its WRITEs, then report the load as failed.
       out.failedLoadReqIds.push(rec.requestId);
       out.invalidBlockIds.push(...rec.blockIds);
       out.loadErrors[rec.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.config.transferTimeoutMs} ms` };

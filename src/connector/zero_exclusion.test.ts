@@ -131,3 +131,31 @@ test('duplicates and order of the kept ids are preserved; removal can leave []',
   assert.deepEqual(excludeReadDestinations([3, 1, 3, 2, 1], 'all-read-groups', ctx, [[[2]]]), [3, 1, 3, 1]);
   assert.deepEqual(excludeReadDestinations([2, 2], 'all-read-groups', ctx, [[[2]]]), []);
 });
+
+test('READ after a local prefix hit: the hit pages are never READ destinations; the rest pairs with the remote suffix', () => {
+  const c = consumer(presetKVGroups('dsv4-mini'), 'all-read-groups');
+  const req = readRequest(40, [[10, 11, 12], [20, 21, 22]]);
+  const m = c.getNumNewMatchedTokens(req, 16); // one page (16 tokens) hit locally
+  assert.equal(m.numExternalTokens, 23);
+  c.updateStateAfterAlloc(req, [[100, 101, 102], [200, 201, 202]], 23);
+  const so = makeEmptySchedulerOutput(1);
+  so.newBlockIdsToZero = [101, 102, 201, 202]; // hit pages 100/200 are not new, so not listed
+  const meta = c.buildConnectorMeta(so);
+  assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [[101, 102], [201, 202]]);
+  assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [[11, 12], [21, 22]]);
+  assert.deepEqual(so.newBlockIdsToZero, []);
+});
+
+test('READ after a local prefix hit with a lookahead tail: pages pair by position, the hit is skipped, the tail stays zeroed', () => {
+  const cfg = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' as const, mode: 'read' as const };
+  const c = new OneSidedConnectorScheduler(cfg, makeKVCacheConfig(presetKVGroups('dsv4-mini'), 1024), new SimEnv(1), { engineId: 'd', host: 'h', port: 1 }, noGrants, 2);
+  const req = readRequest(47, [[30, 31, 32], [40, 41, 42]]); // prefill computed 47 tokens: 3 pages per group
+  assert.equal(c.getNumNewMatchedTokens(req, 32).numExternalTokens, 14); // two pages hit locally
+  c.updateStateAfterAlloc(req, [[1, 2, 15, 16], [4, 5, 17, 18]], 14); // decode: 47 tokens + 2 lookahead = 4 pages
+  const so = makeEmptySchedulerOutput(1);
+  so.newBlockIdsToZero = [15, 16, 17, 18];
+  const meta = c.buildConnectorMeta(so);
+  assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [[15], [17]]);
+  assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [[32], [42]], 'page 2 receives remote page 2');
+  assert.deepEqual(so.newBlockIdsToZero, [16, 18], 'the lookahead tail is zeroed');
+});

@@ -106,7 +106,13 @@ export class Scheduler {
   }
   /** Anything to do at all (requests, pages held for peers, pending frees). */
   hasWork(): boolean {
-    return this.hasUnfinishedRequests() || this.connector.hasPendingWork() || this.fence.numPending > 0 || this.finishedSinceLast.length > 0;
+    return (
+      this.hasUnfinishedRequests() ||
+      this.connector.hasPendingWork() ||
+      this.heldForSend.size > 0 || // pages lent to the connector come back only through steps
+      this.fence.numPending > 0 ||
+      this.finishedSinceLast.length > 0
+    );
   }
   get numRunning(): number {
     return this.running.length;

@@ -3,7 +3,7 @@
  * lifecycle, P/D == colocated, liveness, leaks) for the tested seeds under random and PCT exploration
  * with faults on, and exhaustively (bounded DFS) on a one-request world; runs are pure functions of
  * their seed (a replay gives the same schedule and the same violation); the report keeps the JSON
- * contract of DESIGN.md §10. Known bugs the simulator found in the build are listed as todo tests.
+ * contract of DESIGN.md §10. Bugs the simulator found in the build (and that are fixed) are kept as regression tests.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -64,12 +64,12 @@ test('report: exactly the keys of the JSON contract; --replay runs the one seed 
   assert.match(formatSimReport(r), /FAIL: .*first at seed 7[\s\S]*replay: handoff sim/);
 });
 
-test('known bug: decode READs into its own prefix-hit pages (connector pairs every local page with a remote one)', { todo: 'connector fix pending (see the sim helper report)' }, async () => {
+test('regression: decode never READs into its own prefix-hit pages (found by the simulator)', async () => {
   const r = await runSim({ scenario: 'prefix-hit', strategy: 'random', seeds: 2 });
   assert.equal(r.firstFailingSeed, null, describeFailure(r));
 });
 
-test('known bug: WRITE mode, a decode request aborted while the producer WRITE is in flight frees its pages at once', { todo: 'deferred free for aborted async loads pending (see the sim helper report)' }, async () => {
+test('regression: WRITE mode, a decode request aborted while the producer WRITE is in flight keeps its pages until no WRITE can land (found by the simulator)', async () => {
   const r = await runSim({ scenario: '1p1d-write', strategy: 'random', seeds: 1, seed: 22 });
   assert.equal(r.firstFailingSeed, null, describeFailure(r));
 });
