@@ -4,6 +4,7 @@ import { isHandoffError } from '../util/errors.ts';
 import { registerCoreCommands } from './core_commands.ts';
 import { registerServingCommands } from './serving_commands.ts';
 import { registerSimCommands } from './sim_commands.ts';
+import { registerSoak } from './soak.ts';
 
 export async function main(argv: string[]): Promise<void> {
   const program = new Command();
@@ -12,6 +13,7 @@ export async function main(argv: string[]): Promise<void> {
   registerCoreCommands(program);
   registerServingCommands(program);
   registerSimCommands(program);
+  registerSoak(program);
 
   try {
     await program.parseAsync(argv);

@@ -4,6 +4,7 @@
  * InstanceServer in front. `--role` sets the default kv_role of `--kv-transfer-config`; a colocated
  * instance (`both`) runs without a connector unless a config asks for one.
  */
+import type { RaceChecker } from '../device/race_checker.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
@@ -195,6 +196,7 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,
     transfer: c ? c.transfer.stats() : null,
+    races: e.device.raceChecker ? (e.device.raceChecker as RaceChecker).races().length + (e.device.raceChecker as RaceChecker).stats().droppedReports : null,
     drainReadLatenciesMs: () => (c ? c.worker.drainReadLatencies() : []),
   };
 }

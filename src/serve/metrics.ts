@@ -23,6 +23,8 @@ export interface InstanceStatsSnapshot {
   leasesExpired: number;
   engineSteps: number;
   transfer: TransferStats | null;
+  /** Races reported by the device's race checker (null when --race-check is off). */
+  races: number | null;
   /** READ latencies (ms) since the last call, post → landed, per request (drained: read once per scrape). */
   drainReadLatenciesMs: () => number[];
 }
@@ -75,6 +77,8 @@ export class InstanceMetrics {
     mirror('handoff_kv_load_failures_total', 'requests whose KV load failed', (x) => x.kvLoadFailures);
     mirror('handoff_leases_expired_total', 'held prefill pages freed because no release arrived in time', (x) => x.leasesExpired);
     mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
+    gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) => (x.races === null ? 0 : 1));
+    mirror('handoff_races_total', 'unordered conflicting page accesses found by the race checker', (x) => x.races ?? 0);
     mirror('handoff_transfer_bytes_read_total', 'bytes pulled by this engine with READs', t((x) => x.bytesRead));
     mirror('handoff_transfer_bytes_written_total', 'bytes pushed by this engine with WRITEs', t((x) => x.bytesWritten));
     mirror('handoff_transfer_reads_total', 'READ work requests posted', t((x) => x.readsPosted));

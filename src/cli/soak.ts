@@ -1,0 +1,151 @@
+/**
+ * `handoff soak`: the reliability run of issue 8. Starts prefill + decode (race checker on) + proxy and a
+ * colocated server, sends seeded requests through the proxy at a fixed concurrency for `--duration-s`,
+ * sends each one to the colocated server too and compares the token ids, then checks that both sides
+ * got every page back (/metrics) and that the race checkers found nothing. Exit 1 on any error,
+ * mismatch, leak or race.
+ */
+import type { Command } from 'commander';
+import { RealEnv, SeededRng, type Env } from '../util/env.ts';
+import { createLogger } from '../util/log.ts';
+import { spawnHandoff } from './children.ts';
+import { serveArgs, startLocalCluster } from './cluster.ts';
+import { choiceFlag, intFlag, presetFlag } from './flags.ts';
+
+export interface SoakResult {
+  durationS: number;
+  requests: number;
+  errors: number;
+  mismatches: number;
+  outputTokens: number;
+  tokensPerSec: number;
+  prefillPagesBack: boolean;
+  decodePagesBack: boolean;
+  races: number;
+  firstProblem: string | null;
+}
+
+async function metrics(url: string): Promise<Map<string, number>> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const m = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (line.startsWith('#') || line.trim() === '') continue;
+    const sp = line.lastIndexOf(' ');
+    const name = line.slice(0, sp).replace(/\{.*$/, '');
+    m.set(name, (m.get(name) ?? 0) + Number(line.slice(sp + 1)));
+  }
+  return m;
+}
+
+async function completion(url: string, body: Record<string, unknown>): Promise<number[]> {
+  const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const json = (await res.json()) as { choices?: Array<{ token_ids?: number[] }>; error?: { code?: string; message?: string } };
+  if (!res.ok || !json.choices?.[0]?.token_ids) throw new Error(`HTTP ${res.status} ${json.error?.code ?? ''} ${json.error?.message ?? ''}`.trim());
+  return json.choices[0].token_ids;
+}
+
+async function pagesBack(url: string, env: Env, timeoutMs: number): Promise<boolean> {
+  const deadline = env.nowMs() + timeoutMs;
+  for (;;) {
+    const m = await metrics(url);
+    if (m.get('handoff_kv_free_pages') === m.get('handoff_kv_total_pages')) return true;
+    if (env.nowMs() > deadline) return false;
+    await env.sleep(200);
+  }
+}
+
+export async function runSoak(
+  o: { preset: ReturnType<typeof presetFlag>; mode: 'read' | 'write'; durationS: number; concurrency: number; numBlocks: number; seed: number },
+  env: Env,
+  onProgress?: (done: number, errors: number, mismatches: number) => void,
+): Promise<SoakResult> {
+  const common = { preset: o.preset, mode: o.mode, host: '127.0.0.1', serveArgs: ['--num-blocks', String(o.numBlocks), '--race-check'] };
+  const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('soak', 'warn'), childLogLevel: 'warn' }, env);
+  const colocated = await spawnHandoff(serveArgs('both', { ...common, serveArgs: ['--num-blocks', String(o.numBlocks)] }), env, { env: { HANDOFF_LOG_LEVEL: 'warn' } });
+  const rng = new SeededRng(o.seed);
+  let requests = 0;
+  let errors = 0;
+  let mismatches = 0;
+  let outputTokens = 0;
+  let firstProblem: string | null = null;
+  const t0 = env.nowMs();
+  const deadline = t0 + o.durationS * 1000;
+  try {
+    const worker = async (): Promise<void> => {
+      while (env.nowMs() < deadline) {
+        const len = 8 + rng.int(200);
+        const body = {
+          model: o.preset,
+          prompt: Array.from({ length: len }, () => 1 + rng.int(50000)),
+          max_tokens: 4 + rng.int(28),
+          temperature: rng.int(2) === 0 ? 0 : 0.8,
+          seed: rng.int(1 << 30),
+          ignore_eos: true,
+          return_token_ids: true,
+        };
+        requests++;
+        try {
+          const [pd, ref] = await Promise.all([completion(cluster.proxyUrl, body), completion(colocated.url, body)]);
+          outputTokens += pd.length;
+          if (pd.join(',') !== ref.join(',')) {
+            mismatches++;
+            firstProblem ??= `request ${requests}: P/D tokens ${pd.slice(0, 6).join(',')}… differ from colocated ${ref.slice(0, 6).join(',')}…`;
+          }
+        } catch (e) {
+          errors++;
+          firstProblem ??= `request ${requests}: ${(e as Error).message}`;
+        }
+        onProgress?.(requests, errors, mismatches);
+      }
+    };
+    await Promise.all(Array.from({ length: o.concurrency }, worker));
+    const elapsedS = (env.nowMs() - t0) / 1000;
+    const [prefillPagesBack, decodePagesBack] = await Promise.all([pagesBack(cluster.prefill.url, env, 30_000), pagesBack(cluster.decode.url, env, 30_000)]);
+    const races = ((await metrics(cluster.decode.url)).get('handoff_races_total') ?? 0) + ((await metrics(cluster.prefill.url)).get('handoff_races_total') ?? 0);
+    return { durationS: elapsedS, requests, errors, mismatches, outputTokens, tokensPerSec: outputTokens / elapsedS, prefillPagesBack, decodePagesBack, races, firstProblem };
+  } finally {
+    await Promise.all([cluster.stop(), colocated.stop()]);
+  }
+}
+
+export function registerSoak(program: Command): void {
+  program
+    .command('soak')
+    .description('reliability run: load through the P/D proxy vs colocated for N seconds; errors, mismatches, leaked pages, races')
+    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--mode <mode>', 'read | write', 'read')
+    .option('--duration-s <n>', 'seconds of load', '180')
+    .option('--concurrency <n>', 'requests in flight', '16')
+    .option('--num-blocks <n>', 'KV pages per instance', '1024')
+    .option('--seed <n>', 'workload seed', '0')
+    .option('--json', 'print one JSON object')
+    .action(async (opts: Record<string, string | boolean | undefined>) => {
+      const env = new RealEnv();
+      let lastPrint = 0;
+      const r = await runSoak(
+        {
+          preset: presetFlag(opts['model']),
+          mode: choiceFlag('mode', opts['mode'], ['read', 'write'] as const),
+          durationS: intFlag('duration-s', opts['durationS'], 1, 86_400),
+          concurrency: intFlag('concurrency', opts['concurrency'], 1, 1024),
+          numBlocks: intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20),
+          seed: intFlag('seed', opts['seed'], 0, 2 ** 31),
+        },
+        env,
+        (done, errors, mismatches) => {
+          if (env.nowMs() - lastPrint < 5000) return;
+          lastPrint = env.nowMs();
+          process.stderr.write(`soak: ${done} requests, ${errors} errors, ${mismatches} mismatches\n`);
+        },
+      );
+      const ok = r.errors === 0 && r.mismatches === 0 && r.prefillPagesBack && r.decodePagesBack && r.races === 0;
+      if (opts['json']) process.stdout.write(`${JSON.stringify({ ...r, ok })}\n`);
+      else
+        process.stdout.write(
+          `soak ${ok ? 'PASS' : 'FAIL'}: ${r.requests} requests in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
+            `pages back: prefill ${r.prefillPagesBack} decode ${r.decodePagesBack}, races ${r.races}, ${r.tokensPerSec.toFixed(1)} output tok/s` +
+            `${r.firstProblem ? `\n  first problem: ${r.firstProblem}` : ''}\n`,
+        );
+      if (!ok) process.exitCode = 1;
+    });
+}
