@@ -11,6 +11,7 @@
  * race-checker hooks (nicPost at post, nicObserved when the host first sees the completion).
  * Addresses are `sim://<engineId>`; engines find each other through their fabric.
  */
+import { checkLocalRanges } from './handle_wait.ts';
 import { timingSafeEqual } from 'node:crypto';
 import type { RaceCheckerLike } from '../device/types.ts';
 import { assert } from '../util/assert.ts';
@@ -180,12 +181,7 @@ export class SimTransferEngine implements TransferEngine {
   }
 
   private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
-    assert(req.ranges.length > 0, 'a work request needs at least one range');
-    for (const r of req.ranges) {
-      const problem = rangeProblem({ slab: r.slab, offset: r.localOffset, length: r.length }, this.layout);
-      assert(problem === null, () => `local range: ${problem}`);
-      assert(Number.isSafeInteger(r.remoteOffset) && r.remoteOffset >= 0, `bad remote offset ${r.remoteOffset}`);
-    }
+    checkLocalRanges(req, this.layout);
     assert(kind === 'write' || disjoint(localSide(req.ranges)), 'READ destinations overlap');
     const ranges = coalesceRanges(req.ranges);
     const handle: TransferHandle = Object.freeze({

@@ -3,8 +3,9 @@
  * timeout, and the host's first observation of the terminal state (the race checker's nicObserved).
  */
 import type { RaceCheckerLike } from '../device/types.ts';
+import { waitForHandles } from './handle_wait.ts';
 import { assert } from '../util/assert.ts';
-import type { Env, TimerHandle } from '../util/env.ts';
+import type { Env } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import type { PollResult, TransferHandle, TransferStats } from './types.ts';
 
@@ -78,40 +79,6 @@ export class SimHandles {
   }
 
   wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
-    assert(Number.isFinite(timeoutMs) && timeoutMs >= 0, `wait timeout must be >= 0, got ${timeoutMs}`);
-    const sts = handles.map((h) => this.stateOf(h));
-    return new Promise<void>((resolve, reject) => {
-      let settled = false;
-      let timer: TimerHandle | null = null;
-      const settle = (): void => {
-        settled = true;
-        timer?.cancel();
-        for (const st of sts) st.waiters.delete(check);
-      };
-      const check = (): void => {
-        if (settled) return;
-        const failed = sts.find((s) => s.state === 'failed');
-        if (failed !== undefined) {
-          settle();
-          this.observe(failed);
-          reject(failed.error);
-        } else if (sts.every((s) => s.state === 'done')) {
-          settle();
-          for (const st of sts) this.observe(st);
-          resolve();
-        }
-      };
-      check();
-      if (settled) return;
-      for (const st of sts) if (st.state === 'pending') st.waiters.add(check);
-      timer = this.env.setTimer(timeoutMs, () => {
-        if (settled) return;
-        settle();
-        const pending = sts.filter((s) => s.state === 'pending');
-        const code = pending.some((s) => s.handle.kind === 'read') ? 'KV_READ_TIMEOUT' : 'TIMEOUT';
-        const ids = [...new Set(pending.map((s) => s.handle.transferId))];
-        reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
-      });
-    });
+    return waitForHandles(this.env, handles.map((h) => this.stateOf(h)), timeoutMs, { observe: (st) => this.observe(st) });
   }
 }

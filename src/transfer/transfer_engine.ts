@@ -8,8 +8,9 @@
  * once, when the host first sees the terminal state through poll() or wait().
  */
 import type { RaceCheckerLike } from '../device/types.ts';
+import { checkLocalRanges, waitForHandles } from './handle_wait.ts';
 import { assert } from '../util/assert.ts';
-import type { Env, TimerHandle } from '../util/env.ts';
+import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { GrantIssuer } from './grant_issuer.ts';
@@ -149,12 +150,7 @@ export abstract class TransferEngineCore implements TransferEngine {
   }
 
   private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
-    assert(req.ranges.length > 0, 'a work request needs at least one range');
-    for (const r of req.ranges) {
-      const problem = rangeProblem({ slab: r.slab, offset: r.localOffset, length: r.length }, this.layout);
-      assert(problem === null, () => `local range: ${problem}`);
-      assert(Number.isSafeInteger(r.remoteOffset) && r.remoteOffset >= 0, `bad remote offset ${r.remoteOffset}`);
-    }
+    checkLocalRanges(req, this.layout);
     assert(kind === 'write' || disjoint(localSide(req.ranges)), 'READ destinations overlap');
     const ranges = coalesceRanges(req.ranges);
     const rc = this.rc;
@@ -271,42 +267,8 @@ export abstract class TransferEngineCore implements TransferEngine {
   }
 
   wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
-    assert(Number.isFinite(timeoutMs) && timeoutMs >= 0, `wait timeout must be >= 0, got ${timeoutMs}`);
-    const sts = handles.map((h) => this.stateOf(h));
-    return new Promise<void>((resolve, reject) => {
-      let settled = false;
-      let timer: TimerHandle | null = null;
-      const settle = (): void => {
-        settled = true;
-        timer?.cancel();
-        for (const st of sts) st.waiters.delete(check);
-      };
-      const check = (): void => {
-        if (settled) return;
-        for (const st of sts) this.refresh(st, false);
-        const failed = sts.find((s) => s.state === 'failed');
-        if (failed !== undefined) {
-          settle();
-          this.observe(failed);
-          reject(failed.error);
-        } else if (sts.every((s) => s.state === 'done')) {
-          settle();
-          for (const st of sts) this.observe(st);
-          resolve();
-        }
-      };
-      check();
-      if (settled) return;
-      for (const st of sts) if (st.state === 'pending') st.waiters.add(check);
-      timer = this.env.setTimer(timeoutMs, () => {
-        if (settled) return;
-        settle();
-        const pending = sts.filter((s) => s.state === 'pending');
-        const code = pending.some((s) => s.handle.kind === 'read') ? 'KV_READ_TIMEOUT' : 'TIMEOUT';
-        const ids = [...new Set(pending.map((s) => s.handle.transferId))];
-        reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
-      });
-    });
+    // wait() takes only successes from the completion queue: failures arrive with the NIC's message.
+    return waitForHandles(this.env, handles.map((h) => this.stateOf(h)), timeoutMs, { refresh: (st) => this.refresh(st, false), observe: (st) => this.observe(st) });
   }
 
   async abort(handles: readonly TransferHandle[]): Promise<void> {
