@@ -44,6 +44,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** WRITE consumer: aborted requests whose pages no WRITE can reach any more (→ finishedSending). */
   private releasedAborted: string[] = [];
   private finishedRecving: string[] = [];
+  private readsIssuedThisStep: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
+  private readsPostedAtMs = 0;
   /** Mutant 'no-await-reads' only: READs observed after the forward. */
   private lateReads: Array<{ r: RecvReqMeta; handle: TransferHandle }> = [];
   private readonly unsubscribe: () => void;
@@ -123,10 +125,23 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     return p;
   }
 
+  /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */
   async preForward(so: SchedulerOutput): Promise<LoadResult> {
     const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
-    const result: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
-    if (!meta) return result;
+    if (!meta) return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    await this.bindConnectorMetadata(meta);
+    await this.startLoadKv(meta, so.step);
+    if (this.config.mutant === 'no-await-reads') {
+      // Mutant: the forward is enqueued while the NIC may still be writing its pages.
+      this.lateReads.push(...this.readsIssuedThisStep.flatMap((p) => (p.handle ? [{ r: p.r, handle: p.handle }] : [])));
+      this.readsIssuedThisStep = [];
+      return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    }
+    return this.awaitReadsIssuedThisStep();
+  }
+
+  /** Producer bookkeeping, grants to revoke, WRITE saves and WRITE destination notices of this step. */
+  private async bindConnectorMetadata(meta: OneSidedMetadata): Promise<void> {
     this.sendTransfers = meta.sendTransfers;
     for (const t of meta.expiredTransfers) this.transfer.revokeGrant(t);
     for (const s of meta.reqsToSave) this.pendingSaves.set(s.transferId, s);
@@ -139,29 +154,37 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     }
     for (const n of meta.reqsToNotify) await this.notifyRemoteBlocks(n);
     this.startReadySaves();
-    if (meta.reqsToRecv.length === 0) return result;
+  }
 
+  /** Post this step's READs from the host (the NIC writes the pages without waiting for the stream). */
+  async startLoadKv(meta: OneSidedMetadata, step: number): Promise<void> {
+    if (meta.reqsToRecv.length === 0) return;
     if (this.config.syncBeforeRead && meta.reqsToRecv.some((r) => r.localBlockIds.some((g) => g.length > 0))) {
       // The alternative fix: the host waits until the stream has run everything queued so far (the
       // previous forward and this step's zeroing) before any READ is posted.
       this.stats.hostSyncWaits++;
       await this.device.compute.recordEvent().wait();
     }
-    const posted: Array<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> = [];
-    const postedAtMs = this.env.nowMs();
-    for (const r of meta.reqsToRecv) posted.push(await this.postReadFor(r, so.step));
-    const deadlineMs = this.env.nowMs() + this.config.transferTimeoutMs; // one deadline for the step's READs
-    if (this.config.mutant === 'no-await-reads') {
-      // Mutant: the forward is enqueued while the NIC may still be writing its pages.
-      for (const p of posted) if (p.handle) this.lateReads.push({ r: p.r, handle: p.handle });
-      return result;
-    }
+    this.readsPostedAtMs = this.env.nowMs();
+    for (const r of meta.reqsToRecv) this.readsIssuedThisStep.push(await this.postReadFor(r, step));
+  }
+
+  /**
+   * Await every READ issued this step (vLLM #60808: unconditional), with one deadline for the step. A
+   * failed or timed-out READ is aborted (the NIC will not touch the pages again) and reported; every
+   * READ, failed or not, releases the producer's pages.
+   */
+  async awaitReadsIssuedThisStep(): Promise<LoadResult> {
+    const result: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    const posted = this.readsIssuedThisStep;
+    this.readsIssuedThisStep = [];
+    const deadlineMs = this.env.nowMs() + this.config.transferTimeoutMs;
     for (const p of posted) {
       let error = p.error;
       if (p.handle && !error) {
         try {
           await this.transfer.wait([p.handle], Math.max(0, deadlineMs - this.env.nowMs()));
-          if (this.readLatenciesMs.length < 4096) this.readLatenciesMs.push(this.env.nowMs() - postedAtMs);
+          if (this.readLatenciesMs.length < 4096) this.readLatenciesMs.push(this.env.nowMs() - this.readsPostedAtMs);
         } catch (e) {
           if (!isHandoffError(e)) throw e;
           error = e;
@@ -284,41 +307,61 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     }
   }
 
+  /** The runner's hook after the forward: what finished sending/receiving, and loads that failed. */
   async postForward(_so: SchedulerOutput): Promise<KVConnectorOutput> {
     for (const late of this.lateReads.splice(0)) {
       await this.transfer.wait([late.handle], this.config.transferTimeoutMs).catch(() => undefined);
       this.release(late.r);
     }
     this.startReadySaves();
-    const out = emptyConnectorOutput();
+    const { finishedSending, finishedRecving } = this.getFinished();
+    const failed = this.expireWriteLoads();
+    return { ...emptyConnectorOutput(), finishedSending: [...finishedSending, ...failed.releasedAborted], finishedRecving, ...failed.loads };
+  }
+
+  /**
+   * vLLM's get_finished: requests whose pages may now be freed on this side (producer: released by the
+   * peer or WRITE done; consumer: aborted loads no WRITE can reach) and WRITE loads that completed.
+   */
+  getFinished(): { finishedSending: string[]; finishedRecving: string[] } {
+    const finishedSending: string[] = [];
     for (const t of [...this.released]) {
       const reqId = this.sendTransfers[t];
       if (reqId === undefined) continue; // not mapped yet: kept until the metadata arrives or the lease ends
       this.released.delete(t);
-      out.finishedSending.push(reqId);
+      finishedSending.push(reqId);
     }
     if (this.released.size > 1024) this.released.clear(); // bound: stale releases of expired transfers
-    out.finishedSending.push(...this.finishedSaves);
+    finishedSending.push(...this.finishedSaves, ...this.releasedAborted);
     this.finishedSaves = [];
-    out.finishedRecving = this.finishedRecving;
-    this.finishedRecving = [];
-    const now = this.env.nowMs();
-    out.finishedSending.push(...this.releasedAborted);
     this.releasedAborted = [];
+    const finishedRecving = this.finishedRecving;
+    this.finishedRecving = [];
+    return { finishedSending, finishedRecving };
+  }
+
+  /** WRITE loads past their deadline: aborted ones may be freed now, live ones failed (vLLM's get_block_ids_with_load_errors). */
+  private expireWriteLoads(): {
+    releasedAborted: string[];
+    loads: Pick<KVConnectorOutput, 'failedLoadReqIds' | 'invalidBlockIds' | 'loadErrors'>;
+  } {
+    const releasedAborted: string[] = [];
+    const loads: Pick<KVConnectorOutput, 'failedLoadReqIds' | 'invalidBlockIds' | 'loadErrors'> = { failedLoadReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    const now = this.env.nowMs();
     for (const [transferId, rec] of this.recvTransfers) {
       if (rec.deadlineMs > now) continue;
+      // Stop accepting the producer's WRITEs into these pages first.
       this.recvTransfers.delete(transferId);
       this.transfer.revokeGrant(transferId);
       if (rec.aborted) {
-        out.finishedSending.push(rec.requestId); // past the deadline no WRITE of the producer lands
+        releasedAborted.push(rec.requestId); // past the deadline no WRITE of the producer lands
         continue;
       }
-      // The producer never wrote: stop accepting its WRITEs, then report the load as failed.
-      out.failedLoadReqIds.push(rec.requestId);
-      out.invalidBlockIds.push(...rec.blockIds);
-      out.loadErrors[rec.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.config.transferTimeoutMs} ms` };
+      loads.failedLoadReqIds.push(rec.requestId);
+      loads.invalidBlockIds.push(...rec.blockIds);
+      loads.loadErrors[rec.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.config.transferTimeoutMs} ms` };
     }
-    return out;
+    return { releasedAborted, loads };
   }
 
   /** READ latencies since the last call (ms). */
