@@ -7,7 +7,8 @@ import { isModelPreset, type ModelPreset } from '../kv/presets.ts';
 import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
-import { runAb, AB_VARIANTS } from '../sim/ab.ts';
+import { runAb, AB_VARIANTS, type AbVariant } from '../sim/ab.ts';
+import { writeTrace } from '../sim/trace_export.ts';
 
 function preset(name: string): ModelPreset {
   if (!isModelPreset(name)) throw new HandoffError('BAD_CONFIG', `unknown model '${name}' (dsv4-mini, hybrid-mini, llama-mini)`);
@@ -22,6 +23,17 @@ function int(name: string, v: string, min: number, max: number): number {
 
 const out = (s: string): void => void process.stdout.write(`${s}\n`);
 
+/** `--variant a,b`: the named A/B variants, in the order given. */
+function abVariants(list: string): AbVariant[] {
+  const names = list.split(',').map((n) => n.trim()).filter((n) => n.length > 0);
+  if (names.length === 0) throw new HandoffError('BAD_CONFIG', '--variant needs at least one name');
+  return [...new Set(names)].map((n) => {
+    const v = AB_VARIANTS.find((x) => x.name === n);
+    if (v === undefined) throw new HandoffError('BAD_CONFIG', `unknown variant '${n}' (${AB_VARIANTS.map((x) => x.name).join(', ')})`);
+    return v;
+  });
+}
+
 export function registerCoreCommands(program: Command): Command {
   program
     .command('ab')
@@ -31,12 +43,17 @@ export function registerCoreCommands(program: Command): Command {
     .option('--max-tokens <n>', 'tokens generated per request', '8')
     .option('--seed <n>', 'seed for prompts and weights', '1')
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
+    .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
+    .option('--trace <base>', "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)")
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
       const env = new RealEnv(int('seed', String(o['seed']), 0, 2 ** 31));
       const requests = int('requests', String(o['requests']), 1, 1000);
+      const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
+      const traceBase = o['trace'] === undefined ? null : String(o['trace']);
+      if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0) throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
       const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' }, cliProgress.Presets.shades_classic);
-      bar.start(requests * AB_VARIANTS.length, 0, { variant: 'reference' });
+      bar.start(requests * variants.length, 0, { variant: 'reference' });
       let base = 0;
       let last = '';
       const report = await runAb(
@@ -46,6 +63,8 @@ export function registerCoreCommands(program: Command): Command {
           maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
           seed: int('seed', String(o['seed']), 0, 2 ** 31),
           arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
+          variants,
+          trace: traceBase !== null,
           onProgress: (variant, done) => {
             if (variant !== last) {
               if (last !== '') base += requests;
@@ -57,6 +76,13 @@ export function registerCoreCommands(program: Command): Command {
         env,
       );
       bar.stop();
+      for (const v of report.variants) {
+        if (traceBase === null || v.trace === null) continue;
+        const stem = traceBase.replace(/\.(json|html)$/, '');
+        const files = writeTrace(v.trace, report.variants.length === 1 ? stem : `${stem}-${v.name}`);
+        // With --json, stdout carries only the JSON object.
+        (o['json'] ? process.stderr : process.stdout).write(`trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`);
+      }
       if (o['json']) {
         out(JSON.stringify({ ...report, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
         return;

@@ -14,14 +14,32 @@ import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkGeometry } from './page_ops.ts';
-import { RaceChecker } from './race_checker.ts';
+import type { RaceChecker } from './race_checker.ts';
 import type { StreamContext } from './stream_base.ts';
-import type { FromThread, ThreadInit } from './threaded_protocol.ts';
+import { epochNowMs, type FromThread, type ThreadInit } from './threaded_protocol.ts';
 import { ThreadedStream } from './threaded_stream.ts';
+import { OpIdRaceChecker, OpTimeline, type TimedOp } from './threaded_timeline.ts';
 import type { Device, DeviceOptions } from './types.ts';
 
 export interface ThreadedDeviceOptions extends DeviceOptions {
   raceCheck?: boolean;
+  /** Log every compute op with its real start and end from the start (see startTimeline). */
+  timeline?: boolean;
+}
+
+/** The op log of a threaded device (not part of the Device interface: only real devices have one). */
+export interface DeviceTimeline {
+  /** Start logging ops enqueued from now on (idempotent). */
+  startTimeline(): void;
+  /** Ops logged so far, in enqueue order; empty when the log was never started. */
+  timeline(): TimedOp[];
+  /** The log's clock (epoch ms, shared with the compute thread), for events the host times itself. */
+  timelineNowMs(): number;
+}
+
+/** The device's op log, or null when it is not a threaded device. */
+export function deviceTimeline(device: Device): DeviceTimeline | null {
+  return device instanceof ThreadedDevice ? device : null;
 }
 
 const THREAD_ENTRY = new URL('./threaded_thread.mjs', import.meta.url);
@@ -60,7 +78,7 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
   return new ThreadedDevice(opts, buffers, progress, worker);
 }
 
-class ThreadedDevice implements Device {
+class ThreadedDevice implements Device, DeviceTimeline {
   readonly kind = 'threaded' as const;
   readonly numSlabs: number;
   readonly numBlocks: number;
@@ -77,7 +95,8 @@ class ThreadedDevice implements Device {
     this.pageBytes = opts.pageBytes;
     this.buffers = buffers;
     this.slabs = buffers.map((b) => new Uint8Array(b));
-    this.raceChecker = opts.raceCheck === true ? new RaceChecker() : null;
+    const checker = opts.raceCheck === true ? new OpIdRaceChecker() : null;
+    this.raceChecker = checker;
     let opSeq = 0;
     let eventSeq = 0;
     const ctx: StreamContext = {
@@ -86,7 +105,8 @@ class ThreadedDevice implements Device {
       nextOpId: () => ++opSeq,
       nextEventId: () => ++eventSeq,
     };
-    this.compute = new ThreadedStream('compute', ctx, worker, new BigInt64Array(progress));
+    this.compute = new ThreadedStream('compute', ctx, worker, new BigInt64Array(progress), () => checker?.lastOpId ?? null);
+    if (opts.timeline === true) this.startTimeline();
     worker.on('message', (msg: FromThread) => {
       this.compute.onMessage(msg);
       if (this.compute.pending() === 0) worker.unref();
@@ -95,6 +115,18 @@ class ThreadedDevice implements Device {
     worker.on('error', (err) => this.die(`compute thread died: ${err.message}`));
     worker.on('exit', (code) => this.die(`compute thread exited (code ${code})`));
     worker.unref();
+  }
+
+  startTimeline(): void {
+    this.compute.timeline ??= new OpTimeline();
+  }
+
+  timeline(): TimedOp[] {
+    return this.compute.timeline?.entries() ?? [];
+  }
+
+  timelineNowMs(): number {
+    return epochNowMs();
   }
 
   async synchronize(): Promise<void> {

@@ -11,7 +11,8 @@
 import type { StreamOp } from './types.ts';
 
 export type ToThread =
-  | { t: 'op'; seq: number; op: StreamOp }
+  /** `timed`: the thread reports the op's start and end (the opt-in op log, threaded_timeline.ts). */
+  | { t: 'op'; seq: number; op: StreamOp; timed?: true }
   /** Hold later items until `signal{token}` arrives (a wait on an event from elsewhere). */
   | { t: 'wait'; seq: number; token: number }
   | { t: 'signal'; token: number };
@@ -19,8 +20,14 @@ export type ToThread =
 export type FromThread =
   | { t: 'ready' }
   | { t: 'initError'; message: string }
-  | { t: 'done'; seq: number; result: unknown }
-  | { t: 'failed'; seq: number; message: string };
+  | ({ t: 'done'; seq: number; result: unknown } & OpTimes)
+  | ({ t: 'failed'; seq: number; message: string } & OpTimes);
+
+/** Epoch ms read by the thread around a timed op (absent for untimed ops and waits). */
+export interface OpTimes {
+  startMs?: number;
+  endMs?: number;
+}
 
 export interface ThreadInit {
   buffers: SharedArrayBuffer[];
@@ -29,4 +36,9 @@ export interface ThreadInit {
   progress: SharedArrayBuffer;
   kernelModuleUrl: string | undefined;
   kernelInit: unknown;
+}
+
+/** The clock both sides read for the op log: epoch ms with sub-ms resolution, shared by every thread. */
+export function epochNowMs(): number {
+  return performance.timeOrigin + performance.now();
 }

@@ -15,6 +15,7 @@ import { Deferred } from './deferred.ts';
 import type { EventSource } from './device_event.ts';
 import { STREAM_PENDING_MAX, StreamBase, type StreamContext } from './stream_base.ts';
 import type { FromThread, ToThread } from './threaded_protocol.ts';
+import type { OpTimeline } from './threaded_timeline.ts';
 import type { OpSubmission } from './types.ts';
 
 export class ThreadedStream extends StreamBase {
@@ -25,21 +26,26 @@ export class ThreadedStream extends StreamBase {
   private records: Array<{ target: number; reached: Deferred<void> }> = [];
   private readonly ownSources = new WeakSet<EventSource>();
   private nextToken = 0;
+  /** The opt-in op log (set by the device's startTimeline); null: ops are sent untimed. */
+  timeline: OpTimeline | null = null;
 
   constructor(
     name: string,
     ctx: StreamContext,
     private readonly worker: Worker,
     private readonly progress: BigInt64Array,
+    /** The race checker's id of the op being submitted (StreamBase tells the checker first). */
+    private readonly checkerOpId: () => number | null = () => null,
   ) {
     super(name, ctx);
   }
 
-  protected submitOp(_id: number, sub: OpSubmission, result: Deferred<unknown>): void {
+  protected submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void {
     const seq = this.nextSeq();
     this.tickets.set(seq, result);
+    const timed = this.timeline?.record(seq, id, this.checkerOpId(), this.name, sub) === true;
     try {
-      this.send({ t: 'op', seq, op: sub.op });
+      this.send(timed ? { t: 'op', seq, op: sub.op, timed: true } : { t: 'op', seq, op: sub.op });
     } catch (err) {
       // Kernel args must be plain data; anything else is a programmer error, not an op failure.
       throw new AssertionFailure(`op '${sub.label.what}' cannot be sent to the compute thread: ${(err as Error).message}`);
@@ -72,6 +78,7 @@ export class ThreadedStream extends StreamBase {
     if (msg.t !== 'done' && msg.t !== 'failed') return;
     assert(msg.seq > this.lastDoneSeq && msg.seq <= this.lastSeq, `out-of-order completion seq ${msg.seq}`);
     this.lastDoneSeq = msg.seq;
+    if (msg.startMs !== undefined && msg.endMs !== undefined) this.timeline?.complete(msg.seq, msg.startMs, msg.endMs, msg.t === 'done');
     const ticket = this.tickets.get(msg.seq);
     this.tickets.delete(msg.seq);
     if (msg.t === 'done') ticket?.resolve(msg.result);

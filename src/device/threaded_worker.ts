@@ -10,7 +10,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { findKernel, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
 import { copyPages, zeroPages } from './page_ops.ts';
-import type { FromThread, ThreadInit, ToThread } from './threaded_protocol.ts';
+import { epochNowMs, type FromThread, type OpTimes, type ThreadInit, type ToThread } from './threaded_protocol.ts';
 import type { StreamOp } from './types.ts';
 
 type Item = Exclude<ToThread, { t: 'signal' }>;
@@ -32,19 +32,21 @@ function post(msg: FromThread): void {
   port!.postMessage(msg);
 }
 
-function finish(seq: number, result: unknown): void {
+const UNTIMED: OpTimes = {};
+
+function finish(seq: number, result: unknown, times: OpTimes = UNTIMED): void {
   Atomics.store(progress, 0, BigInt(seq));
   try {
-    post({ t: 'done', seq, result });
+    post({ t: 'done', seq, result, ...times });
   } catch (err) {
     // A result that cannot cross the thread boundary fails the op, not the thread.
-    post({ t: 'failed', seq, message: `op result cannot be sent to the host: ${(err as Error).message}` });
+    post({ t: 'failed', seq, message: `op result cannot be sent to the host: ${(err as Error).message}`, ...times });
   }
 }
 
-function fail(seq: number, message: string): void {
+function fail(seq: number, message: string, times: OpTimes): void {
   Atomics.store(progress, 0, BigInt(seq));
-  post({ t: 'failed', seq, message });
+  post({ t: 'failed', seq, message, ...times });
 }
 
 function isThenable(x: unknown): x is PromiseLike<unknown> {
@@ -85,12 +87,15 @@ async function pump(): Promise<void> {
       queue = queue.slice(head);
       head = 0;
     }
+    // The op log's clock is read only for timed ops: tracing off costs one property check.
+    const startMs = item.timed === true ? epochNowMs() : -1;
+    const times = (): OpTimes => (startMs < 0 ? UNTIMED : { startMs, endMs: epochNowMs() });
     try {
       let result = execute(item.op);
       if (isThenable(result)) result = await result;
-      finish(item.seq, result);
+      finish(item.seq, result, times());
     } catch (err) {
-      fail(item.seq, item.op.kind === 'kernel' ? kernelFailure(item.op.name, err) : (err as Error).message);
+      fail(item.seq, item.op.kind === 'kernel' ? kernelFailure(item.op.name, err) : (err as Error).message, times());
     }
   }
   if (head === queue.length) {

@@ -6,15 +6,23 @@
  * staggered arrivals, so new requests' READs are posted while the decode stream still runs the previous
  * forward: the window in which a zeroing queued behind that forward can land after the READ.
  * Per variant: requests equal to the reference (tokens and logits), mismatches, races reported by the
- * race checker on the decode device, decode tokens/s and ITL p50.
+ * race checker on the decode device, decode tokens/s and ITL p50. With `trace`, also the decode
+ * instance's timeline (real_trace.ts): compute ops timed in the compute thread, NIC work requests,
+ * requests, and the racing pairs highlighted.
  */
+import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
+import { isHandoffError } from '../util/errors.ts';
 import type { RaceChecker } from '../device/race_checker.ts';
+import { deviceTimeline } from '../device/threaded.ts';
+import { TransferEngineCore } from '../transfer/transfer_engine.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
 import { threadedDevice } from '../engine/devices.ts';
 import { LLMEngine, type GenerateRequest, type GenerateResult } from '../engine/llm_engine.ts';
 import { PdPair } from './pd_pair.ts';
+import { realTrace, type RealRequest } from './real_trace.ts';
+import type { SimTrace } from './trace.ts';
 
 export interface AbVariant {
   name: string;
@@ -43,6 +51,8 @@ export interface AbVariantResult {
   pagesExcludedFromZeroing: number;
   hostSyncWaits: number;
   sampleRace: string | null;
+  /** The decode instance's timeline, when AbOptions.trace is set. */
+  trace: SimTrace | null;
 }
 
 export interface AbReport {
@@ -59,6 +69,8 @@ export interface AbOptions {
   /** Mean gap between arrivals; arrivals overlap with decoding. */
   arrivalGapMs: number;
   variants?: AbVariant[];
+  /** Log the decode instance's ops and work requests and return its timeline per variant. */
+  trace?: boolean;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -105,6 +117,13 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
       env,
     );
     try {
+      const timeline = opts.trace === true ? deviceTimeline(pair.decode.device) : null;
+      const transfer = pair.decodeConnector.transfer;
+      const nicLog = opts.trace === true && transfer instanceof TransferEngineCore ? transfer : null;
+      assert(opts.trace !== true || (timeline !== null && nicLog !== null), 'a traced A/B needs a threaded decode device and a NIC-thread transfer engine');
+      timeline?.startTimeline();
+      nicLog?.startWorkLog();
+      const traced: RealRequest[] = [];
       const itls: number[] = [];
       let done = 0;
       let errors = 0;
@@ -112,17 +131,22 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
       const results = await Promise.all(
         prompts.map(async (p, i) => {
           await env.sleep(i * opts.arrivalGapMs);
+          const startMs = timeline?.timelineNowMs() ?? 0;
+          let outcome = 'ok';
           let last: number | null = null;
           try {
             const r = await pair.generate(p, (t) => {
               if (last !== null) itls.push(t - last);
               last = t;
             });
+            if (!sameRun(r, reference[i] as GenerateResult)) outcome = 'mismatch';
             return r;
-          } catch {
+          } catch (e) {
             errors++;
+            outcome = `failed ${isHandoffError(e) ? e.code : 'untyped'}`;
             return null;
           } finally {
+            if (timeline !== null) traced.push({ index: i, startMs, endMs: timeline.timelineNowMs(), outcome });
             opts.onProgress?.(v.name, ++done, prompts.length);
           }
         }),
@@ -144,6 +168,17 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
         pagesExcludedFromZeroing: pair.decode.scheduler.stats.pagesExcludedFromZeroing,
         hostSyncWaits: pair.decodeConnector.worker.stats.hostSyncWaits,
         sampleRace: races[0] ? JSON.stringify(races[0]).slice(0, 400) : null,
+        trace:
+          timeline === null || nicLog === null
+            ? null
+            : realTrace({
+                title: `handoff ab ${v.name}: decode instance of ${opts.preset}, ${prompts.length} requests, real threads (NIC completion times as the host observed them)`,
+                process: 'D',
+                ops: timeline.timeline(),
+                workRequests: nicLog.workLogEntries(),
+                requests: traced.sort((a, b) => a.index - b.index),
+                races,
+              }),
       });
     } finally {
       await pair.close();

@@ -39,6 +39,9 @@ const times = [...T.spans.map(s => s.startMs + s.durMs), ...T.instants.map(i => 
 const end = Math.max(...times);
 const chart = document.getElementById('chart');
 const scaleInput = document.getElementById('scale');
+// Long (real-run) timelines start fitted to the window; the slider still zooms in.
+const fit = Math.max(0.01, (document.documentElement.clientWidth - 160) / end);
+if (Number(scaleInput.value) * end > 20000) scaleInput.value = String(fit);
 function draw() {
   const width = Math.max(600, Number(scaleInput.value) * end);
   const x = ms => 110 + (ms / end) * width;
@@ -96,7 +99,7 @@ export function timelineHtml(t: SimTrace): string {
     `<h1>${escapeHtml(t.title)}</h1>`,
     `<div>${t.spans.length} actions, ${t.requests.length} requests, ${t.races.length} race(s) highlighted in red</div>`,
     '<ul id="races"></ul>',
-    '<div id="controls">px per ms <input id="scale" type="range" min="2" max="400" value="40"></div>',
+    '<div id="controls">px per ms <input id="scale" type="range" min="0.01" max="400" step="any" value="40"></div>',
     '<div id="chart"></div>',
     `<script id="trace" type="application/json">${embed(t)}</script>`,
     `<script>${SCRIPT}</script>`,

@@ -16,7 +16,7 @@ import { createLogger, type Logger } from '../util/log.ts';
 import { GrantIssuer } from './grant_issuer.ts';
 import { isTokenFormat } from './grant_table.ts';
 import { buildMetadata } from './metadata.ts';
-import type { NicHost } from './nic_host.ts';
+import { WorkRequestLog, type NicHost, type WorkRequestRecord } from './nic_host.ts';
 import { COUNTER, CQ_DONE, CQ_FAILED, type NicEvent } from './nic_messages.ts';
 import { coalesceRanges, disjoint, localSide, packRanges, rangeProblem, remoteSide, totalBytes } from './ranges.ts';
 import {
@@ -47,6 +47,8 @@ interface HandleState {
   rcId: number | null;
   observed: boolean;
   waiters: Set<() => void>;
+  /** Its entry in the opt-in work-request log, if on. */
+  log: WorkRequestRecord | null;
 }
 
 /** One work request's ranges after coalescing (one tcp frame carries at most this many). */
@@ -88,6 +90,7 @@ export abstract class TransferEngineCore implements TransferEngine {
   private readonly abortWaiters = new Map<number, Array<() => void>>();
   private nextWrId = 1;
   private closing: Promise<void> | null = null;
+  private workLog: WorkRequestLog | null = null;
 
   protected constructor(
     opts: TransferEngineOptions,
@@ -121,6 +124,16 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   attachRaceChecker(rc: RaceCheckerLike | null): void {
     this.rc = rc;
+  }
+
+  /** Log work requests posted from now on, with host-observed post and completion times (idempotent). */
+  startWorkLog(): void {
+    this.workLog ??= new WorkRequestLog(this.nic);
+  }
+
+  /** The logged work requests in post order; empty when the log was never started. */
+  workLogEntries(): WorkRequestRecord[] {
+    return this.workLog?.entries() ?? [];
   }
 
   // ---- grants (serving side) ----
@@ -162,8 +175,10 @@ export abstract class TransferEngineCore implements TransferEngine {
       bytes: totalBytes(ranges),
       descriptors: ranges.length,
     });
-    const st: HandleState = { handle, slot: null, state: 'pending', error: null, rc, rcId: null, observed: false, waiters: new Set() };
+    const st: HandleState = { handle, slot: null, state: 'pending', error: null, rc, rcId: null, observed: false, waiters: new Set(), log: null };
     st.rcId = rc ? rc.nicPost(req.label, req.footprint) : null;
+    const wl = this.workLog;
+    if (wl !== null) st.log = wl.posted({ wrId: handle.id, checkerWrId: st.rcId, kind, label: req.label, transferId: req.transferId, bytes: handle.bytes }, req.footprint);
     this.states.set(handle, st);
     if (kind === 'read') this.counters.readsPosted++;
     else this.counters.writesPosted++;
@@ -220,6 +235,7 @@ export abstract class TransferEngineCore implements TransferEngine {
       if (kind === 'read') this.counters.readsFailed++;
       else this.counters.writesFailed++;
     }
+    if (st.log !== null) this.workLog?.finished(st.log, st.state);
     for (const w of [...st.waiters]) w();
     st.waiters.clear();
   }
