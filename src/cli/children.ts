@@ -25,6 +25,8 @@ export interface SpawnOptions {
   readyTimeoutMs?: number;
   /** Extra environment (e.g. HANDOFF_LOG_LEVEL). */
   env?: Record<string, string>;
+  /** A command the child runs under, e.g. `['ip', 'netns', 'exec', 'ns1']` (it must exec node in place). */
+  prefix?: string[];
 }
 
 /** Start `handoff <args> --json --exit-with-parent` and wait for its ready line. */
@@ -33,7 +35,9 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
   // A child of a test run must not report to the test runner, and logs only warnings.
   if (childEnv['NODE_TEST_CONTEXT'] !== undefined) childEnv['HANDOFF_LOG_LEVEL'] ??= 'warn';
   delete childEnv['NODE_TEST_CONTEXT'];
-  const child = spawn(process.execPath, [HANDOFF_BIN, ...args, '--json', '--exit-with-parent'], { stdio: ['pipe', 'pipe', 'inherit'], env: childEnv });
+  const argv = [process.execPath, HANDOFF_BIN, ...args, '--json', '--exit-with-parent'];
+  const [cmd, ...rest] = [...(opts.prefix ?? []), ...argv] as [string, ...string[]];
+  const child = spawn(cmd, rest, { stdio: ['pipe', 'pipe', 'inherit'], env: childEnv });
   let exited = false;
   const gone = new Promise<void>((resolve) => child.once('exit', () => ((exited = true), resolve())));
   const stop = async (graceMs = 5000): Promise<void> => {

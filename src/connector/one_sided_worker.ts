@@ -125,6 +125,17 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     return p;
   }
 
+  /** The engine at host:port, asked again once when the cached answer is not `expected` (a peer restarted on that address). */
+  private async peerFor(host: string, port: number, expected: string): Promise<string> {
+    let engineId = await this.peer(host, port);
+    if (engineId !== expected) {
+      this.peers.delete(`${host}:${port}`);
+      engineId = await this.peer(host, port);
+    }
+    if (engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${expected}`);
+    return engineId;
+  }
+
   /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */
   async preForward(so: SchedulerOutput): Promise<LoadResult> {
     const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
@@ -193,6 +204,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       }
       if (error) {
         this.stats.readsFailed++;
+        // The side channel to that peer is gone: handshake again (for the release below and the next READ).
+        if (error.code === 'PEER_UNAVAILABLE') this.peers.delete(`${p.r.remoteHost}:${p.r.remotePort}`);
         this.log?.warn({ requestId: p.r.requestId, code: error.code, err: error.message }, 'KV READ failed');
         result.failedReqIds.push(p.r.requestId);
         result.invalidBlockIds.push(...p.r.localBlockIds.flat());
@@ -206,10 +219,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private async postReadFor(r: RecvReqMeta, step: number): Promise<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> {
     if (r.localBlockIds.every((g) => g.length === 0)) return { r, handle: null, error: null };
     try {
-      const peerEngineId = await this.peer(r.remoteHost, r.remotePort);
-      if (peerEngineId !== r.remoteEngineId) {
-        throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${r.remoteHost}:${r.remotePort} is ${peerEngineId}, not ${r.remoteEngineId}`);
-      }
+      const peerEngineId = await this.peerFor(r.remoteHost, r.remotePort, r.remoteEngineId);
       const { ranges, footprint } = this.rangesFor(r.localBlockIds, r.remoteBlockIds);
       this.stats.readsPosted++;
       const handle = this.transfer.postRead({
@@ -230,7 +240,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** Tell the producer it may free its pages (also after a failure or an empty READ). */
   private release(r: RecvReqMeta): void {
     void this.peer(r.remoteHost, r.remotePort)
-      .then((engineId) => this.transfer.notify(engineId, { type: 'release', transferId: r.transferId }))
+      .then((engineId) => this.transfer.notify(engineId, { type: 'release', transferId: r.transferId, payload: { grant: r.grant } }))
       .then(
         () => void this.stats.releasesSent++,
         (e: unknown) => {
@@ -245,10 +255,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     // Only the pages after decode's prefix hit are granted (attention groups; Mamba groups have no hit).
     const writable = local.map((ids, g) => (g < this.numAttnGroups ? ids.slice(skipBlocks) : ids));
     try {
-      const engineId = await this.peer(host, port);
-      if (engineId !== remoteEngineId) {
-        throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${remoteEngineId}`);
-      }
+      const engineId = await this.peerFor(host, port, remoteEngineId);
       const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: writable.flat(), ttlMs: this.config.leaseMs });
       this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: writable.flat(), aborted: false });
       await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, skipBlocks, grant: grant.token } });
@@ -296,12 +303,12 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       });
       if (this.config.mutant === 'write-done-early') {
         // Mutant: completion announced before the destination has the data.
-        await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId });
+        await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
         await this.transfer.wait([h], this.config.transferTimeoutMs);
         return;
       }
       await this.transfer.wait([h], this.config.transferTimeoutMs);
-      await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId });
+      await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
     } catch (e) {
       this.log?.warn({ transferId: save.transferId, err: String(e) }, 'KV WRITE failed; decode will time out and recompute');
     }

@@ -40,7 +40,10 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
     return;
   }
   const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
+  // A request body we stopped reading half way (too large) would stall the next request on this
+  // keep-alive connection: close the connection after this response. (Node drains bodies never read.)
+  const close: Record<string, string> = res.req !== undefined && res.req.readableDidRead && !res.req.complete ? { connection: 'close' } : {};
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers, ...close });
   res.end(text);
 }
 

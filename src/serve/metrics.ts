@@ -88,6 +88,7 @@ export class InstanceMetrics {
     mirror('handoff_transfer_grants_issued_total', 'grants issued for this engine pages', t((x) => x.grantsIssued));
     mirror('handoff_transfer_grants_refused_total', 'READs/WRITEs refused by this engine (GRANT_DENIED)', t((x) => x.grantsRefused));
     mirror('handoff_transfer_grants_expired_total', 'grants that expired unused', t((x) => x.grantsExpired));
+    mirror('handoff_transfer_releases_refused_total', 'release/write_done notifications refused (wrong peer or grant token)', t((x) => x.releasesRefused));
     mirror('handoff_transfer_notifications_failed_total', 'side-channel notifications that failed', t((x) => x.notificationsFailed));
     mirror('handoff_transfer_bad_frames_total', 'data-plane connections closed for malformed frames', t((x) => x.badFrames));
 

@@ -1,20 +1,27 @@
 /**
- * Stop strings over streamed text: for any text, any way of cutting it into deltas and any stop list,
- * the released text is exactly the text cut before the earliest stop string (or all of it), every
- * release is a prefix of that, and no released prefix ever ends inside a stop string that follows.
+ * Stop strings over streamed text, with vLLM's semantics: generation stops at the first delta after
+ * which some stop string appears in the text, and the text is cut before the earliest stop string
+ * present at that moment (a longer stop string that could only complete later does not count). For any
+ * deltas and stop list the released text is exactly that, and every release is a prefix of it.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { StopChecker } from './stop_checker.ts';
 
-function reference(text: string, stops: string[]): { text: string; stopped: boolean } {
-  let cut = -1;
-  for (const s of stops) {
-    const at = text.indexOf(s);
-    if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+/** Text as generation grows delta by delta: stop after the first delta that completes a stop string. */
+function reference(deltas: string[], stops: string[]): { text: string; stopped: boolean } {
+  let text = '';
+  for (const d of deltas) {
+    text += d;
+    let cut = -1;
+    for (const s of stops) {
+      const at = text.indexOf(s);
+      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+    }
+    if (cut >= 0) return { text: text.slice(0, cut), stopped: true };
   }
-  return cut < 0 ? { text, stopped: false } : { text: text.slice(0, cut), stopped: true };
+  return { text, stopped: false };
 }
 
 function run(deltas: string[], stops: string[]): { text: string; stopped: boolean; releases: string[] } {
@@ -40,13 +47,12 @@ test('examples: the stop string and what follows are dropped; no stops passes te
   assert.equal(run(['aXb'], ['b', 'X']).text, 'a', 'the earliest stop wins, whatever the list order');
 });
 
-test('property: streamed stop-string handling equals cutting the whole text', () => {
+test('property: streamed stop-string handling equals the delta-by-delta reference (vLLM semantics)', () => {
   const alphabet = fc.constantFrom('a', 'b', 'c', ' ', 'é');
   const str = (min: number, max: number) => fc.array(alphabet, { minLength: min, maxLength: max }).map((a) => a.join(''));
   fc.assert(
     fc.property(fc.array(str(0, 6), { maxLength: 12 }), fc.array(str(1, 4), { maxLength: 3 }), (deltas, stops) => {
-      const whole = deltas.join('');
-      const want = reference(whole, stops);
+      const want = reference(deltas, stops);
       const got = run(deltas, stops);
       assert.equal(got.text, want.text);
       assert.equal(got.stopped, want.stopped);
@@ -54,4 +60,8 @@ test('property: streamed stop-string handling equals cutting the whole text', ()
     }),
     { numRuns: 500 },
   );
+});
+
+test('a stop string completed by an earlier delta wins over a longer one that would only complete later', () => {
+  assert.deepEqual(run(['ab', 'a'], ['aba', 'b']), { text: 'a', stopped: true, releases: ['a'] });
 });

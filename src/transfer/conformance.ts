@@ -200,16 +200,23 @@ export function transferConformance(backend: TransferBackend): void {
       await D.engine.wait([h], 5000);
     });
 
-    test('a release notification from the reader revokes the grant; later READs are refused', async () => {
+    test('a release from the reader with the grant token revokes the grant (a forged one is refused); later READs are refused', async () => {
       reset(D);
       const t = tid();
       const { token } = P.engine.issueGrant({ transferId: t, peerEngineId: D.engine.engineId, blockIds: [3], ttlMs: 10_000 });
       await D.engine.wait([D.engine.postRead(readOf(P, t, token, pageRanges([[3, 3]])))], 5000);
       const got: Array<[string, Notification]> = [];
       const off = P.engine.onNotification((from, n) => got.push([from, n]));
+      // A release that does not carry the grant's token ends nothing and reaches no handler.
+      const refusedBefore = P.engine.stats().releasesRefused;
+      await D.engine.notify(P.engine.engineId, { type: 'release', transferId: t, payload: { grant: 'ef'.repeat(16) } });
       await D.engine.notify(P.engine.engineId, { type: 'release', transferId: t });
+      assert.deepEqual(got, []);
+      assert.equal(P.engine.stats().releasesRefused, refusedBefore + 2);
+      await D.engine.wait([D.engine.postRead(readOf(P, t, token, pageRanges([[3, 3]])))], 5000);
+      await D.engine.notify(P.engine.engineId, { type: 'release', transferId: t, payload: { grant: token } });
       off();
-      assert.deepEqual(got, [[D.engine.engineId, { type: 'release', transferId: t }]]);
+      assert.deepEqual(got, [[D.engine.engineId, { type: 'release', transferId: t, payload: { grant: token } }]]);
       assert.equal(P.engine.revokeGrant(t), false, 'already revoked by the release');
       reset(D);
       await rejectsWith(D.engine.wait([D.engine.postRead(readOf(P, t, token, pageRanges([[3, 3]])))], 5000), 'GRANT_DENIED');

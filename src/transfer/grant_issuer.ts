@@ -9,10 +9,12 @@ import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { NicHost } from './nic_host.ts';
 import type { Grant, GrantRequest } from './types.ts';
+import { sameToken, type ReleaseOutcome } from './grant_table.ts';
 
 const GRANTS_MAX = 65536;
 
 interface GrantRecord {
+  token: string;
   peerEngineId: string | null;
   timer: TimerHandle;
 }
@@ -37,6 +39,7 @@ export class GrantIssuer {
     if (this.grants.size >= GRANTS_MAX) throw new HandoffError('OVERLOADED', `${GRANTS_MAX} grants live at once`);
     const token = hexId(this.env, 16);
     const record: GrantRecord = {
+      token,
       peerEngineId: req.peerEngineId,
       timer: this.env.setTimer(req.ttlMs, () => {
         if (this.grants.get(req.transferId) !== record) return;
@@ -60,11 +63,13 @@ export class GrantIssuer {
     return true;
   }
 
-  /** The grant's peer says it is done with the transfer (release, write_done): revoke it. */
-  releasedBy(transferId: string, peerEngineId: string): boolean {
+  /** The grant's peer says it is done with the transfer (release, write_done) and proves it with the token: revoke it. */
+  releasedBy(transferId: string, peerEngineId: string, token: unknown): ReleaseOutcome {
     const g = this.grants.get(transferId);
-    if (g === undefined || (g.peerEngineId !== null && g.peerEngineId !== peerEngineId)) return false;
-    return this.revoke(transferId);
+    if (g === undefined) return 'no-grant';
+    if ((g.peerEngineId !== null && g.peerEngineId !== peerEngineId) || !sameToken(g.token, token)) return 'refused';
+    this.revoke(transferId);
+    return 'released';
   }
 
   /** Cancel every timer (engine close; the NIC thread goes away with its table). */

@@ -41,6 +41,18 @@ export function isTokenFormat(token: string): boolean {
   return TOKEN_RE.test(token) && token.length % 2 === 0;
 }
 
+/** Constant-time comparison of a presented token with the issued one. */
+export function sameToken(issued: string, presented: unknown): boolean {
+  if (typeof presented !== 'string' || !isTokenFormat(presented) || presented.length !== issued.length) return false;
+  return timingSafeEqual(Buffer.from(issued, 'hex'), Buffer.from(presented, 'hex'));
+}
+
+/**
+ * A release/write_done ends a grant only when it comes from the grant's peer and carries the grant's
+ * token: otherwise anyone who learned a transfer id could free another request's pages.
+ */
+export type ReleaseOutcome = 'released' | 'refused' | 'no-grant';
+
 export class GrantTable {
   private readonly grants = new Map<string, Stored>();
 

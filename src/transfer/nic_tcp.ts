@@ -70,9 +70,18 @@ export class TcpPlane {
     conn.post(wr);
   }
 
-  /** Stop writing local memory for `wrId` (whichever connection carries it). */
+  /**
+   * Stop writing local memory for `wrId` (whichever connection carries it). A connection on which
+   * nothing arrived since that READ was posted is dropped: after a link cut TCP can sit in
+   * retransmission backoff for tens of seconds once the link is back, and every later request would
+   * wait behind it; the next work request opens a fresh connection instead.
+   */
   abort(wrId: number): void {
-    for (const c of this.clients.values()) c.abort(wrId);
+    for (const [peerEngineId, c] of [...this.clients]) {
+      if (!c.abort(wrId)) continue;
+      this.clients.delete(peerEngineId);
+      c.destroy('PEER_UNAVAILABLE', `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`);
+    }
   }
 
   async close(): Promise<void> {

@@ -82,6 +82,8 @@ abstract class Conn implements FrameSink {
   protected readonly decoder = new FrameDecoder(this);
   protected readonly sender: Sender;
   protected closedWith: { code: ErrorCode; message: string } | null = null;
+  /** Bytes received so far (a READ that saw none arrive since it was posted means a stalled connection). */
+  protected bytesIn = 0;
 
   constructor(
     readonly socket: net.Socket,
@@ -100,6 +102,7 @@ abstract class Conn implements FrameSink {
   /** Bytes from the socket; the decoder copies what it keeps, so `chunk` may be reused afterwards. */
   onChunk(chunk: Uint8Array): void {
     if (this.closedWith !== null) return;
+    this.bytesIn += chunk.length;
     try {
       this.decoder.push(chunk);
     } catch (e) {
@@ -208,7 +211,7 @@ export class ServerConn extends Conn {
 
 /** Our connection to a peer's data port: we post READs and WRITEs on it. */
 export class ClientConn extends Conn {
-  private readonly reads = new Map<number, { stream: RangeStream }>();
+  private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
   /** Aborted READs whose bytes may still arrive: skipped, never written. */
   private readonly discard = new Map<number, RangeStream>();
   private readonly writes = new Set<number>();
@@ -251,7 +254,7 @@ export class ClientConn extends Conn {
     const ranges = unpackRanges(wr.ranges);
     const frame = { reqId: wr.wrId, transferId: wr.transferId, grantToken: wr.grantToken, ranges: remoteSide(ranges) };
     if (wr.kind === 'read') {
-      this.reads.set(wr.wrId, { stream: new RangeStream(localSide(ranges)) });
+      this.reads.set(wr.wrId, { stream: new RangeStream(localSide(ranges)), bytesInAtPost: this.bytesIn });
       this.send({ type: 'read', ...frame });
     } else {
       this.writes.add(wr.wrId);
@@ -260,14 +263,18 @@ export class ClientConn extends Conn {
     }
   }
 
-  /** After this returns, no byte for `wrId` is written into our slabs. */
-  abort(wrId: number): void {
+  /**
+   * After this returns, no byte for `wrId` is written into our slabs. Returns true when `wrId` was a
+   * READ and not one byte arrived on this connection since it was posted: the connection is stalled.
+   */
+  abort(wrId: number): boolean {
     const r = this.reads.get(wrId);
     if (r !== undefined) {
       this.reads.delete(wrId);
       this.discard.set(wrId, r.stream);
     }
     if (this.writes.delete(wrId)) this.cancelWrite(wrId);
+    return r !== undefined && this.bytesIn === r.bytesInAtPost;
   }
 
   private cancelWrite(wrId: number): void {

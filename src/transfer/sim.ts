@@ -78,7 +78,7 @@ export class SimTransferEngine implements TransferEngine {
   private closed = false;
   private readonly counters: Counters = {
     bytesRead: 0, bytesWritten: 0, readsPosted: 0, readsFailed: 0, writesPosted: 0, writesFailed: 0, descriptorsPosted: 0,
-    handshakesRefused: 0, notificationsSent: 0, notificationsFailed: 0,
+    handshakesRefused: 0, notificationsSent: 0, notificationsFailed: 0, releasesRefused: 0,
   };
 
   /** The factory's path: an engine on the shared auto-running fabric over SharedArrayBuffer slabs. */
@@ -334,7 +334,13 @@ export class SimTransferEngine implements TransferEngine {
   }
 
   private deliver(fromEngineId: string, n: Notification): void {
-    if (n.type === 'release' || n.type === 'write_done') this.grants.releasedBy(n.transferId, fromEngineId);
+    if (n.type === 'release' || n.type === 'write_done') {
+      // A release that cannot prove the grant (wrong peer or token) ends nothing and reaches no handler.
+      if (this.grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') {
+        this.counters.releasesRefused++;
+        return;
+      }
+    }
     for (const h of [...this.handlers]) {
       try {
         h(fromEngineId, n);

@@ -8,7 +8,7 @@ import { assert } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
-import { GrantTable, type GrantDecision, type GrantQuery } from './grant_table.ts';
+import { GrantTable, sameToken, type GrantDecision, type GrantQuery, type ReleaseOutcome } from './grant_table.ts';
 import type { SimFabric } from './sim_fabric.ts';
 import type { Grant, GrantRequest, SlabLayout } from './types.ts';
 
@@ -18,7 +18,7 @@ type GrantEnd = 'revoked' | 'expired' | 'released';
 
 export class SimGrants {
   private readonly table: GrantTable;
-  private readonly records = new Map<string, { timer: TimerHandle; peerEngineId: string | null; blockIds: number[] }>();
+  private readonly records = new Map<string, { timer: TimerHandle; token: string; peerEngineId: string | null; blockIds: number[] }>();
   issued = 0;
   expired = 0;
   refused = 0;
@@ -42,6 +42,7 @@ export class SimGrants {
     const expiresAtMs = this.env.nowMs() + req.ttlMs;
     const blockIds = [...req.blockIds];
     const record = {
+      token,
       peerEngineId: req.peerEngineId,
       blockIds,
       timer: this.env.setTimer(req.ttlMs, () => {
@@ -68,10 +69,13 @@ export class SimGrants {
     return true;
   }
 
-  /** The grant's peer is done with it (release, write_done). */
-  releasedBy(transferId: string, peerEngineId: string): void {
+  /** The grant's peer is done with it (release, write_done) and proves it with the token. */
+  releasedBy(transferId: string, peerEngineId: string, token: unknown): ReleaseOutcome {
     const g = this.records.get(transferId);
-    if (g !== undefined && (g.peerEngineId === null || g.peerEngineId === peerEngineId)) this.end(transferId, 'released');
+    if (g === undefined) return 'no-grant';
+    if ((g.peerEngineId !== null && g.peerEngineId !== peerEngineId) || !sameToken(g.token, token)) return 'refused';
+    this.end(transferId, 'released');
+    return 'released';
   }
 
   check(q: GrantQuery): GrantDecision {

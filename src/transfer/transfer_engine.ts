@@ -81,6 +81,7 @@ export abstract class TransferEngineCore implements TransferEngine {
     handshakesRefused: 0,
     notificationsSent: 0,
     notificationsFailed: 0,
+    releasesRefused: 0,
   };
   private rc: RaceCheckerLike | null = null;
   private readonly grants: GrantIssuer;
@@ -333,7 +334,13 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   /** Called by the backend when a notification arrives from a peer. */
   protected deliver(fromEngineId: string, n: Notification): void {
-    if (n.type === 'release' || n.type === 'write_done') this.grants.releasedBy(n.transferId, fromEngineId);
+    if (n.type === 'release' || n.type === 'write_done') {
+      // A release that cannot prove the grant (wrong peer or token) ends nothing and reaches no handler.
+      if (this.grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') {
+        this.counters.releasesRefused++;
+        return;
+      }
+    }
     for (const h of [...this.handlers]) {
       try {
         h(fromEngineId, n);

@@ -118,6 +118,8 @@ export interface TransferStats {
   handshakesRefused: number;
   notificationsSent: number;
   notificationsFailed: number;
+  /** release / write_done notifications refused: wrong peer or wrong grant token for a live grant. */
+  releasesRefused: number;
   /** Data-plane connections closed because of malformed frames (tcp). */
   badFrames: number;
 }

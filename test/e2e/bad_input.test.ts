@@ -1,0 +1,255 @@
+/**
+ * Bad and hostile input against real `handoff serve` processes on loopback (issue 8). Proves: malformed
+ * JSON, wrong types, prompts over the model's length and max_tokens out of range get a 4xx OpenAI error
+ * JSON with a stable code (also through the proxy); hostile kv_transfer_params on decode (negative,
+ * duplicate, null or out-of-range block ids, more blocks than the prompt needs, wrong number of groups,
+ * an unknown engine, an expired, forged or swapped grant, pages that were not granted) each get a 4xx
+ * with a stable code and READ nothing; refusals by prefill's NIC are counted in its /metrics; a request
+ * refused before any READ leaves the real transfer intact (its rightful use still gives the colocated
+ * tokens); no page leaks on either side, and every server keeps serving.
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { RealEnv } from '../../src/util/env.ts';
+import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
+
+const env = new RealEnv(10);
+const NUM_BLOCKS = 192;
+const TOTAL_PAGES = NUM_BLOCKS - 1;
+const MAX_MODEL_LEN = 512;
+const children: ChildServer[] = [];
+let prefill: ChildServer;
+/** A prefill whose grants and leases end after 200 ms (the expired-grant case). */
+let shortLease: ChildServer;
+let decode: ChildServer;
+let proxy: ChildServer;
+
+async function serve(role: 'prefill' | 'decode', extra: Record<string, unknown> = {}): Promise<ChildServer> {
+  const config = JSON.stringify({ kv_connector: 'OneSidedConnector', kv_connector_extra_config: { read_mode: true, ...extra } });
+  const args = ['serve', '--role', role, '--model', 'dsv4-mini', '--host', '127.0.0.1', '--port', '0', '--num-blocks', String(NUM_BLOCKS), '--max-model-len', String(MAX_MODEL_LEN), '--kv-transfer-config', config];
+  return spawnHandoff(args, env, { env: { HANDOFF_LOG_LEVEL: 'error' } });
+}
+
+before(async () => {
+  // lease_ms 5000: a hostile request cannot release the transfer it names (a release must carry that
+  // transfer's grant token), so those pages come back when the lease ends.
+  const started = await Promise.allSettled([serve('prefill', { lease_ms: 5000 }), serve('prefill', { lease_ms: 200 }), serve('decode')]);
+  for (const s of started) if (s.status === 'fulfilled') children.push(s.value);
+  const failed = started.find((s) => s.status === 'rejected');
+  if (failed) throw failed.reason;
+  [prefill, shortLease, decode] = children as [ChildServer, ChildServer, ChildServer];
+  proxy = await spawnHandoff(['proxy', '--prefill', prefill.url, '--decode', decode.url, '--port', '0'], env, { env: { HANDOFF_LOG_LEVEL: 'error' } });
+  children.push(proxy);
+});
+
+after(async () => {
+  await Promise.all(children.map((c) => c.stop(2000)));
+  for (const c of children) assert.ok(c.exited, `pid ${c.pid} exited`);
+});
+
+interface Reply {
+  status: number;
+  json: Record<string, unknown> & { error?: { code: string; message: string; type: string; param: unknown }; choices?: Array<{ token_ids: number[] }> };
+}
+
+async function postRaw(url: string, path: string, body: string, headers: Record<string, string> = {}): Promise<Reply> {
+  const r = await fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body, signal: AbortSignal.timeout(45_000) });
+  return { status: r.status, json: (await r.json()) as Reply['json'] };
+}
+
+const post = (url: string, body: unknown, path = '/v1/completions'): Promise<Reply> => postRaw(url, path, JSON.stringify(body));
+
+const tokens = (r: Reply): number[] => {
+  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
+  return r.json.choices?.[0]?.token_ids ?? assert.fail('no token_ids');
+};
+
+/** An OpenAI-style error JSON with this status and code. */
+function assertError(r: Reply, status: number, code: string, what: string): void {
+  assert.equal(r.status, status, `${what}: ${JSON.stringify(r.json).slice(0, 300)}`);
+  assert.equal(r.json.error?.code, code, what);
+  assert.equal(r.json.error?.type, 'invalid_request_error', what);
+  assert.ok(typeof r.json.error?.message === 'string' && r.json.error.message.length > 0, what);
+  assert.ok('param' in (r.json.error ?? {}), `${what}: OpenAI error shape`);
+}
+
+async function metric(c: ChildServer, name: string): Promise<number> {
+  let sum: number | undefined;
+  for (const line of (await (await fetch(`${c.url}/metrics`)).text()).split('\n')) {
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$/.exec(line);
+    if (m && m[1] === name) sum = (sum ?? 0) + Number(m[2]);
+  }
+  assert.ok(sum !== undefined, `${name} in /metrics of ${c.url}`);
+  return sum;
+}
+
+async function waitFor(what: string, cond: () => Promise<boolean>, boundMs = 20_000): Promise<void> {
+  const deadline = env.nowMs() + boundMs;
+  while (!(await cond())) {
+    if (env.nowMs() > deadline) assert.fail(`${what}: still not true after ${boundMs} ms`);
+    await env.sleep(25);
+  }
+}
+
+const allPagesFree = (c: ChildServer): Promise<void> =>
+  waitFor(`free pages of ${String(c.ready['role'])} ${c.url} back to ${TOTAL_PAGES}`, async () => (await metric(c, 'handoff_kv_free_pages')) === TOTAL_PAGES && (await metric(c, 'handoff_num_requests_running')) === 0);
+
+// 55 tokens: four 16-token pages per transfer group (dsv4-mini has two groups), no fewer, no more.
+const PROMPT = 'Hostile parameters must be refused with a clear error, and nothing may leak from the pool of pages, ever. A grant names the pages, the peer and the transfer; a READ outside of it moves nothing at all, and is counted by the producer that refused it.';
+const VICTIM_PROMPT = `${PROMPT} Someone else's prompt.`;
+const BODY = { model: 'dsv4-mini', prompt: PROMPT, max_tokens: 6, temperature: 0, ignore_eos: true, return_token_ids: true };
+type Params = Record<string, unknown> & { remote_block_ids: number[][] };
+
+/** Valid page ids of the prefill pool that are not in `p`'s grant. */
+const notGranted = (p: Params, n: number): number[] => {
+  const granted = new Set(p.remote_block_ids.flat());
+  return Array.from({ length: TOTAL_PAGES }, (_, i) => TOTAL_PAGES - i).filter((b) => !granted.has(b)).slice(0, n);
+};
+
+async function params(from: ChildServer = prefill, prompt = PROMPT): Promise<Params> {
+  const r = await post(from.url, { ...BODY, prompt, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  return r.json['kv_transfer_params'] as Params;
+}
+
+test('HTTP: malformed JSON, wrong types, over-long prompts, max_tokens out of range: 4xx OpenAI error JSON on decode, prefill and the proxy', async () => {
+  const long = 'word '.repeat(600);
+  const cases: Array<[string, string, string, number, string]> = [
+    ['malformed JSON', '/v1/completions', '{"prompt": "x",', 400, 'BAD_REQUEST'],
+    ['empty body', '/v1/completions', '', 400, 'BAD_REQUEST'],
+    ['body is an array', '/v1/completions', '[1, 2]', 400, 'BAD_REQUEST'],
+    ['body is null', '/v1/completions', 'null', 400, 'BAD_REQUEST'],
+    ['no prompt', '/v1/completions', '{}', 400, 'BAD_REQUEST'],
+    ['prompt is a number', '/v1/completions', '{"prompt": 5}', 400, 'BAD_REQUEST'],
+    ['empty prompt', '/v1/completions', '{"prompt": ""}', 400, 'BAD_REQUEST'],
+    ['token id over the vocabulary', '/v1/completions', '{"prompt": [99999999]}', 400, 'BAD_REQUEST'],
+    ['negative token id', '/v1/completions', '{"prompt": [-1, 5]}', 400, 'BAD_REQUEST'],
+    ['max_tokens is a string', '/v1/completions', '{"prompt": "x", "max_tokens": "many"}', 400, 'BAD_REQUEST'],
+    ['max_tokens 0', '/v1/completions', '{"prompt": "x", "max_tokens": 0}', 400, 'BAD_REQUEST'],
+    ['max_tokens negative', '/v1/completions', '{"prompt": "x", "max_tokens": -5}', 400, 'BAD_REQUEST'],
+    ['max_tokens fractional', '/v1/completions', '{"prompt": "x", "max_tokens": 1.5}', 400, 'BAD_REQUEST'],
+    ['max_tokens over max_model_len', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: MAX_MODEL_LEN + 1 }), 400, 'BAD_REQUEST'],
+    ['temperature is a string', '/v1/completions', '{"prompt": "x", "temperature": "hot"}', 400, 'BAD_REQUEST'],
+    ['temperature out of range', '/v1/completions', '{"prompt": "x", "temperature": 3}', 400, 'BAD_REQUEST'],
+    ['n = 2', '/v1/completions', '{"prompt": "x", "n": 2}', 400, 'BAD_REQUEST'],
+    ['stream is a string', '/v1/completions', '{"prompt": "x", "stream": "yes"}', 400, 'BAD_REQUEST'],
+    ['prompt over max_model_len (text)', '/v1/completions', JSON.stringify({ prompt: long }), 400, 'PROMPT_TOO_LONG'],
+    ['prompt over max_model_len (token ids)', '/v1/completions', JSON.stringify({ prompt: Array(MAX_MODEL_LEN).fill(11) }), 400, 'PROMPT_TOO_LONG'],
+    ['prompt + max_tokens over max_model_len', '/v1/completions', JSON.stringify({ prompt: Array(500).fill(11), max_tokens: 100 }), 400, 'PROMPT_TOO_LONG'],
+    ['chat: messages is a string', '/v1/chat/completions', '{"messages": "hi"}', 400, 'BAD_REQUEST'],
+    ['chat: no messages', '/v1/chat/completions', '{"messages": []}', 400, 'BAD_REQUEST'],
+    ['chat: unknown role', '/v1/chat/completions', '{"messages": [{"role": "wizard", "content": "hi"}]}', 400, 'BAD_REQUEST'],
+    ['unknown model', '/v1/completions', '{"prompt": "x", "model": "gpt-9"}', 404, 'NOT_FOUND'],
+    ['unknown route', '/v1/embeddings', '{"input": "x"}', 404, 'NOT_FOUND'],
+    ['kv_transfer_params is a string', '/v1/completions', '{"prompt": "x", "kv_transfer_params": "yes"}', 400, 'BAD_TRANSFER_PARAMS'],
+  ];
+  for (const server of [decode, prefill, proxy]) {
+    for (const [what, path, body, status, code] of cases) {
+      // The proxy sets its own kv_transfer_params and has no /v1/embeddings of its own.
+      if (server === proxy && (code === 'BAD_TRANSFER_PARAMS' || path === '/v1/embeddings')) continue;
+      assertError(await postRaw(server.url, path, body), status, code, `${String(server.ready['role'] ?? 'proxy')} ${what}`);
+    }
+  }
+  // A body over the 4 MiB limit: a 400 (or the server hangs up while we still send), and the connection
+  // is closed, so the next request on this keep-alive client is not stuck behind the unread rest.
+  const big = await postRaw(decode.url, '/v1/completions', JSON.stringify({ prompt: 'x'.repeat(5 << 20) })).catch((e: unknown) => (e instanceof Error ? e : new Error(String(e))));
+  if (!(big instanceof Error)) assertError(big, 400, 'BAD_REQUEST', 'a 5 MiB body');
+  // The P/D halves sent to the wrong role.
+  assertError(await post(prefill.url, { ...BODY, kv_transfer_params: { do_remote_prefill: true } }), 400, 'BAD_TRANSFER_PARAMS', 'do_remote_prefill on prefill');
+  assertError(await post(decode.url, { ...BODY, kv_transfer_params: { do_remote_decode: true } }), 400, 'BAD_TRANSFER_PARAMS', 'do_remote_decode on decode');
+  assert.ok((await metric(decode, 'handoff_http_errors_total')) >= cases.length, 'errors counted by code');
+  // Everyone keeps serving, and P/D through the proxy still equals colocated.
+  assert.deepEqual(tokens(await post(proxy.url, BODY)), tokens(await post(decode.url, BODY)));
+  assert.equal(tokens(await post(prefill.url, BODY)).length, 6);
+});
+
+test('a duplicate X-Request-Id of a live request is a 400; the live request is unharmed', async () => {
+  const slow = { ...BODY, max_tokens: 300 };
+  const headers = { 'x-request-id': 'dup-1' };
+  const first = postRaw(decode.url, '/v1/completions', JSON.stringify(slow), headers);
+  await waitFor('the first request runs', async () => (await metric(decode, 'handoff_num_requests_running')) === 1);
+  assertError(await postRaw(decode.url, '/v1/completions', JSON.stringify(BODY), headers), 400, 'BAD_REQUEST', 'duplicate request id');
+  assert.equal(tokens(await first).length, 300);
+});
+
+test('hostile kv_transfer_params refused before admission: 400 BAD_TRANSFER_PARAMS, nothing read, and the real transfer still works', async () => {
+  const bytesRead = await metric(decode, 'handoff_transfer_bytes_read_total');
+  const refused = await metric(prefill, 'handoff_transfer_grants_refused_total');
+  const failures = await metric(decode, 'handoff_kv_load_failures_total');
+  const ref = tokens(await post(decode.url, BODY));
+  const g0 = (p: Params): number[] => p.remote_block_ids[0]!;
+  const g1 = (p: Params): number[] => p.remote_block_ids[1]!;
+  const mutations: Array<[string, (p: Params) => Record<string, unknown>]> = [
+    ['negative block id', (p) => ({ ...p, remote_block_ids: [[-1, ...g0(p).slice(1)], g1(p)] })],
+    ['fractional block id', (p) => ({ ...p, remote_block_ids: [[1.5, ...g0(p).slice(1)], g1(p)] })],
+    ['block id is a string', (p) => ({ ...p, remote_block_ids: [['1', ...g0(p).slice(1)], g1(p)] })],
+    ['the null block 0', (p) => ({ ...p, remote_block_ids: [[0, ...g0(p).slice(1)], g1(p)] })],
+    ['duplicate block ids', (p) => ({ ...p, remote_block_ids: [[g0(p)[0]!, ...g0(p).slice(0, -1)], g1(p)] })],
+    ['the same page in two groups', (p) => ({ ...p, remote_block_ids: [g0(p), [g0(p)[0]!, ...g1(p).slice(1)]] })],
+    ['more blocks than the prompt needs', (p) => ({ ...p, remote_block_ids: [[...g0(p), ...notGranted(p, 1)], g1(p)] })],
+    ['fewer blocks than the prompt needs', (p) => ({ ...p, remote_block_ids: [g0(p).slice(1), g1(p)] })],
+    ['one group (a flat list)', (p) => ({ ...p, remote_block_ids: g0(p) })],
+    ['three groups', (p) => ({ ...p, remote_block_ids: [g0(p), g1(p), notGranted(p, 4)] })],
+    ['no groups', (p) => ({ ...p, remote_block_ids: [] })],
+    ['grant is not hex', (p) => ({ ...p, grant: 'not-a-grant' })],
+    ['no grant', (p) => ({ ...p, grant: null })],
+    ['no transfer id', (p) => ({ ...p, transfer_id: null })],
+    ['no remote engine', (p) => ({ ...p, remote_engine_id: null })],
+    ['remote_port out of range', (p) => ({ ...p, remote_port: 70000 })],
+    ['remote_num_tokens short of the prompt', (p) => ({ ...p, remote_num_tokens: 3 })],
+  ];
+  for (const [what, mutate] of mutations) {
+    const p = await params();
+    assertError(await post(decode.url, { ...BODY, kv_transfer_params: mutate(p) }), 400, 'BAD_TRANSFER_PARAMS', what);
+    // The refusal did not touch the real transfer: its rightful use still loads and equals colocated.
+    assert.deepEqual(tokens(await post(decode.url, { ...BODY, kv_transfer_params: p })), ref, `${what}: the real params still work`);
+  }
+  assert.equal(await metric(prefill, 'handoff_transfer_grants_refused_total'), refused, 'prefill saw no bad READ');
+  assert.equal(await metric(decode, 'handoff_kv_load_failures_total'), failures, 'every rightful READ loaded');
+  assert.ok((await metric(decode, 'handoff_transfer_bytes_read_total')) > bytesRead, 'the rightful READs moved bytes');
+  await Promise.all([allPagesFree(decode), allPagesFree(prefill)]);
+});
+
+test('hostile params refused at the READ: unknown engine, pages beyond the pool (400); forged, swapped, expired grants and pages not granted (403 GRANT_DENIED); nothing read, refusals counted, no leak', async () => {
+  const bytesRead = await metric(decode, 'handoff_transfer_bytes_read_total');
+  const refused = await metric(prefill, 'handoff_transfer_grants_refused_total');
+  // Another request's pages on the same prefill: real, valid-looking ids that are not in this grant.
+  const victim = await params(prefill, VICTIM_PROMPT);
+  const cases: Array<[string, (p: Params) => Record<string, unknown>, number, string]> = [
+    ['unknown engine', (p) => ({ ...p, remote_engine_id: 'prefill-000000000000' }), 400, 'BAD_TRANSFER_PARAMS'],
+    ['block ids beyond the pool', (p) => ({ ...p, remote_block_ids: p.remote_block_ids.map((g) => g.map((b) => b + 1_000_000)) }), 400, 'BAD_TRANSFER_PARAMS'],
+    ['forged grant (random hex)', (p) => ({ ...p, grant: randomBytes(16).toString('hex') }), 403, 'GRANT_DENIED'],
+    ['pages of another transfer', (p) => ({ ...p, remote_block_ids: victim.remote_block_ids }), 403, 'GRANT_DENIED'],
+    ['valid page ids outside the grant', (p) => ({ ...p, remote_block_ids: [notGranted(p, 4), notGranted(p, 8).slice(4)] }), 403, 'GRANT_DENIED'],
+    ['one page outside the grant', (p) => ({ ...p, remote_block_ids: [[...p.remote_block_ids[0]!.slice(0, 3), ...notGranted(p, 1)], p.remote_block_ids[1]] }), 403, 'GRANT_DENIED'],
+  ];
+  for (const [what, mutate, status, code] of cases) {
+    assertError(await post(decode.url, { ...BODY, kv_transfer_params: mutate(await params()) }), status, code, what);
+  }
+  assert.equal(await metric(decode, 'handoff_transfer_bytes_read_total'), bytesRead, 'not one byte was read');
+  const denied = cases.filter((c) => c[3] === 'GRANT_DENIED').length;
+  // The victim's transfer was not disturbed by READs aimed at its pages.
+  const victimBody = { ...BODY, prompt: VICTIM_PROMPT };
+  assert.deepEqual(tokens(await post(decode.url, { ...victimBody, kv_transfer_params: victim })), tokens(await post(decode.url, victimBody)));
+  // A grant used with another transfer's id (the victim's, released by now): refused, and the grant's own
+  // transfer is untouched (decode released the id it was given, not this one): its rightful use still works.
+  const mine = await params();
+  assertError(await post(decode.url, { ...BODY, kv_transfer_params: { ...mine, transfer_id: victim['transfer_id'] } }), 403, 'GRANT_DENIED', 'another transfer id');
+  assert.deepEqual(tokens(await post(decode.url, { ...BODY, kv_transfer_params: mine })), tokens(await post(decode.url, BODY)));
+  const expired = await params(shortLease);
+  await waitFor('the short lease ended', async () => (await metric(shortLease, 'handoff_leases_expired_total')) >= 1);
+  const before = await metric(decode, 'handoff_transfer_bytes_read_total');
+  assertError(await post(decode.url, { ...BODY, kv_transfer_params: expired }), 403, 'GRANT_DENIED', 'expired grant');
+  assert.equal(await metric(decode, 'handoff_transfer_bytes_read_total'), before, 'nothing read with the expired grant');
+  assert.equal(await metric(prefill, 'handoff_transfer_grants_refused_total'), refused + denied + 1, 'each refusal counted by prefill');
+  assert.equal(await metric(shortLease, 'handoff_transfer_grants_refused_total'), 1, 'the expired grant refused by its producer');
+  assert.ok((await metric(prefill, 'handoff_transfer_releases_refused_total')) >= 1, 'releases with a forged grant were refused');
+  // Nothing leaks on all three: refused transfers are freed by their lease (a forged release is refused).
+  await Promise.all([allPagesFree(decode), allPagesFree(prefill), allPagesFree(shortLease)]);
+  // Both keep serving: P/D by hand and through the proxy.
+  const ref = tokens(await post(decode.url, BODY));
+  assert.deepEqual(tokens(await post(decode.url, { ...BODY, kv_transfer_params: await params() })), ref);
+  assert.deepEqual(tokens(await post(proxy.url, BODY)), ref);
+  await Promise.all([allPagesFree(decode), allPagesFree(prefill)]);
+});
