@@ -13,12 +13,15 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
+import { allPagesFree as allFree, metric, tokens, waitFor as waitWithin, type Reply } from './kit.ts';
 
 const env = new RealEnv(10);
 const NUM_BLOCKS = 192;
 const TOTAL_PAGES = NUM_BLOCKS - 1;
 const MAX_MODEL_LEN = 512;
 const children: ChildServer[] = [];
+const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> => waitWithin(env, what, cond, boundMs);
+const allPagesFree = (c: ChildServer): Promise<void> => allFree(env, c, TOTAL_PAGES);
 let prefill: ChildServer;
 /** A prefill whose grants and leases end after 200 ms (the expired-grant case). */
 let shortLease: ChildServer;
@@ -48,10 +51,6 @@ after(async () => {
   for (const c of children) assert.ok(c.exited, `pid ${c.pid} exited`);
 });
 
-interface Reply {
-  status: number;
-  json: Record<string, unknown> & { error?: { code: string; message: string; type: string; param: unknown }; choices?: Array<{ token_ids: number[] }> };
-}
 
 async function postRaw(url: string, path: string, body: string, headers: Record<string, string> = {}): Promise<Reply> {
   const r = await fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body, signal: AbortSignal.timeout(45_000) });
@@ -60,10 +59,6 @@ async function postRaw(url: string, path: string, body: string, headers: Record<
 
 const post = (url: string, body: unknown, path = '/v1/completions'): Promise<Reply> => postRaw(url, path, JSON.stringify(body));
 
-const tokens = (r: Reply): number[] => {
-  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
-  return r.json.choices?.[0]?.token_ids ?? assert.fail('no token_ids');
-};
 
 /** An OpenAI-style error JSON with this status and code. */
 function assertError(r: Reply, status: number, code: string, what: string): void {
@@ -74,26 +69,8 @@ function assertError(r: Reply, status: number, code: string, what: string): void
   assert.ok('param' in (r.json.error ?? {}), `${what}: OpenAI error shape`);
 }
 
-async function metric(c: ChildServer, name: string): Promise<number> {
-  let sum: number | undefined;
-  for (const line of (await (await fetch(`${c.url}/metrics`)).text()).split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$/.exec(line);
-    if (m && m[1] === name) sum = (sum ?? 0) + Number(m[2]);
-  }
-  assert.ok(sum !== undefined, `${name} in /metrics of ${c.url}`);
-  return sum;
-}
 
-async function waitFor(what: string, cond: () => Promise<boolean>, boundMs = 20_000): Promise<void> {
-  const deadline = env.nowMs() + boundMs;
-  while (!(await cond())) {
-    if (env.nowMs() > deadline) assert.fail(`${what}: still not true after ${boundMs} ms`);
-    await env.sleep(25);
-  }
-}
 
-const allPagesFree = (c: ChildServer): Promise<void> =>
-  waitFor(`free pages of ${String(c.ready['role'])} ${c.url} back to ${TOTAL_PAGES}`, async () => (await metric(c, 'handoff_kv_free_pages')) === TOTAL_PAGES && (await metric(c, 'handoff_num_requests_running')) === 0);
 
 // 55 tokens: four 16-token pages per transfer group (dsv4-mini has two groups), no fewer, no more.
 const PROMPT = 'Hostile parameters must be refused with a clear error, and nothing may leak from the pool of pages, ever. A grant names the pages, the peer and the transfer; a READ outside of it moves nothing at all, and is counted by the producer that refused it.';

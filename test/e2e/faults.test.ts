@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
+import { allPagesFree as allFree, metric, post as postWithin, tokens, waitFor as waitWithin, type Reply } from './kit.ts';
 
 const env = new RealEnv(8);
 const NUM_BLOCKS = 192;
@@ -19,6 +20,9 @@ const TOTAL_PAGES = NUM_BLOCKS - 1;
 /** A request still unanswered after this is hung (a liveness bound, far above any deadline used here). */
 const HANG_MS = 45_000;
 const children: ChildServer[] = [];
+const post = (url: string, body: unknown): Promise<Reply> => postWithin(url, body, HANG_MS);
+const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> => waitWithin(env, what, cond, boundMs);
+const allPagesFree = (c: ChildServer): Promise<void> => allFree(env, c, TOTAL_PAGES);
 
 after(async () => {
   await Promise.all(children.map((c) => c.stop(2000)));
@@ -40,26 +44,8 @@ async function spawnAll<T extends Array<() => Promise<ChildServer>>>(...makers: 
   return Promise.all(makers.map((m) => m()));
 }
 
-interface Reply {
-  status: number;
-  json: Record<string, unknown> & { error?: { code: string; message: string; type: string }; choices?: Array<{ token_ids: number[] }> };
-}
 
-async function post(url: string, body: unknown): Promise<Reply> {
-  let r: Response;
-  try {
-    r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(HANG_MS) });
-  } catch (e) {
-    if ((e as Error).name === 'TimeoutError') assert.fail(`request to ${url} hung (no answer after ${HANG_MS} ms)`);
-    throw e;
-  }
-  return { status: r.status, json: (await r.json()) as Reply['json'] };
-}
 
-const tokens = (r: Reply): number[] => {
-  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
-  return r.json.choices?.[0]?.token_ids ?? assert.fail('no token_ids');
-};
 
 const bodyFor = (prompt: string, extra: Extra = {}): Extra => ({ model: 'dsv4-mini', prompt, max_tokens: 8, temperature: 0, ignore_eos: true, return_token_ids: true, ...extra });
 
@@ -72,32 +58,10 @@ async function prefillParams(prefill: ChildServer, body: Extra): Promise<Extra> 
   return p;
 }
 
-async function scrape(c: ChildServer): Promise<Map<string, number>> {
-  const out = new Map<string, number>();
-  for (const line of (await (await fetch(`${c.url}/metrics`)).text()).split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$/.exec(line);
-    if (m) out.set(m[1]!, (out.get(m[1]!) ?? 0) + Number(m[2]));
-  }
-  return out;
-}
 
-async function metric(c: ChildServer, name: string): Promise<number> {
-  const v = (await scrape(c)).get(name);
-  assert.ok(v !== undefined, `${name} in /metrics of ${c.url}`);
-  return v;
-}
 
 /** Poll until `cond` holds (bounded: a liveness check, not a speed check). */
-async function waitFor(what: string, cond: () => Promise<boolean>, boundMs = 20_000): Promise<void> {
-  const deadline = env.nowMs() + boundMs;
-  while (!(await cond())) {
-    if (env.nowMs() > deadline) assert.fail(`${what}: still not true after ${boundMs} ms`);
-    await env.sleep(25);
-  }
-}
 
-const allPagesFree = (c: ChildServer): Promise<void> =>
-  waitFor(`free pages of ${c.ready['role']} ${c.url} back to ${TOTAL_PAGES}`, async () => (await metric(c, 'handoff_kv_free_pages')) === TOTAL_PAGES && (await metric(c, 'handoff_num_requests_running')) === 0);
 
 const PROMPTS = [
   'A prefill server computes the prompt, and the decode server pulls the pages it needs, then',

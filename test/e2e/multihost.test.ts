@@ -15,6 +15,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
+import { allPagesFree as allFree, metric, post as postWithin, tokens, waitFor as waitWithin, type Reply } from './kit.ts';
 
 const env = new RealEnv(9);
 const NUM_BLOCKS = 192;
@@ -32,6 +33,9 @@ const NS_ADDR = `10.213.7.${4 * (tag + 1) + 1}`;
 const ROOT_ADDR = `10.213.7.${4 * (tag + 1) + 2}`;
 
 const children: ChildServer[] = [];
+const post = (url: string, body: unknown): Promise<Reply> => postWithin(url, body, HANG_MS);
+const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> => waitWithin(env, what, cond, boundMs);
+const allPagesFree = (c: ChildServer): Promise<void> => allFree(env, c, TOTAL_PAGES);
 let skipReason: string | null = null;
 let netCreated = false;
 let prefill: ChildServer;
@@ -134,26 +138,8 @@ after(async () => {
   }
 });
 
-interface Reply {
-  status: number;
-  json: Record<string, unknown> & { choices?: Array<{ token_ids: number[] }> };
-}
 
-async function post(url: string, body: unknown): Promise<Reply> {
-  let r: Response;
-  try {
-    r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(HANG_MS) });
-  } catch (e) {
-    if ((e as Error).name === 'TimeoutError') assert.fail(`request to ${url} hung (no answer after ${HANG_MS} ms)`);
-    throw e;
-  }
-  return { status: r.status, json: (await r.json()) as Reply['json'] };
-}
 
-const tokens = (r: Reply): number[] => {
-  assert.equal(r.status, 200, JSON.stringify(r.json).slice(0, 300));
-  return r.json.choices?.[0]?.token_ids ?? assert.fail('no token_ids');
-};
 
 const bodyFor = (prompt: string): Record<string, unknown> => ({ model: 'dsv4-mini', prompt, max_tokens: 8, temperature: 0, ignore_eos: true, return_token_ids: true });
 
@@ -163,26 +149,8 @@ async function prefillParams(body: Record<string, unknown>): Promise<Record<stri
   return r.json['kv_transfer_params'] as Record<string, unknown>;
 }
 
-async function metric(c: ChildServer, name: string): Promise<number> {
-  let sum: number | undefined;
-  for (const line of (await (await fetch(`${c.url}/metrics`)).text()).split('\n')) {
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$/.exec(line);
-    if (m && m[1] === name) sum = (sum ?? 0) + Number(m[2]);
-  }
-  assert.ok(sum !== undefined, `${name} in /metrics of ${c.url}`);
-  return sum;
-}
 
-async function waitFor(what: string, cond: () => Promise<boolean>, boundMs = 20_000): Promise<void> {
-  const deadline = env.nowMs() + boundMs;
-  while (!(await cond().catch(() => false))) {
-    if (env.nowMs() > deadline) assert.fail(`${what}: still not true after ${boundMs} ms`);
-    await env.sleep(25);
-  }
-}
 
-const allPagesFree = (c: ChildServer): Promise<void> =>
-  waitFor(`free pages of ${String(c.ready['role'])} ${c.url} back to ${TOTAL_PAGES}`, async () => (await metric(c, 'handoff_kv_free_pages')) === TOTAL_PAGES && (await metric(c, 'handoff_num_requests_running')) === 0);
 
 /** One P/D request by hand on `d`: its tokens must equal `d`'s own colocated answer and its KV must have been READ. */
 async function pdEqualsColocated(d: ChildServer, prompt: string): Promise<void> {
