@@ -65,7 +65,6 @@ export class SimInstance {
   private constructor(
     readonly spec: InstanceSpec,
     private readonly observer: InstanceObserver,
-    private readonly onViolation: (v: LifecycleViolation) => void,
   ) {
     this.engineId = `sim-${spec.name}`;
   }
@@ -75,7 +74,7 @@ export class SimInstance {
   }
 
   static async create(spec: InstanceSpec, env: Env, fabric: SimFabric, observer: InstanceObserver, onViolation: (v: LifecycleViolation) => void): Promise<SimInstance> {
-    const inst = new SimInstance(spec, observer, onViolation);
+    const inst = new SimInstance(spec, observer);
     const makeDevice = simDevice(spec.preset, spec.modelSeed, { raceCheck: true, autoRun: false });
     inst.engine = await LLMEngine.create(
       {

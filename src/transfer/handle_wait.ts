@@ -5,9 +5,10 @@
  */
 import { assert } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
-import { rangeProblem } from './ranges.ts';
-import type { SlabLayout, TransferHandle, TransferRequest } from './types.ts';
+import { HandoffError, type ErrorCode } from '../util/errors.ts';
+import { isTokenFormat } from './grant_table.ts';
+import { rangeProblem, remoteSide } from './ranges.ts';
+import type { SlabLayout, TransferHandle, TransferRange, TransferRequest } from './types.ts';
 
 export interface WaitableHandle {
   handle: TransferHandle;
@@ -67,4 +68,49 @@ export function waitForHandles<S extends WaitableHandle>(
       reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
     });
   });
+}
+
+/** One work request's ranges after coalescing (one tcp frame carries at most this many). */
+export const DESCRIPTORS_MAX = 65_536;
+
+/**
+ * Operating errors a posted work request fails with at once, before anything moves: no handshake with
+ * the peer, a malformed token or transfer id, too many descriptors, remote ranges outside the peer's slabs.
+ */
+export function workRequestProblem(
+  req: TransferRequest,
+  ranges: readonly TransferRange[],
+  peerLayout: SlabLayout | undefined,
+): { code: ErrorCode; message: string } | null {
+  if (peerLayout === undefined) return { code: 'PEER_UNAVAILABLE', message: `no handshake with peer ${req.peerEngineId}` };
+  if (!isTokenFormat(req.grantToken)) return { code: 'BAD_TRANSFER_PARAMS', message: 'malformed grant token' };
+  if (req.transferId.length === 0 || req.transferId.length > 256) return { code: 'BAD_TRANSFER_PARAMS', message: 'transferId must be 1..256 chars' };
+  if (ranges.length > DESCRIPTORS_MAX) return { code: 'BAD_TRANSFER_PARAMS', message: `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}` };
+  const outside = remoteSide(ranges).find((r) => rangeProblem(r, peerLayout) !== null);
+  if (outside !== undefined) return { code: 'BAD_TRANSFER_PARAMS', message: `remote range: ${rangeProblem(outside, peerLayout)}` };
+  return null;
+}
+
+/** Move a pending handle to done or failed (exactly once), count it, and wake its waiters. */
+export function settleHandle(
+  st: WaitableHandle,
+  code: ErrorCode | null,
+  message: string,
+  counters: { bytesRead: number; bytesWritten: number; readsFailed: number; writesFailed: number },
+): boolean {
+  if (st.state !== 'pending') return false;
+  const { kind, bytes, transferId } = st.handle;
+  if (code === null) {
+    st.state = 'done';
+    if (kind === 'read') counters.bytesRead += bytes;
+    else counters.bytesWritten += bytes;
+  } else {
+    st.state = 'failed';
+    st.error = new HandoffError(code, message || `${kind} of transfer ${transferId} failed (${code})`, { transferId });
+    if (kind === 'read') counters.readsFailed++;
+    else counters.writesFailed++;
+  }
+  for (const w of [...st.waiters]) w();
+  st.waiters.clear();
+  return true;
 }

@@ -11,16 +11,15 @@
  * race-checker hooks (nicPost at post, nicObserved when the host first sees the completion).
  * Addresses are `sim://<engineId>`; engines find each other through their fabric.
  */
-import { checkLocalRanges } from './handle_wait.ts';
+import { checkLocalRanges, workRequestProblem } from './handle_wait.ts';
 import { timingSafeEqual } from 'node:crypto';
 import type { RaceCheckerLike } from '../device/types.ts';
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import { createLogger } from '../util/log.ts';
-import { isTokenFormat } from './grant_table.ts';
 import { buildMetadata, compatibilityProblem } from './metadata.ts';
-import { coalesceRanges, disjoint, localSide, rangeProblem, remoteSide, totalBytes } from './ranges.ts';
+import { coalesceRanges, disjoint, localSide, remoteSide, totalBytes } from './ranges.ts';
 import { SimFabric, type FabricFault, type FabricItem } from './sim_fabric.ts';
 import { SimGrants } from './sim_grants.ts';
 import { SimHandles, type HandleState } from './sim_handles.ts';
@@ -32,7 +31,6 @@ import {
 } from './types.ts';
 
 const SCHEME = 'sim://';
-const DESCRIPTORS_MAX = 65_536;
 
 /** Engines created through createTransferEngine share this auto-running fabric (tests, conformance). */
 const defaultFabric = new SimFabric(true);
@@ -194,13 +192,8 @@ export class SimTransferEngine implements TransferEngine {
     this.counters.descriptorsPosted += ranges.length;
 
     if (this.closed) return this.failNow(st, 'TRANSFER_FAILED', 'engine is closed');
-    const peer = this.peers.get(req.peerEngineId);
-    if (peer === undefined) return this.failNow(st, 'PEER_UNAVAILABLE', `no handshake with peer ${req.peerEngineId}`);
-    if (!isTokenFormat(req.grantToken)) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'malformed grant token');
-    if (req.transferId.length === 0 || req.transferId.length > 256) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'transferId must be 1..256 chars');
-    if (ranges.length > DESCRIPTORS_MAX) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}`);
-    const outside = remoteSide(ranges).find((r) => rangeProblem(r, peer.layout) !== null);
-    if (outside !== undefined) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `remote range: ${rangeProblem(outside, peer.layout)}`);
+    const problem = workRequestProblem(req, ranges, this.peers.get(req.peerEngineId)?.layout);
+    if (problem !== null) return this.failNow(st, problem.code, problem.message);
     const inflightMax = this.opts.inflightMax ?? 1024;
     if (this.handles.inflight.size >= inflightMax) return this.failNow(st, 'OVERLOADED', `${inflightMax} work requests already in flight`);
 

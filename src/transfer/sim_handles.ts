@@ -3,7 +3,7 @@
  * timeout, and the host's first observation of the terminal state (the race checker's nicObserved).
  */
 import type { RaceCheckerLike } from '../device/types.ts';
-import { waitForHandles } from './handle_wait.ts';
+import { settleHandle, waitForHandles } from './handle_wait.ts';
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
@@ -43,19 +43,7 @@ export class SimHandles {
   finish(st: HandleState, code: ErrorCode | null, message: string): void {
     if (st.state !== 'pending') return;
     this.inflight.delete(st.handle.id);
-    const { kind, bytes, transferId } = st.handle;
-    if (code === null) {
-      st.state = 'done';
-      if (kind === 'read') this.counters.bytesRead += bytes;
-      else this.counters.bytesWritten += bytes;
-    } else {
-      st.state = 'failed';
-      st.error = new HandoffError(code, message || `${kind} of transfer ${transferId} failed (${code})`, { transferId });
-      if (kind === 'read') this.counters.readsFailed++;
-      else this.counters.writesFailed++;
-    }
-    for (const w of [...st.waiters]) w();
-    st.waiters.clear();
+    settleHandle(st, code, message, this.counters);
   }
 
   stateOf(handle: TransferHandle): HandleState {

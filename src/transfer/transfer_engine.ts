@@ -8,17 +8,16 @@
  * once, when the host first sees the terminal state through poll() or wait().
  */
 import type { RaceCheckerLike } from '../device/types.ts';
-import { checkLocalRanges, waitForHandles } from './handle_wait.ts';
+import { checkLocalRanges, settleHandle, waitForHandles, workRequestProblem } from './handle_wait.ts';
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { GrantIssuer } from './grant_issuer.ts';
-import { isTokenFormat } from './grant_table.ts';
 import { buildMetadata } from './metadata.ts';
 import { WorkRequestLog, type NicHost, type WorkRequestRecord } from './nic_host.ts';
 import { COUNTER, CQ_DONE, CQ_FAILED, type NicEvent } from './nic_messages.ts';
-import { coalesceRanges, disjoint, localSide, packRanges, rangeProblem, remoteSide, totalBytes } from './ranges.ts';
+import { coalesceRanges, disjoint, localSide, packRanges, totalBytes } from './ranges.ts';
 import {
   NOTIFICATION_TYPES,
   type EngineMetadata,
@@ -51,8 +50,6 @@ interface HandleState {
   log: WorkRequestRecord | null;
 }
 
-/** One work request's ranges after coalescing (one tcp frame carries at most this many). */
-const DESCRIPTORS_MAX = 65536;
 
 type HostCounters = Omit<TransferStats, 'grantsRefused' | 'badFrames' | 'grantsIssued' | 'grantsExpired'>;
 
@@ -186,13 +183,8 @@ export abstract class TransferEngineCore implements TransferEngine {
     this.counters.descriptorsPosted += ranges.length;
 
     if (this.isClosed) return this.failNow(st, 'TRANSFER_FAILED', 'engine is closed');
-    const peer = this.peers.get(req.peerEngineId);
-    if (peer === undefined) return this.failNow(st, 'PEER_UNAVAILABLE', `no handshake with peer ${req.peerEngineId}`);
-    if (!isTokenFormat(req.grantToken)) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'malformed grant token');
-    if (req.transferId.length === 0 || req.transferId.length > 256) return this.failNow(st, 'BAD_TRANSFER_PARAMS', 'transferId must be 1..256 chars');
-    if (ranges.length > DESCRIPTORS_MAX) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}`);
-    const outside = remoteSide(ranges).find((r) => rangeProblem(r, peer.layout) !== null);
-    if (outside !== undefined) return this.failNow(st, 'BAD_TRANSFER_PARAMS', `remote range: ${rangeProblem(outside, peer.layout)}`);
+    const problem = workRequestProblem(req, ranges, this.peers.get(req.peerEngineId)?.layout);
+    if (problem !== null) return this.failNow(st, problem.code, problem.message);
     const slot = this.nic.allocSlot();
     if (slot === null) return this.failNow(st, 'OVERLOADED', `${this.nic.slotsMax} work requests already in flight`);
     st.slot = slot;
@@ -225,20 +217,8 @@ export abstract class TransferEngineCore implements TransferEngine {
     if (st.slot !== null) this.nic.freeSlot(st.slot);
     st.slot = null;
     this.inflight.delete(st.handle.id);
-    const { kind, bytes, transferId } = st.handle;
-    if (code === null) {
-      st.state = 'done';
-      if (kind === 'read') this.counters.bytesRead += bytes;
-      else this.counters.bytesWritten += bytes;
-    } else {
-      st.state = 'failed';
-      st.error = new HandoffError(code, message || `${kind} of transfer ${transferId} failed (${code})`, { transferId });
-      if (kind === 'read') this.counters.readsFailed++;
-      else this.counters.writesFailed++;
-    }
-    if (st.log !== null) this.workLog?.finished(st.log, st.state);
-    for (const w of [...st.waiters]) w();
-    st.waiters.clear();
+    settleHandle(st, code, message, this.counters); // waiters run later (promise callbacks), after the log line
+    if (st.log !== null) this.workLog?.finished(st.log, code === null ? 'done' : 'failed');
   }
 
   private onNicEvent(ev: NicEvent): void {
