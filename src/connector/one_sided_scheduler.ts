@@ -233,19 +233,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       this.abortedRecvs.push({ requestId: req.requestId, transferId: loadingTransfer });
       return { delayFree: true, kvTransferParams: null };
     }
-    if (p?.do_remote_prefill && this.isConsumer && this.config.mode === 'read' && p.remote_engine_id && p.remote_block_ids) {
-      // Finished before its pages were allocated (aborted): still release the producer's pages.
-      this.reqsNeedRecv.set(req.requestId, {
-        requestId: req.requestId,
-        transferId: p.transfer_id ?? `sidecar-${req.requestId}`,
-        localBlockIds: this.transferGroupIds.map(() => []),
-        remoteBlockIds: this.transferGroupIds.map(() => []),
-        remoteEngineId: String(p.remote_engine_id),
-        remoteHost: String(p.remote_host),
-        remotePort: Number(p.remote_port),
-        grant: String(p.grant ?? ''),
-      });
-      p.do_remote_prefill = false;
+    if (this.releaseUnused(req)) {
+      // Finished before its pages were allocated (aborted): the producer's pages are released anyway.
       return { delayFree: false, kvTransferParams: null };
     }
     const okStatus = req.status === 'FINISHED_LENGTH_CAPPED' || req.status === 'FINISHED_STOPPED';
@@ -276,6 +265,32 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     }
     // Mutant 'free-before-release': the pages go back to the pool while decode may still READ them.
     return { delayFree: this.config.mutant !== 'free-before-release', kvTransferParams: params };
+  }
+
+  /**
+   * A READ-mode request that will never read (aborted before allocation, or refused at admission after
+   * prefill answered): queue an empty READ so the worker sends `release` and prefill frees its pages now
+   * rather than at the end of its lease. The release carries the request's grant token; a forged one is
+   * refused by the producer, so a hostile request cannot free someone else's transfer.
+   */
+  releaseUnused(req: ConnectorRequest): boolean {
+    const p = req.kvTransferParams;
+    if (!p?.do_remote_prefill || !this.isConsumer || this.config.mode !== 'read') return false;
+    if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || !p.grant) return false;
+    // Keyed apart from live requests: a refused duplicate id must not replace a live request's READ.
+    const key = `unused:${p.transfer_id}`;
+    this.reqsNeedRecv.set(key, {
+      requestId: key,
+      transferId: p.transfer_id,
+      localBlockIds: this.transferGroupIds.map(() => []),
+      remoteBlockIds: this.transferGroupIds.map(() => []),
+      remoteEngineId: p.remote_engine_id,
+      remoteHost: p.remote_host,
+      remotePort: p.remote_port,
+      grant: p.grant,
+    });
+    p.do_remote_prefill = false;
+    return true;
   }
 
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {

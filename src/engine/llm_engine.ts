@@ -27,6 +27,7 @@ import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './sch
 export interface ConnectorPair {
   scheduler: ConnectorScheduler & {
     validateRequest?(req: Request): void;
+    releaseUnused?(req: Request): boolean;
     prefillPromptTokens?(prompt: readonly number[], params: KVTransferParams | null): number[];
   };
   worker: ConnectorWorkerHooks | null;
@@ -104,15 +105,26 @@ export class LLMEngine {
       kvTransferParams: params ? { ...params } : null,
       arrivalMs: this.env.nowMs(),
     });
-    this.connector?.scheduler.validateRequest?.(req);
+    try {
+      this.connector?.scheduler.validateRequest?.(req);
+    } catch (e) {
+      if (this.connector?.scheduler.releaseUnused?.(req)) this.core.kick();
+      throw e;
+    }
     return req;
   }
 
   /** Submit a request; outputs arrive on `onOutput`, the last with a finishReason. */
   submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): Request {
     const req = this.makeRequest(g);
-    if (this.scheduler.requests.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
-    this.core.addRequest(req, onOutput);
+    try {
+      if (this.scheduler.requests.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
+      this.core.addRequest(req, onOutput);
+    } catch (e) {
+      // Refused after prefill answered (too long, out of pages...): give the producer its pages back now.
+      if (this.connector?.scheduler.releaseUnused?.(req)) this.core.kick();
+      throw e;
+    }
     return req;
   }
 

@@ -102,3 +102,28 @@ test('lease: prefill frees held pages and revokes the grant when decode never re
     await pair.close();
   }
 });
+
+test('a decode request refused after prefill answered (too long for decode) releases prefill’s pages now, not at the lease', async () => {
+  const pair = await PdPair.create(base('refused', { scheduler: { maxModelLen: 90 } }), env);
+  try {
+    const p = prompts[3] as GenerateRequest; // 80 prompt tokens
+    const pre = await pair.prefill.generate({ ...p, sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-1' } });
+    assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'held for decode (60 s lease)');
+    assert.throws(
+      () => pair.decode.submit({ ...p, sampling: { maxTokens: 20 }, kvTransferParams: pre.kvTransferParams }, () => undefined),
+      (e: Error & { code?: string }) => e.code === 'PROMPT_TOO_LONG',
+    );
+    for (let k = 0; k < 400 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'released by decode, long before the lease');
+    assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 0);
+    // A forged grant naming a live transfer cannot release it.
+    const live = await pair.prefill.generate({ ...p, sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-2' } });
+    const forged = { ...live.kvTransferParams, grant: 'ab'.repeat(16) };
+    assert.throws(() => pair.decode.submit({ ...p, sampling: { maxTokens: 20 }, kvTransferParams: forged }, () => undefined));
+    for (let k = 0; k < 100 && pair.prefillConnector.transfer.stats().releasesRefused === 0; k++) await env.sleep(10);
+    assert.equal(pair.prefillConnector.transfer.stats().releasesRefused, 1, 'the forged release was refused');
+    assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'the live transfer keeps its pages');
+  } finally {
+    await pair.close();
+  }
+});
