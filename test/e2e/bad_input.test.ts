@@ -150,13 +150,18 @@ test('a duplicate X-Request-Id of a live request is a 400; the live request is u
   assert.equal(tokens(await first).length, 300);
 });
 
-test('hostile kv_transfer_params refused before admission: 400 BAD_TRANSFER_PARAMS, nothing read, and the real transfer still works', async () => {
+test('hostile kv_transfer_params refused before admission: 400 BAD_TRANSFER_PARAMS, nothing read; a refusal that still names the transfer with its grant releases it, one that cannot does not touch it', async () => {
   const bytesRead = await metric(decode, 'handoff_transfer_bytes_read_total');
   const refused = await metric(prefill, 'handoff_transfer_grants_refused_total');
   const failures = await metric(decode, 'handoff_kv_load_failures_total');
   const ref = tokens(await post(decode.url, BODY));
   const g0 = (p: Params): number[] => p.remote_block_ids[0]!;
   const g1 = (p: Params): number[] => p.remote_block_ids[1]!;
+  // 'kept': the refusal cannot name the transfer with its grant (malformed JSON-level values, or the
+  // engine/transfer id/grant missing), so the real params still load. Otherwise decode releases the
+  // transfer it was handed (the release carries the real grant): prefill frees the pages at once, and a
+  // retry with those params is refused with GRANT_DENIED.
+  const KEPT = new Set(['negative block id', 'fractional block id', 'block id is a string', 'grant is not hex', 'no grant', 'no transfer id', 'no remote engine', 'remote_port out of range']);
   const mutations: Array<[string, (p: Params) => Record<string, unknown>]> = [
     ['negative block id', (p) => ({ ...p, remote_block_ids: [[-1, ...g0(p).slice(1)], g1(p)] })],
     ['fractional block id', (p) => ({ ...p, remote_block_ids: [[1.5, ...g0(p).slice(1)], g1(p)] })],
@@ -176,14 +181,20 @@ test('hostile kv_transfer_params refused before admission: 400 BAD_TRANSFER_PARA
     ['remote_port out of range', (p) => ({ ...p, remote_port: 70000 })],
     ['remote_num_tokens short of the prompt', (p) => ({ ...p, remote_num_tokens: 3 })],
   ];
+  let refusedByPrefill = 0;
   for (const [what, mutate] of mutations) {
     const p = await params();
     assertError(await post(decode.url, { ...BODY, kv_transfer_params: mutate(p) }), 400, 'BAD_TRANSFER_PARAMS', what);
-    // The refusal did not touch the real transfer: its rightful use still loads and equals colocated.
-    assert.deepEqual(tokens(await post(decode.url, { ...BODY, kv_transfer_params: p })), ref, `${what}: the real params still work`);
+    if (KEPT.has(what)) {
+      assert.deepEqual(tokens(await post(decode.url, { ...BODY, kv_transfer_params: p })), ref, `${what}: the real params still work`);
+    } else {
+      await allPagesFree(prefill); // released now, not at the end of the lease
+      assertError(await post(decode.url, { ...BODY, kv_transfer_params: p }), 403, 'GRANT_DENIED', `${what}: the released transfer`);
+      refusedByPrefill++;
+    }
   }
-  assert.equal(await metric(prefill, 'handoff_transfer_grants_refused_total'), refused, 'prefill saw no bad READ');
-  assert.equal(await metric(decode, 'handoff_kv_load_failures_total'), failures, 'every rightful READ loaded');
+  assert.equal(await metric(prefill, 'handoff_transfer_grants_refused_total'), refused + refusedByPrefill, 'prefill refused only the retries of released transfers');
+  assert.equal(await metric(decode, 'handoff_kv_load_failures_total'), failures + refusedByPrefill, 'every other rightful READ loaded');
   assert.ok((await metric(decode, 'handoff_transfer_bytes_read_total')) > bytesRead, 'the rightful READs moved bytes');
   await Promise.all([allPagesFree(decode), allPagesFree(prefill)]);
 });
