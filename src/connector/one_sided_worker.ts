@@ -245,6 +245,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
         () => void this.stats.releasesSent++,
         (e: unknown) => {
           this.stats.releasesFailed++;
+          // The side channel may be gone or stuck: the next use of this peer handshakes again.
+          this.peers.delete(`${r.remoteHost}:${r.remotePort}`);
           this.log?.warn({ transferId: r.transferId, err: String(e) }, 'release notification failed; the producer lease will free the pages');
         },
       );

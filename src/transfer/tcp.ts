@@ -237,6 +237,11 @@ export class TcpTransferEngine extends TransferEngineCore {
     this.nic.send({ t: 'unpeer', peerEngineId: peer });
   }
 
+  protected override sideChannelStalled(peerEngineId: string): void {
+    this.log.warn({ peer: peerEngineId }, 'side channel silent past the notify timeout: closing it; the next use handshakes again');
+    for (const c of [...this.allConns]) if (c.peerEngineId === peerEngineId) c.close();
+  }
+
   protected sendNotification(peerEngineId: string, n: Notification): Promise<void> {
     const conn = this.conns.get(peerEngineId);
     if (conn === undefined || conn.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', `no side channel to ${peerEngineId}`));

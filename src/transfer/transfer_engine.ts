@@ -304,13 +304,23 @@ export abstract class TransferEngineCore implements TransferEngine {
       if (!this.peers.has(peerEngineId)) throw new HandoffError('PEER_UNAVAILABLE', `no handshake with peer ${peerEngineId}`);
       const dropped = this.faults.dropNotificationRate > 0 && this.env.rng.next() < this.faults.dropNotificationRate;
       const delivery = dropped ? new Promise<void>(() => {}) : this.sendNotification(peerEngineId, n);
-      await this.withTimeout(delivery, this.notifyTimeoutMs, 'TIMEOUT', `${n.type} notification to ${peerEngineId}`);
+      try {
+        await this.withTimeout(delivery, this.notifyTimeoutMs, 'TIMEOUT', `${n.type} notification to ${peerEngineId}`);
+      } catch (e) {
+        // A real (not fault-injected) silence: the side channel may be stuck (e.g. in TCP backoff after a
+        // link cut). Let the backend drop it, so the next use handshakes on a fresh connection.
+        if (!dropped && isHandoffError(e) && e.code === 'TIMEOUT') this.sideChannelStalled(peerEngineId);
+        throw e;
+      }
       this.counters.notificationsSent++;
     } catch (e) {
       this.counters.notificationsFailed++;
       throw isHandoffError(e) ? e : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
     }
   }
+
+  /** A notification to `peerEngineId` got no answer in time; backends with connections drop theirs. */
+  protected sideChannelStalled(_peerEngineId: string): void {}
 
   /** Called by the backend when a notification arrives from a peer. */
   protected deliver(fromEngineId: string, n: Notification): void {
