@@ -43,6 +43,7 @@ export function registerCoreCommands(program: Command): Command {
     .option('--max-tokens <n>', 'tokens generated per request', '8')
     .option('--seed <n>', 'seed for prompts and weights', '1')
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
+    .option('--forward-pad-ms <n>', 'keep the decode stream busy this long after each forward (a bigger model)', '0')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
     .option('--trace <base>', "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)")
     .option('--json', 'print one JSON object')
@@ -63,6 +64,7 @@ export function registerCoreCommands(program: Command): Command {
           maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
           seed: int('seed', String(o['seed']), 0, 2 ** 31),
           arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
+          forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
           variants,
           trace: traceBase !== null,
           onProgress: (variant, done) => {

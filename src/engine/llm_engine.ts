@@ -41,6 +41,8 @@ export interface EngineConfig {
   asyncScheduling: boolean;
   scheduler: Partial<SchedulerConfig>;
   idlePollMs: number;
+  /** A/B knob: extra stream time after each forward (see ModelRunner); omit in serving. */
+  forwardPadMs?: number;
   /** Builds the device for this KV config (threaded or sim). */
   makeDevice: (kvConfig: KVCacheConfig) => Promise<Device>;
   /** Builds the connector once the device exists (P/D); omitted for colocated serving. */
@@ -77,7 +79,7 @@ export class LLMEngine {
       ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens: schedCfg.numLookaheadTokens })
       : null;
     const scheduler = new Scheduler(schedCfg, kv, connector?.scheduler ?? new NullConnector(), env);
-    const runner = new ModelRunner(device, kvConfig, connector?.worker ?? null);
+    const runner = new ModelRunner(device, kvConfig, connector?.worker ?? null, config.forwardPadMs ?? 0);
     const core = new EngineCore(scheduler, runner, env, { asyncScheduling: config.asyncScheduling, idlePollMs: config.idlePollMs }, log);
     core.start();
     return new LLMEngine(config, kvConfig, device, kv, scheduler, runner, core, connector, env);

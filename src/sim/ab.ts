@@ -71,6 +71,8 @@ export interface AbOptions {
   variants?: AbVariant[];
   /** Log the decode instance's ops and work requests and return its timeline per variant. */
   trace?: boolean;
+  /** Extra compute-stream time after each decode forward (emulates a bigger model's forward). */
+  forwardPadMs?: number;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -113,7 +115,13 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   const variants: AbVariantResult[] = [];
   for (const v of opts.variants ?? AB_VARIANTS) {
     const pair = await PdPair.create(
-      { ...common, decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' }, raceCheck: true, name: `ab-${v.name}` },
+      {
+        ...common,
+        decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' },
+        raceCheck: true,
+        name: `ab-${v.name}`,
+        ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
+      },
       env,
     );
     try {

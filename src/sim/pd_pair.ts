@@ -23,6 +23,8 @@ export interface PdPairOptions {
   prefill?: Partial<OneSidedConfig>;
   raceCheck: boolean;
   scheduler?: EngineConfig['scheduler'];
+  /** Decode only: extra compute-stream time after each forward (a bigger model's forward). */
+  decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
   name: string;
 }
@@ -47,6 +49,7 @@ export class PdPair {
       let engine: LLMEngine | null = null;
       const config: EngineConfig = {
         ...base,
+        ...(role === 'consumer' && o.decodeForwardPadMs ? { forwardPadMs: o.decodeForwardPadMs } : {}),
         makeDevice: threadedDevice(o.preset, o.modelSeed, raceCheck),
         makeConnector: oneSidedConnectorFactory(
           { ...DEFAULT_ONE_SIDED_CONFIG, ...cfg, role },

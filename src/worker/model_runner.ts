@@ -48,6 +48,11 @@ export class ModelRunner {
     private readonly device: Device,
     readonly kvConfig: KVCacheConfig,
     private readonly hooks: ConnectorWorkerHooks | null,
+    /**
+     * Bench/A-B knob: keep the stream busy this long after every forward, as a bigger model's forward
+     * would (the GPU measurement's "previous forward still running"). 0 in serving.
+     */
+    private readonly forwardPadMs = 0,
   ) {
     this.zeroer = kvConfig.needsKvCacheZeroing ? new BlockZeroer(device, kvConfig) : null;
     this.zeroer?.warmup();
@@ -102,6 +107,9 @@ export class ModelRunner {
         footprint: forwardFootprint(this.kvConfig, args),
       });
       forward = ticket.done as Promise<ForwardResult>;
+      if (this.forwardPadMs > 0) {
+        this.device.compute.enqueue({ op: { kind: 'sleep', ms: this.forwardPadMs }, label: { what: 'forward-pad', step: so.step } });
+      }
     }
     // 5. Results.
     const output = forward.then(async (result) => {
