@@ -6,9 +6,9 @@
 import { assert } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
-import { isTokenFormat } from './grant_table.ts';
+import { isTokenFormat, type ReleaseOutcome } from './grant_table.ts';
 import { rangeProblem, remoteSide } from './ranges.ts';
-import type { SlabLayout, TransferHandle, TransferRange, TransferRequest } from './types.ts';
+import type { Notification, NotificationHandler, SlabLayout, TransferHandle, TransferRange, TransferRequest } from './types.ts';
 
 export interface WaitableHandle {
   handle: TransferHandle;
@@ -112,5 +112,28 @@ export function settleHandle(
   }
   for (const w of [...st.waiters]) w();
   st.waiters.clear();
+  return true;
+}
+
+/**
+ * Hand an arrived notification to the engine's handlers. A release / write_done that cannot prove its
+ * grant (wrong peer or token for a live grant) ends nothing and reaches no handler: otherwise anyone who
+ * learned a transfer id could free another request's pages. Returns false when it was refused.
+ */
+export function dispatchNotification(
+  grants: { releasedBy(transferId: string, peerEngineId: string, token: unknown): ReleaseOutcome },
+  handlers: ReadonlySet<NotificationHandler>,
+  onHandlerError: (e: unknown) => void,
+  fromEngineId: string,
+  n: Notification,
+): boolean {
+  if ((n.type === 'release' || n.type === 'write_done') && grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') return false;
+  for (const h of [...handlers]) {
+    try {
+      h(fromEngineId, n);
+    } catch (e) {
+      onHandlerError(e);
+    }
+  }
   return true;
 }

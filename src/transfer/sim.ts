@@ -11,7 +11,7 @@
  * race-checker hooks (nicPost at post, nicObserved when the host first sees the completion).
  * Addresses are `sim://<engineId>`; engines find each other through their fabric.
  */
-import { checkLocalRanges, workRequestProblem } from './handle_wait.ts';
+import { checkLocalRanges, dispatchNotification, workRequestProblem } from './handle_wait.ts';
 import { timingSafeEqual } from 'node:crypto';
 import type { RaceCheckerLike } from '../device/types.ts';
 import { assert } from '../util/assert.ts';
@@ -327,20 +327,8 @@ export class SimTransferEngine implements TransferEngine {
   }
 
   private deliver(fromEngineId: string, n: Notification): void {
-    if (n.type === 'release' || n.type === 'write_done') {
-      // A release that cannot prove the grant (wrong peer or token) ends nothing and reaches no handler.
-      if (this.grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') {
-        this.counters.releasesRefused++;
-        return;
-      }
-    }
-    for (const h of [...this.handlers]) {
-      try {
-        h(fromEngineId, n);
-      } catch (e) {
-        createLogger(`transfer:${this.engineId}`).error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw');
-      }
-    }
+    const ok = dispatchNotification(this.grants, this.handlers, (e) => createLogger(`transfer:${this.engineId}`).error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw'), fromEngineId, n);
+    if (!ok) this.counters.releasesRefused++;
   }
 
   private withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string): Promise<T> {

@@ -8,7 +8,7 @@
  * once, when the host first sees the terminal state through poll() or wait().
  */
 import type { RaceCheckerLike } from '../device/types.ts';
-import { checkLocalRanges, settleHandle, waitForHandles, workRequestProblem } from './handle_wait.ts';
+import { checkLocalRanges, dispatchNotification, settleHandle, waitForHandles, workRequestProblem } from './handle_wait.ts';
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts';
@@ -324,20 +324,8 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   /** Called by the backend when a notification arrives from a peer. */
   protected deliver(fromEngineId: string, n: Notification): void {
-    if (n.type === 'release' || n.type === 'write_done') {
-      // A release that cannot prove the grant (wrong peer or token) ends nothing and reaches no handler.
-      if (this.grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') {
-        this.counters.releasesRefused++;
-        return;
-      }
-    }
-    for (const h of [...this.handlers]) {
-      try {
-        h(fromEngineId, n);
-      } catch (e) {
-        this.log.error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw');
-      }
-    }
+    const ok = dispatchNotification(this.grants, this.handlers, (e) => this.log.error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw'), fromEngineId, n);
+    if (!ok) this.counters.releasesRefused++;
   }
 
   protected withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string): Promise<T> {
