@@ -225,3 +225,22 @@ test('property: under page pressure, preemption and aborts, no page is owned twi
     { numRuns: 150 },
   );
 });
+
+test('async scheduling: pages of a request whose synchronous READ is still in flight are not published for prefix hits; a failed READ never publishes them', () => {
+  for (const outcome of ['failed', 'landed'] as const) {
+    const { scheduler, kv } = makeScheduler({ numBlocks: 32, connector: oneSided({ role: 'consumer', mode: 'read' }) });
+    const a = makeRequest(33, 4, readParams([[1, 2], [3, 4]]), `a-${outcome}`, 500);
+    scheduler.addRequest(a);
+    const probe = { requestId: 'probe', tokenIds: a.promptTokenIds };
+    const s1 = scheduler.schedule();
+    assert.equal(s1.hasSyncKvLoads, true);
+    const s2 = scheduler.schedule(); // one step ahead: a decodes while its READ (step 1) is still unresolved
+    assert.equal(s2.numScheduledTokens[a.requestId], 1);
+    assert.equal(kv.getComputedBlocks(probe).numComputedTokens, 0, 'nothing published while the READ may still fail');
+    const conn = outcome === 'failed' ? { failedLoadReqIds: [a.requestId], invalidBlockIds: kv.getBlockIds(a.requestId).flat() } : {};
+    scheduler.updateFromOutput(s1, fakeRun(s1, conn));
+    const hit = kv.getComputedBlocks(probe).numComputedTokens;
+    if (outcome === 'failed') assert.equal(hit, 0, 'a failed READ leaves its pages unpublished');
+    else assert.equal(hit, 32, 'a landed READ publishes the loaded pages');
+  }
+});

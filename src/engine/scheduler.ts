@@ -229,7 +229,10 @@ export class Scheduler {
    */
   private allocateOrPreempt(req: Request, numNew: number): number[][] | 'wait' | null {
     for (;;) {
-      const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, { numLookaheadTokens: this.config.numLookaheadTokens });
+      // A request whose synchronous READ is still in flight (async scheduling: its load step is not
+      // processed yet) must not publish its pages: the READ may fail, and a prefix hit would read stale bytes.
+      const delayCacheBlocks = this.syncLoads.has(req.requestId);
+      const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, { numLookaheadTokens: this.config.numLookaheadTokens, delayCacheBlocks });
       if (blocks !== null) return blocks;
       if (this.fence.numPending > 0) return 'wait';
       const victim = this.running[this.running.length - 1];
