@@ -11,26 +11,31 @@ import * as workerKernels from '../worker/kernels.ts';
 
 export const KERNEL_MODULE_URL = new URL('../worker/kernels.ts', import.meta.url).href;
 
-export function threadedDevice(preset: ModelPreset, modelSeed: number, raceCheck = false): (kv: KVCacheConfig) => Promise<Device> {
+/** `kernelModuleUrl`: another kernel module exporting createKernels (tests inject device failures this way). */
+export function threadedDevice(preset: ModelPreset, modelSeed: number, raceCheck = false, kernelModuleUrl = KERNEL_MODULE_URL): (kv: KVCacheConfig) => Promise<Device> {
   return (kvConfig) =>
     createThreadedDevice({
       numSlabs: kvConfig.numSlabs,
       numBlocks: kvConfig.numBlocks,
       pageBytes: kvConfig.pageBytes,
-      kernelModuleUrl: KERNEL_MODULE_URL,
+      kernelModuleUrl,
       kernelInit: { preset, seed: modelSeed, kvConfig },
       raceCheck,
     });
 }
 
 /** In-process device whose ops run at the next microtask (tests); the simulator drives its own. */
-export function simDevice(preset: ModelPreset, modelSeed: number, opts: { raceCheck?: boolean; autoRun?: boolean } = {}): (kv: KVCacheConfig) => Promise<SimDevice> {
+export function simDevice(
+  preset: ModelPreset,
+  modelSeed: number,
+  opts: { raceCheck?: boolean; autoRun?: boolean; kernelModuleUrl?: string } = {},
+): (kv: KVCacheConfig) => Promise<SimDevice> {
   return async (kvConfig) =>
     createSimDevice({
       numSlabs: kvConfig.numSlabs,
       numBlocks: kvConfig.numBlocks,
       pageBytes: kvConfig.pageBytes,
-      kernels: workerKernels,
+      ...(opts.kernelModuleUrl === undefined ? { kernels: workerKernels } : { kernelModuleUrl: opts.kernelModuleUrl }),
       kernelInit: { preset, seed: modelSeed, kvConfig },
       raceCheck: opts.raceCheck ?? false,
       autoRun: opts.autoRun ?? true,

@@ -29,6 +29,7 @@ import {
   type SchedulerOutput,
 } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
+import { checkRequestFits } from './request_validation.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
 
@@ -70,26 +71,9 @@ export class Scheduler {
     if (this.waiting.length >= this.config.maxWaiting) {
       throw new HandoffError('OVERLOADED', `waiting queue is full (${this.config.maxWaiting} requests)`);
     }
-    if (req.numPromptTokens + req.sampling.maxTokens > this.config.maxModelLen) {
-      throw new HandoffError(
-        'PROMPT_TOO_LONG',
-        `prompt (${req.numPromptTokens} tokens) + max_tokens (${req.sampling.maxTokens}) exceeds the model's maximum length ${this.config.maxModelLen}`,
-      );
-    }
-    const need = this.pagesNeeded(req.numPromptTokens + req.sampling.maxTokens);
-    if (need > this.kv.config.numBlocks - 1) {
-      throw new HandoffError('OUT_OF_PAGES', `the request needs ${need} KV pages at its longest; this instance has ${this.kv.config.numBlocks - 1}`);
-    }
+    checkRequestFits(req, this.config, this.kv.config);
     this.requests.set(req.requestId, req);
     this.waiting.push(req);
-  }
-
-  /** Pages a request of `numTokens` tokens holds across all groups (a Mamba group holds one). */
-  private pagesNeeded(numTokens: number): number {
-    return this.kv.config.groups.reduce(
-      (n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil((numTokens + this.config.numLookaheadTokens) / g.spec.blockSize)),
-      0,
-    );
   }
 
   /** Abort: the request finishes now; its pages are freed behind the fence. */
@@ -369,6 +353,7 @@ export class Scheduler {
     const failed = new Set(conn.failedLoadReqIds);
     if (conn.invalidBlockIds.length > 0 || failed.size > 0) this.handleLoadErrors(conn.invalidBlockIds, failed, epochs, conn.loadErrors);
 
+    for (const [id, message] of Object.entries(result.forwardErrors ?? {})) this.failForward(so, id, message, epochs);
     for (const s of result.sampled) {
       const req = this.requests.get(s.requestId);
       if (!req || req.isFinished || epochs.get(s.requestId) !== req.epoch || failed.has(s.requestId)) continue;
@@ -455,6 +440,21 @@ export class Scheduler {
       this.preemptedSinceLast.push(req.requestId);
       this.waiting.unshift(req);
     }
+  }
+
+  /**
+   * A request's forward failed on the device: it fails alone with a 500. The pages its step wrote are
+   * withdrawn from the prefix cache, and requests that already hit them (their KV is not valid) fail too.
+   */
+  private failForward(so: SchedulerOutput, requestId: string, message: string, epochs: Map<string, number>): void {
+    const req = this.requests.get(requestId);
+    if (!req || req.isFinished || epochs.get(requestId) !== req.epoch) return;
+    const data = so.scheduledNewReqs.find((n) => n.requestId === requestId) ?? so.scheduledCachedReqs.find((c) => c.requestId === requestId);
+    const holders = this.kv.uncacheFrom(requestId, data?.numComputedTokens ?? 0);
+    req.error = new HandoffError('INTERNAL', `the model failed on this request: ${message}`);
+    this.finish(req, 'FINISHED_ERROR');
+    const shared = `a prefix this request shared with ${requestId} was never computed: ${message}`;
+    for (const id of holders) this.abortRequest(id, 'FINISHED_ERROR', new HandoffError('INTERNAL', shared));
   }
 
   private stopStatus(req: Request, tokenId: number): RequestStatus | null {

@@ -169,6 +169,12 @@ export class BlockPool {
     entry.set(block.blockId, block);
   }
 
+  /** Withdraw an owned block from the prefix cache (its KV turned out not to be valid). */
+  uncache(block: KVCacheBlock): void {
+    assert(!block.isNull && block.refCnt > 0, () => `only owned blocks are withdrawn (block ${block.blockId}, refCnt ${block.refCnt})`);
+    this.evict(block);
+  }
+
   numCachedBlocks(): number {
     let n = 0;
     for (const entry of this.cached.values()) n += entry.size;

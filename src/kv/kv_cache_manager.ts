@@ -157,6 +157,19 @@ export class KVCacheManager {
     for (const m of this.managers) m.cacheBlocks(req.requestId, req.tokenIds, numComputedTokens);
   }
 
+  /**
+   * The request's KV from token `startToken` on is not valid (its forward failed): withdraw those pages
+   * from the prefix cache. Returns the other requests that already share any of them (they hit them).
+   */
+  uncacheFrom(requestId: string, startToken: number): string[] {
+    const withdrawn = new Set(this.managers.flatMap((m) => m.uncacheFrom(requestId, startToken)));
+    const holders = new Set<string>();
+    for (const m of this.managers) {
+      for (const other of m.requestIds()) if (other !== requestId && m.blockIds(other).some((b) => withdrawn.has(b))) holders.add(other);
+    }
+    return [...holders];
+  }
+
   getBlockIds(requestId: string): BlockIds {
     return this.managers.map((m) => m.blockIds(requestId));
   }

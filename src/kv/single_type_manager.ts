@@ -146,6 +146,17 @@ export class SingleTypeManager {
     state.numCachedBlocks = numFull;
   }
 
+  /** Withdraw the request's pages from token `startToken` on from the prefix cache; returns their ids. */
+  uncacheFrom(requestId: string, startToken: number): number[] {
+    const state = this.requests.get(requestId);
+    if (state === undefined || this.isMamba) return [];
+    const from = Math.floor(startToken / this.blockSize);
+    const blocks = state.blocks.slice(from);
+    for (const b of blocks) if (b.blockHash !== null) this.pool.uncache(b);
+    state.numCachedBlocks = Math.min(state.numCachedBlocks, from);
+    return blocks.map((b) => b.blockId);
+  }
+
   /** Remove the request and hand back its pages in allocation order, still referenced. */
   detach(requestId: string): KVCacheBlock[] {
     const state = this.requests.get(requestId);

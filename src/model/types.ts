@@ -49,6 +49,8 @@ export interface ForwardOutput {
   /** Hex hash of the logits' Float32Array bytes, so "logit for logit" equality can be checked. */
   logitsHash: string | null;
   nanLogits: boolean;
+  /** Set when this request's forward or sampling failed on the device (the step's other requests ran). */
+  error?: string;
 }
 
 export interface ForwardResult {

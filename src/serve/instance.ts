@@ -41,6 +41,8 @@ export interface InstanceOptions {
   apiKey: string | null;
   /** 'sim' runs the model in process (tests of colocated serving); P/D needs 'threaded'. */
   device: 'threaded' | 'sim';
+  /** The device's kernel module (default: the model's step kernel); tests inject failing kernels here. */
+  kernelModuleUrl?: string;
 }
 
 export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
@@ -118,7 +120,10 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     asyncScheduling: true,
     scheduler,
     idlePollMs: 5,
-    makeDevice: opts.device === 'threaded' ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck) : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck }),
+    makeDevice:
+      opts.device === 'threaded'
+        ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
+        : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck, ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }) }),
   };
   if (transferConfig) {
     const make = oneSidedConnectorFactory(

@@ -8,7 +8,7 @@
 import { assert } from '../util/assert.ts';
 import type { KernelFn } from '../device/types.ts';
 import { createModel } from '../model/model.ts';
-import type { ForwardArgs, ForwardResult, ModelKernelInit } from '../model/types.ts';
+import type { ForwardArgs, ForwardOutput, ForwardResult, ModelKernelInit } from '../model/types.ts';
 
 export const PLACEHOLDER_TOKEN = -1;
 
@@ -17,23 +17,46 @@ export interface StepArgs extends ForwardArgs {
   forget: string[];
 }
 
+/**
+ * The step kernel. Requests are computed one by one (the model is batch invariant), and a request whose
+ * forward or sampling throws fails alone, like a device error reported for one sequence: its output
+ * carries `error`, the other requests of the step are unaffected, and the engine fails that request with
+ * a 500 instead of dying. Its device-side state is dropped, so later steps that still name it (async
+ * scheduling enqueued them before the host knew) fail it again rather than compute on a stale token.
+ */
 export function createStepKernel(forward: (args: ForwardArgs, slabs: Uint8Array[]) => ForwardResult): KernelFn {
   const lastSampled = new Map<string, number>();
+  const failed = new Set<string>();
   return (raw: unknown, slabs: Uint8Array[]) => {
     const args = raw as StepArgs;
-    for (const id of args.forget) lastSampled.delete(id);
-    const requests = args.requests.map((r) => ({
-      ...r,
-      tokenIds: r.tokenIds.map((t) => {
-        if (t !== PLACEHOLDER_TOKEN) return t;
-        const last = lastSampled.get(r.requestId);
-        assert(last !== undefined, `request ${r.requestId} has no sampled token on the device`);
-        return last;
-      }),
-    }));
-    const result = forward({ step: args.step, requests }, slabs);
-    for (const o of result.outputs) if (o.tokenId !== null) lastSampled.set(o.requestId, o.tokenId);
-    return result;
+    for (const id of args.forget) {
+      lastSampled.delete(id);
+      failed.delete(id);
+    }
+    assert(new Set(args.requests.map((r) => r.requestId)).size === args.requests.length, 'a request appears twice in one step');
+    const outputs: ForwardOutput[] = [];
+    for (const r of args.requests) {
+      try {
+        assert(!failed.has(r.requestId), `request ${r.requestId} failed in an earlier step on this device`);
+        const tokenIds = r.tokenIds.map((t) => {
+          if (t !== PLACEHOLDER_TOKEN) return t;
+          const last = lastSampled.get(r.requestId);
+          assert(last !== undefined, `request ${r.requestId} has no sampled token on the device`);
+          return last;
+        });
+        const out = forward({ step: args.step, requests: [{ ...r, tokenIds }] }, slabs).outputs;
+        assert(out.length === 1 && out[0]?.requestId === r.requestId, 'a forward of one request returns one output');
+        const o = out[0];
+        if (o.tokenId !== null) lastSampled.set(o.requestId, o.tokenId);
+        outputs.push(o);
+      } catch (e) {
+        failed.add(r.requestId);
+        lastSampled.delete(r.requestId);
+        const error = e instanceof Error ? e.message : String(e);
+        outputs.push({ requestId: r.requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false, error });
+      }
+    }
+    return { outputs };
   };
 }
 

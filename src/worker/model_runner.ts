@@ -111,25 +111,37 @@ export class ModelRunner {
         this.device.compute.enqueue({ op: { kind: 'sleep', ms: this.forwardPadMs }, label: { what: 'forward-pad', step: so.step } });
       }
     }
-    // 5. Results.
-    const output = forward.then(async (result) => {
-      const conn = this.hooks ? await this.hooks.postForward(so) : emptyConnectorOutput();
-      const sampled = (result?.outputs ?? [])
-        .filter((o) => o.tokenId !== null)
-        .map((o) => ({ requestId: o.requestId, tokenId: o.tokenId as number, logprob: o.logprob, logitsHash: o.logitsHash, nanLogits: o.nanLogits }));
-      for (const s of sampled) this.reqs.get(s.requestId)?.tokenIds.push(s.tokenId);
-      return {
-        step: so.step,
-        sampled,
-        kvConnectorOutput: {
-          ...conn,
-          failedLoadReqIds: [...conn.failedLoadReqIds, ...loads.failedReqIds],
-          invalidBlockIds: [...conn.invalidBlockIds, ...loads.invalidBlockIds],
-          loadErrors: { ...conn.loadErrors, ...loads.loadErrors },
-        },
-      };
-    });
+    // 5. Results. A forward that failed as a whole fails the requests it computed, not the engine.
+    const forwardIds = requests.map((r) => r.requestId);
+    const output = forward.then(
+      (result) => this.collect(so, loads, result),
+      (e: unknown) => {
+        const error = `the forward of step ${so.step} failed: ${e instanceof Error ? e.message : String(e)}`;
+        return this.collect(so, loads, { outputs: forwardIds.map((requestId) => ({ requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false, error })) });
+      },
+    );
     return { output };
+  }
+
+  private async collect(so: SchedulerOutput, loads: LoadResult, result: ForwardResult | null): Promise<ModelRunnerOutput> {
+    const conn = this.hooks ? await this.hooks.postForward(so) : emptyConnectorOutput();
+    const forwardErrors: Record<string, string> = {};
+    for (const o of result?.outputs ?? []) if (o.error !== undefined) forwardErrors[o.requestId] = o.error;
+    const sampled = (result?.outputs ?? [])
+      .filter((o) => o.tokenId !== null && o.error === undefined)
+      .map((o) => ({ requestId: o.requestId, tokenId: o.tokenId as number, logprob: o.logprob, logitsHash: o.logitsHash, nanLogits: o.nanLogits }));
+    for (const s of sampled) this.reqs.get(s.requestId)?.tokenIds.push(s.tokenId);
+    return {
+      step: so.step,
+      sampled,
+      forwardErrors,
+      kvConnectorOutput: {
+        ...conn,
+        failedLoadReqIds: [...conn.failedLoadReqIds, ...loads.failedReqIds],
+        invalidBlockIds: [...conn.invalidBlockIds, ...loads.invalidBlockIds],
+        loadErrors: { ...conn.loadErrors, ...loads.loadErrors },
+      },
+    };
   }
 
   private buildForwardRequests(so: SchedulerOutput, failed: Set<string>): ForwardRequest[] {

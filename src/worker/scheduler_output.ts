@@ -83,6 +83,8 @@ export interface ModelRunnerOutput {
   step: number;
   /** Sampled tokens of requests that sampled this step. */
   sampled: Array<{ requestId: string; tokenId: number; logprob: number | null; logitsHash: string | null; nanLogits: boolean }>;
+  /** Requests whose forward or sampling failed on the device this step → why (they fail alone, with a 500). */
+  forwardErrors?: Record<string, string>;
   kvConnectorOutput: KVConnectorOutput;
 }
 

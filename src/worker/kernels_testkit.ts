@@ -1,0 +1,28 @@
+/**
+ * Test kit (not used in production): the real step kernel with injected device failures, loaded by URL
+ * like src/worker/kernels.ts. A request whose id starts with FAIL_REQUEST_PREFIX throws inside its own
+ * forward (a device error for one sequence); one whose id starts with FAIL_STEP_PREFIX makes the whole
+ * step op throw (every request of that step is lost).
+ */
+import { createModel } from '../model/model.ts';
+import type { ModelKernelInit } from '../model/types.ts';
+import type { KernelFn } from '../device/types.ts';
+import { createStepKernel, type StepArgs } from './kernels.ts';
+
+export const FAIL_REQUEST_PREFIX = 'fail-kernel-';
+export const FAIL_STEP_PREFIX = 'fail-step-';
+export const FAILING_KERNELS_URL = new URL('./kernels_testkit.ts', import.meta.url).href;
+
+export async function createKernels(init: ModelKernelInit, _slabs: Uint8Array[]): Promise<Record<string, KernelFn>> {
+  const model = createModel(init.preset, init.seed, init.kvConfig);
+  const step = createStepKernel((args, slabs) => {
+    if (args.requests.some((r) => r.requestId.startsWith(FAIL_REQUEST_PREFIX))) throw new Error('injected kernel failure');
+    return model.forward(args, slabs);
+  });
+  return {
+    step: (raw: unknown, slabs: Uint8Array[]) => {
+      if ((raw as StepArgs).requests.some((r) => r.requestId.startsWith(FAIL_STEP_PREFIX))) throw new Error('injected step failure');
+      return step(raw, slabs);
+    },
+  };
+}
