@@ -1,12 +1,15 @@
 /**
  * Proves the sampler's contract: greedy = argmax with lowest index on ties; NaN logits are flagged and
  * resolved deterministically; seeded sampling depends only on (seed, outputIndex), respects top-k and
- * top-p, and follows the softmax distribution; logitsHash is bit-exact.
+ * top-p, and follows the softmax distribution; logitsHash is bit-exact. top-k and top-p are pinned at
+ * their exact boundaries and against a sort-everything reference of the filtering spec.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { argmax, logitsHash, sampleToken } from './sampler.ts';
+import { SeededRng } from '../util/env.ts';
+import type { SamplingParams } from './types.ts';
+import { argmax, drawSeed, logitsHash, sampleToken } from './sampler.ts';
 
 const f32 = (xs: number[]): Float32Array => Float32Array.from(xs);
 const logitsArb = fc.array(fc.float({ min: Math.fround(-20), max: Math.fround(20), noNaN: true }), { minLength: 1, maxLength: 64 }).map(f32);
@@ -91,4 +94,104 @@ test('logitsHash: equal bytes hash equal; one flipped bit (even 0 vs -0) hashes 
   bytes[5] = (bytes[5] as number) ^ 1;
   assert.notEqual(logitsHash(a), logitsHash(b));
   assert.equal(logitsHash(new Float32Array(a.buffer, 4, 2)), logitsHash(f32([-2, 0])), 'a view hashes only its own bytes');
+});
+
+/** The distinct tokens drawn over `n` seeds (outputIndex 0). */
+function drawn(logits: Float32Array, p: Omit<SamplingParams, 'seed' | 'outputIndex'>, n = 500): number[] {
+  const seen = new Set<number>();
+  for (let seed = 0; seed < n; seed++) seen.add(sampleToken(logits, { ...p, seed, outputIndex: 0 }).tokenId);
+  return [...seen].sort((a, b) => a - b);
+}
+
+test('top-p boundary: logits [0,0] with top_p 0.5 always give token 0 (the first tied token alone reaches half the mass); just above 0.5 both are kept', () => {
+  assert.deepEqual(drawn(f32([0, 0]), { temperature: 1, topP: 0.5 }), [0]);
+  assert.deepEqual(drawn(f32([0, 0]), { temperature: 1, topP: 0.5 + 1e-9 }), [0, 1]);
+  assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 0.5 }), [0, 1], 'two of four equal tokens reach exactly 0.5');
+  assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 0.75 }), [0, 1, 2]);
+  assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 1 }), [0, 1, 2, 3]);
+});
+
+test('top-k boundary: top_k = k keeps exactly the k largest logits, ties to the lower index; k >= vocabulary or k = 0 keeps all', () => {
+  const flat = f32([0, 0, 0, 0]);
+  assert.deepEqual(drawn(flat, { temperature: 1, topK: 2 }), [0, 1]);
+  assert.deepEqual(drawn(flat, { temperature: 1, topK: 3 }), [0, 1, 2]);
+  // Temperature 3 flattens the odds so every kept token shows up in 500 draws.
+  const desc = f32([1, 5, 3, 4, 2]);
+  assert.deepEqual(drawn(desc, { temperature: 3, topK: 2 }), [1, 3]);
+  assert.deepEqual(drawn(desc, { temperature: 3, topK: 3 }), [1, 2, 3]);
+  assert.deepEqual(drawn(desc, { temperature: 3, topK: 4 }), [1, 2, 3, 4]);
+  assert.deepEqual(drawn(f32([2, 1, 1, 1, 0]), { temperature: 3, topK: 3 }), [0, 1, 2], 'the tie at the cut goes to the lower index');
+  for (const topK of [5, 6, 0]) assert.deepEqual(drawn(desc, { temperature: 3, topK }), [0, 1, 2, 3, 4], `top_k ${topK}`);
+});
+
+/**
+ * The filtering spec, written plainly (sort the whole vocabulary; the sampler avoids that): weights
+ * w = exp((l - max) / T); rank tokens by (logit desc, index asc); top-k keeps the first k; top-p keeps
+ * the shortest prefix of the rest whose weight reaches topP x total (everything if rounding leaves the
+ * sum short); then the one draw u of (seed, outputIndex) picks the first token, in index order, whose
+ * running kept weight exceeds u x kept total.
+ */
+function referenceSample(logits: Float32Array, p: SamplingParams): { kept: number[]; tokenId: number } {
+  const max = Math.max(...logits);
+  const w = Array.from(logits, (l) => Math.exp((l - max) / p.temperature));
+  const order = [...logits.keys()].sort((a, b) => (logits[b] as number) - (logits[a] as number) || a - b);
+  let kept = order.filter((i) => (w[i] as number) > 0);
+  if (p.topK !== undefined && p.topK > 0) kept = kept.slice(0, p.topK);
+  const weightIn = (set: number[]): number => w.reduce((s, x, i) => (set.includes(i) ? s + x : s), 0);
+  if (p.topP !== undefined && p.topP < 1) {
+    const target = p.topP * weightIn(kept);
+    let cum = 0;
+    const len = kept.findIndex((i) => (cum += w[i] as number) >= target);
+    if (len >= 0) kept = kept.slice(0, len + 1);
+  }
+  const total = weightIn(kept);
+  const target = new SeededRng(drawSeed(p.seed, p.outputIndex)).next() * total;
+  let acc = 0;
+  let tokenId = -1;
+  for (let i = 0; i < w.length; i++) {
+    if (!kept.includes(i)) continue;
+    acc += w[i] as number;
+    tokenId = i;
+    if (acc > target) break;
+  }
+  return { kept, tokenId };
+}
+
+test('top-p property: the kept set is the shortest prefix, by probability desc then index, whose mass reaches top_p (after top-k); each draw matches the reference', () => {
+  // Small integer alphabets make ties and exact boundaries common; `atPrefix` puts top_p exactly on a prefix's mass.
+  const logits = fc.oneof(logitsArb, fc.array(fc.constantFrom(0, 0, 1, -1, 2), { minLength: 1, maxLength: 12 }).map(f32));
+  const topPSpec = fc.oneof(fc.record({ free: fc.double({ min: 0.01, max: 1, noNaN: true }) }), fc.record({ atPrefix: fc.nat(12) }));
+  let boundaryCases = 0;
+  fc.assert(
+    fc.property(
+      logits,
+      fc.oneof(fc.constant(1), fc.float({ min: Math.fround(0.1), max: 3, noNaN: true })),
+      fc.option(fc.integer({ min: 0, max: 12 }), { nil: undefined }),
+      topPSpec,
+      fc.nat(),
+      (xs, temperature, topK, spec, seed) => {
+        let topP: number;
+        if ('free' in spec) topP = spec.free;
+        else {
+          // The mass of the first m+1 ranked tokens that top-k keeps, as a fraction: top_p sits on a boundary.
+          const { kept } = referenceSample(xs, { temperature, topK, seed: 0, outputIndex: 0 });
+          const max = Math.max(...xs);
+          const wt = (i: number): number => Math.exp(((xs[i] as number) - max) / temperature);
+          const total = kept.reduce((s, i) => s + wt(i), 0);
+          const prefix = kept.slice(0, Math.min(spec.atPrefix, kept.length - 1) + 1).reduce((s, i) => s + wt(i), 0);
+          topP = Math.min(1, prefix / total);
+          boundaryCases++;
+        }
+        for (let outputIndex = 0; outputIndex < 8; outputIndex++) {
+          const p: SamplingParams = { temperature, topK, topP, seed, outputIndex };
+          const want = referenceSample(xs, p);
+          const got = sampleToken(xs, p).tokenId;
+          assert.ok(want.kept.includes(got), `token ${got} outside the kept set ${want.kept.join(',')}`);
+          assert.equal(got, want.tokenId, `draw ${outputIndex}: kept set ${want.kept.join(',')}`);
+        }
+      },
+    ),
+    { numRuns: 400 },
+  );
+  assert.ok(boundaryCases > 50, 'the generator reaches exact top_p boundaries');
 });

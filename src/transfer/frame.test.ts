@@ -1,7 +1,8 @@
 /**
  * Proves the tcp frame codec: every valid frame survives encode -> any chunking -> decode; random,
  * truncated and mutated input never throws anything but FrameError (the caller's cue to close the
- * connection), never emits a frame it did not fully receive, and memory held stays bounded.
+ * connection), never emits a frame it did not fully receive, and memory held stays bounded. Every
+ * length limit accepts exactly its maximum and rejects one more.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -229,4 +230,107 @@ test('frame codec: DATA payloads reach the sink in pieces without reassembly', (
   assert.equal(pieces.reduce((a, b) => a + b, 0), payload.length);
   assert.ok(pieces.length > 1);
   assert.ok(dec.bufferedBytes === 0 && dec.idle);
+});
+
+// Every length limit of the parser, at its exact boundary: the limit itself is accepted, one more is
+// rejected. (An off-by-one in the DATA check passed every test above: they only probe far from it.)
+
+/** Counts DATA payload bytes without holding them (a 16 MiB payload must not become a JS array). */
+function counter(): { frames: ControlFrame[]; dataBytes: number; sink: ConstructorParameters<typeof FrameDecoder>[0] } {
+  const c = {
+    frames: [] as ControlFrame[],
+    dataBytes: 0,
+    sink: {
+      frame: (f: ControlFrame) => void c.frames.push(f),
+      data: (_head: DataHead, piece: Uint8Array) => void (c.dataBytes += piece.length),
+    },
+  };
+  return c;
+}
+
+test('frame limits: a DATA payload of exactly dataBytesMax (16 MiB, the tcp default) is accepted and streamed; dataBytesMax + 1 is rejected', () => {
+  const max = DEFAULT_LIMITS.dataBytesMax;
+  assert.equal(max, 16 << 20);
+  const ok = counter();
+  const dec = new FrameDecoder(ok.sink);
+  dec.push(encodeDataHeader(3, 0, max));
+  const payload = new Uint8Array(1 << 20);
+  for (let i = 0; i < 16; i++) dec.push(payload);
+  assert.equal(ok.dataBytes, max);
+  assert.ok(dec.idle, 'the whole frame was consumed');
+  assert.throws(() => new FrameDecoder(counter().sink).push(encodeDataHeader(3, 0, max + 1)), (e: unknown) => e instanceof FrameError && /too large/.test(e.message));
+  // The lower bound: one payload byte is a frame, zero is not.
+  const one = counter();
+  new FrameDecoder(one.sink).push(Buffer.concat([encodeDataHeader(3, 0, 1), Buffer.from([7])]));
+  assert.equal(one.dataBytes, 1);
+});
+
+test('frame limits: a DATA payload of exactly a custom dataBytesMax is accepted; one byte more is rejected', () => {
+  const ok = counter();
+  new FrameDecoder(ok.sink, small).push(Buffer.concat([encodeDataHeader(1, 0, small.dataBytesMax), new Uint8Array(small.dataBytesMax)]));
+  assert.equal(ok.dataBytes, small.dataBytesMax);
+  assert.throws(() => new FrameDecoder(counter().sink, small).push(encodeDataHeader(1, 0, small.dataBytesMax + 1)), FrameError);
+});
+
+test('frame limits: a control body (side JSON) of exactly controlBytesMax is accepted; controlBytesMax + 1 is rejected', () => {
+  const max = DEFAULT_LIMITS.controlBytesMax;
+  // JSON of a string of n ASCII letters is n + 2 bytes.
+  const atMax = encodeFrame({ type: 'side', body: 'a'.repeat(max - 2) });
+  assert.equal(atMax.length, 5 + max);
+  const ok = counter();
+  new FrameDecoder(ok.sink).push(atMax);
+  assert.equal(ok.frames.length, 1);
+  assert.equal((ok.frames[0] as { body: string }).body.length, max - 2);
+  const over = encodeFrame({ type: 'side', body: 'a'.repeat(max - 1) });
+  assert.throws(() => new FrameDecoder(counter().sink).push(over), (e: unknown) => e instanceof FrameError && /exceeds/.test(e.message));
+  // Same boundary for a binary control frame under custom limits.
+  const err = (msgBytes: number): Uint8Array => encodeFrame({ type: 'error', reqId: 1, code: '', message: 'm'.repeat(msgBytes) });
+  const fits = err(small.stringBytesMax);
+  const lim: FrameLimits = { ...small, controlBytesMax: fits.length - 5 };
+  new FrameDecoder(counter().sink, lim).push(fits);
+  assert.throws(() => new FrameDecoder(counter().sink, { ...lim, controlBytesMax: fits.length - 6 }).push(fits), FrameError);
+});
+
+test('frame limits: a string field of exactly stringBytesMax bytes (counted in utf-8 bytes) is accepted; one byte more is rejected', () => {
+  const hello = (engineId: string): Uint8Array => encodeFrame({ type: 'hello', engineId, session: '00'.repeat(16) });
+  for (const id of ['x'.repeat(small.stringBytesMax), 'é'.repeat(small.stringBytesMax / 2)]) {
+    const ok = counter();
+    new FrameDecoder(ok.sink, small).push(hello(id));
+    assert.deepEqual(ok.frames, [{ type: 'hello', engineId: id, session: '00'.repeat(16) }]);
+  }
+  for (const id of ['x'.repeat(small.stringBytesMax + 1), `${'é'.repeat(small.stringBytesMax / 2)}x`]) {
+    assert.throws(() => new FrameDecoder(counter().sink, small).push(hello(id)), (e: unknown) => e instanceof FrameError && /string of 257 bytes/.test(e.message));
+  }
+});
+
+test('frame limits: exactly rangesMax ranges in a READ/WRITE is accepted; rangesMax + 1 is rejected', () => {
+  const rw = (n: number): Uint8Array =>
+    encodeFrame({ type: 'write', reqId: 9, transferId: 't', grantToken: 'ab', ranges: Array.from({ length: n }, (_, i) => ({ slab: i, offset: i * 64, length: 64 })) });
+  const ok = counter();
+  new FrameDecoder(ok.sink, small).push(rw(small.rangesMax));
+  assert.equal(ok.frames.length, 1);
+  assert.equal((ok.frames[0] as { ranges: unknown[] }).ranges.length, small.rangesMax);
+  assert.throws(() => new FrameDecoder(counter().sink, small).push(rw(small.rangesMax + 1)), (e: unknown) => e instanceof FrameError && /ranges exceed/.test(e.message));
+});
+
+test('frame limits: u64 fields (range offset, DATA stream offset) accept 2^53 - 1 and reject 2^53', () => {
+  const top = Number.MAX_SAFE_INTEGER;
+  const set2p53 = (b: Uint8Array, at: number): Uint8Array => {
+    const out = Buffer.from(b);
+    out.writeUInt32BE(1 << 21, at);
+    out.writeUInt32BE(0, at + 4);
+    return out;
+  };
+  // read frame: header 5 | reqId 4 | str '' 2 | bytes8 '' 1 | n 4 | slab 2 | offset 8 | length 4
+  const read = encodeFrame({ type: 'read', reqId: 1, transferId: '', grantToken: '', ranges: [{ slab: 0, offset: top, length: 1 }] });
+  const ok = counter();
+  new FrameDecoder(ok.sink).push(read);
+  assert.equal((ok.frames[0] as { ranges: Array<{ offset: number }> }).ranges[0]?.offset, top);
+  assert.throws(() => new FrameDecoder(counter().sink).push(set2p53(read, 18)), (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message));
+  // DATA: header 5 | reqId 4 | streamOffset 8
+  const data = Buffer.concat([encodeDataHeader(1, top, 1), Buffer.from([1])]);
+  const heads: DataHead[] = [];
+  new FrameDecoder({ frame: () => assert.fail('no control frame'), data: (h) => void heads.push({ ...h }) }).push(data);
+  assert.deepEqual(heads, [{ reqId: 1, streamOffset: top, length: 1 }]);
+  assert.throws(() => new FrameDecoder(counter().sink).push(set2p53(data, 9)), (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message));
 });
