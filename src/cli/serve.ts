@@ -9,6 +9,7 @@ import { createLogger } from '../util/log.ts';
 import { DEFAULT_INSTANCE_OPTIONS, startInstance, type InstanceOptions } from '../serve/instance.ts';
 import { choiceFlag, intFlag, optionalInt, portFlag, presetFlag } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
+import { parsePeerAllowList } from '../connector/peer_directory.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
 
@@ -32,6 +33,7 @@ export function registerServe(program: Command): void {
     .option('--race-check', 'run the happens-before race checker on the device')
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/* (or HANDOFF_API_KEY)')
     .option('--side-channel-secret <s>', 'shared secret for KV side-channel handshakes (or HANDOFF_SIDE_CHANNEL_SECRET)')
+    .option('--kv-peers <list>', 'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated', 'loopback')
     .option('--json', 'print one JSON line when ready')
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
     .action(async (o: Opts) => {
@@ -85,6 +87,7 @@ export function serveOptionsFrom(o: Opts): InstanceOptions {
     scheduler,
     apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
     sideChannelSecret: secretFlag(o['sideChannelSecret'], 'HANDOFF_SIDE_CHANNEL_SECRET'),
+    kvPeers: parsePeerAllowList(typeof o['kvPeers'] === 'string' ? o['kvPeers'] : 'loopback'),
   };
 }
 

@@ -12,6 +12,7 @@ import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../
 import type { OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
 import { OneSidedConnectorWorker } from './one_sided_worker.ts';
+import { LOOPBACK_PEERS, PeerDirectory, type PeerAllowList } from './peer_directory.ts';
 
 export interface TransferEndpointOptions {
   backend: TransferBackend;
@@ -33,6 +34,7 @@ export interface ConnectorContext {
 
 export interface OneSidedConnector {
   scheduler: OneSidedConnectorScheduler;
+  peers: PeerDirectory;
   worker: OneSidedConnectorWorker;
   transfer: TransferEngine;
   close(): Promise<void>;
@@ -44,7 +46,7 @@ export function oneSidedConnectorFactory(
   config: OneSidedConfig,
   endpoint: TransferEndpointOptions,
   createTransfer: CreateTransferEngine,
-  opts: { log?: Logger; onActivity?: () => void } = {},
+  opts: { log?: Logger; onActivity?: () => void; allowedPeers?: PeerAllowList } = {},
 ): (ctx: ConnectorContext) => Promise<OneSidedConnector> {
   return async ({ device, kvConfig, env, numLookaheadTokens }) => {
     const slabs = device.buffers as SharedArrayBuffer[];
@@ -67,6 +69,7 @@ export function oneSidedConnectorFactory(
     });
     transfer.attachRaceChecker(device.raceChecker);
     const addr = transfer.address();
+    const peers = new PeerDirectory((p) => transfer.handshake(p), env, opts.allowedPeers ?? LOOPBACK_PEERS, () => opts.onActivity?.());
     const scheduler = new OneSidedConnectorScheduler(
       config,
       kvConfig,
@@ -74,10 +77,12 @@ export function oneSidedConnectorFactory(
       { engineId: transfer.engineId, host: addr.host, port: addr.port },
       transfer,
       numLookaheadTokens,
+      peers,
     );
-    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, device, scheduler.transferGroupIds, env, opts.log, opts.onActivity);
+    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, device, scheduler.transferGroupIds, env, peers, opts.log, opts.onActivity);
     return {
       scheduler,
+      peers,
       worker,
       transfer,
       close: async () => {

@@ -19,6 +19,7 @@ import type { OneSidedConfig } from './config.ts';
 import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type RecvReqMeta, type SaveReqMeta } from './metadata.ts';
 import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 import { excludeReadDestinations } from './zero_exclusion.ts';
+import type { PeerDirectory } from './peer_directory.ts';
 
 /** What the scheduler side needs of the transfer engine (the producer grants its pages). */
 export interface GrantIssuer {
@@ -63,6 +64,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     private readonly endpoint: LocalEndpoint,
     private readonly grants: GrantIssuer | null,
     readonly numLookaheadTokens = 0,
+    /** The consumer's producers (handshakes off the step path, allow-list); null in scheduler-only tests. */
+    private readonly peers: PeerDirectory | null = null,
   ) {
     const attn = kvConfig.groups.filter((g) => g.spec.type !== 'mamba').map((g) => g.groupId);
     const mamba = kvConfig.groups.filter((g) => g.spec.type === 'mamba').map((g) => g.groupId);
@@ -106,6 +109,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       if (!p.grant) missing.push('grant');
     }
     if (missing.length > 0) throw new HandoffError('BAD_TRANSFER_PARAMS', `kv_transfer_params missing ${missing.join(', ')}`);
+    // Before anything else is done with it: a producer outside the allow-list is never contacted.
+    this.peers?.checkAllowed(String(p.remote_host), Number(p.remote_port));
     if (this.config.mode === 'write') return;
     const groups = defined(remoteBlockIdsPerGroup(p), 'remote block ids');
     if (groups.length !== this.transferGroupIds.length) {
@@ -133,6 +138,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   getNumNewMatchedTokens(req: ConnectorRequest, numComputedTokens: number): MatchedTokens {
     const p = req.kvTransferParams;
     if (!this.isConsumer || !p?.do_remote_prefill) return { numExternalTokens: 0, loadAsync: false };
+    // The producer's side channel is still handshaking: the request waits, the batch goes on.
+    const peer = this.peers?.statusFor(String(p.remote_host), Number(p.remote_port), String(p.remote_engine_id));
+    if (peer?.state === 'connecting') return { numExternalTokens: null, loadAsync: false };
     if (this.config.mode === 'read') {
       // Decode loads N-1 tokens and recomputes the last prompt token itself.
       return { numExternalTokens: Math.max(req.numPromptTokens - numComputedTokens - 1, 0), loadAsync: false };

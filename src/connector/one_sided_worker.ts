@@ -23,6 +23,7 @@ import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } fr
 import { alignReadBlocks } from './alignment.ts';
 import type { OneSidedConfig } from './config.ts';
 import type { NotifyReqMeta, OneSidedMetadata, RecvReqMeta, SaveReqMeta } from './metadata.ts';
+import type { PeerDirectory } from './peer_directory.ts';
 
 interface RemoteBlocks {
   fromEngineId: string;
@@ -32,7 +33,6 @@ interface RemoteBlocks {
 }
 
 export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
-  private readonly peers = new Map<string, Promise<string>>();
   private sendTransfers: Record<string, string> = {};
   private readonly released = new Set<string>();
   private readonly pendingSaves = new Map<string, SaveReqMeta>();
@@ -61,6 +61,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     /** Transfer group → KV group id (attention groups first, then Mamba). */
     private readonly transferGroupIds: number[],
     private readonly env: Env,
+    /** Producers' side channels, handshaken off the step path (the scheduler side waits for them). */
+    private readonly peers: PeerDirectory,
     private readonly log?: Logger,
     private readonly onActivity?: () => void,
   ) {
@@ -114,33 +116,23 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     return { ranges, footprint };
   }
 
-  private peer(host: string, port: number): Promise<string> {
-    const key = `${host}:${port}`;
-    let p = this.peers.get(key);
-    if (!p) {
-      p = this.transfer.handshake({ host, port }).then((m) => m.engineId);
-      p.catch(() => this.peers.delete(key)); // retry the handshake next time
-      this.peers.set(key, p);
-    }
-    return p;
-  }
-
-  /** The engine at host:port, asked again once when the cached answer is not `expected` (a peer restarted on that address). */
-  private async peerFor(host: string, port: number, expected: string): Promise<string> {
-    let engineId = await this.peer(host, port);
-    if (engineId !== expected) {
-      this.peers.delete(`${host}:${port}`);
-      engineId = await this.peer(host, port);
-    }
-    if (engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${expected}`);
-    return engineId;
+  /**
+   * The engine at host:port, as the directory knows it now. Never handshakes and never waits: the
+   * scheduler side admitted the request only once the handshake settled.
+   */
+  private readyPeer(host: string, port: number, expected: string): string {
+    const st = this.peers.peek(host, port);
+    if (st?.state === 'failed') throw st.error;
+    if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
+    if (st.engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
+    return st.engineId;
   }
 
   /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */
   async preForward(so: SchedulerOutput): Promise<LoadResult> {
     const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
     if (!meta) return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
-    await this.bindConnectorMetadata(meta);
+    this.bindConnectorMetadata(meta);
     await this.startLoadKv(meta, so.step);
     if (this.config.mutant === 'no-await-reads') {
       // Mutant: the forward is enqueued while the NIC may still be writing its pages.
@@ -152,7 +144,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   }
 
   /** Producer bookkeeping, grants to revoke, WRITE saves and WRITE destination notices of this step. */
-  private async bindConnectorMetadata(meta: OneSidedMetadata): Promise<void> {
+  private bindConnectorMetadata(meta: OneSidedMetadata): void {
     this.sendTransfers = meta.sendTransfers;
     for (const t of meta.expiredTransfers) this.transfer.revokeGrant(t);
     for (const s of meta.reqsToSave) this.pendingSaves.set(s.transferId, s);
@@ -163,7 +155,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       if (rec) rec.aborted = true;
       else this.releasedAborted.push(a.requestId); // never told the producer where to write
     }
-    for (const n of meta.reqsToNotify) await this.notifyRemoteBlocks(n);
+    for (const n of meta.reqsToNotify) this.notifyRemoteBlocks(n);
     this.startReadySaves();
   }
 
@@ -205,7 +197,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       if (error) {
         this.stats.readsFailed++;
         // The side channel to that peer is gone: handshake again (for the release below and the next READ).
-        if (error.code === 'PEER_UNAVAILABLE') this.peers.delete(`${p.r.remoteHost}:${p.r.remotePort}`);
+        if (error.code === 'PEER_UNAVAILABLE') this.peers.forget(p.r.remoteHost, p.r.remotePort);
         this.log?.warn({ requestId: p.r.requestId, code: error.code, err: error.message }, 'KV READ failed');
         result.failedReqIds.push(p.r.requestId);
         result.invalidBlockIds.push(...p.r.localBlockIds.flat());
@@ -219,7 +211,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private async postReadFor(r: RecvReqMeta, step: number): Promise<{ r: RecvReqMeta; handle: TransferHandle | null; error: HandoffError | null }> {
     if (r.localBlockIds.every((g) => g.length === 0)) return { r, handle: null, error: null };
     try {
-      const peerEngineId = await this.peerFor(r.remoteHost, r.remotePort, r.remoteEngineId);
+      const peerEngineId = this.readyPeer(r.remoteHost, r.remotePort, r.remoteEngineId);
       const { ranges, footprint } = this.rangesFor(r.localBlockIds, r.remoteBlockIds);
       this.stats.readsPosted++;
       const handle = this.transfer.postRead({
@@ -239,31 +231,47 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   /** Tell the producer it may free its pages (also after a failure or an empty READ). */
   private release(r: RecvReqMeta): void {
-    void this.peer(r.remoteHost, r.remotePort)
+    // Off the step path: a refused request's release may be the first contact with that producer.
+    this.peers
+      .resolve(r.remoteHost, r.remotePort, r.remoteEngineId)
       .then((engineId) => this.transfer.notify(engineId, { type: 'release', transferId: r.transferId, payload: { grant: r.grant } }))
       .then(
         () => void this.stats.releasesSent++,
         (e: unknown) => {
+          if (!isHandoffError(e)) throw e;
           this.stats.releasesFailed++;
           // The side channel may be gone or stuck: the next use of this peer handshakes again.
-          this.peers.delete(`${r.remoteHost}:${r.remotePort}`);
-          this.log?.warn({ transferId: r.transferId, err: String(e) }, 'release notification failed; the producer lease will free the pages');
+          if (e.code !== 'PEER_NOT_ALLOWED' && e.code !== 'BAD_TRANSFER_PARAMS') this.peers.forget(r.remoteHost, r.remotePort);
+          this.log?.warn({ transferId: r.transferId, err: e.message }, 'release notification failed; the producer lease will free the pages');
         },
       );
   }
 
-  private async notifyRemoteBlocks(n: NotifyReqMeta): Promise<void> {
+  /**
+   * WRITE consumer: grant the producer this request's pages and tell it where to write, without
+   * blocking the step. The load's deadline starts now; a producer without a ready side channel fails
+   * the load at the next postForward (the request recomputes or fails by policy).
+   */
+  private notifyRemoteBlocks(n: NotifyReqMeta): void {
     const { requestId, transferId, localBlockIds: local, remoteEngineId, remoteHost: host, remotePort: port, skipBlocks } = n;
     // Only the pages after decode's prefix hit are granted (attention groups; Mamba groups have no hit).
     const writable = local.map((ids, g) => (g < this.numAttnGroups ? ids.slice(skipBlocks) : ids));
+    const rec = { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: writable.flat(), aborted: false };
+    this.recvTransfers.set(transferId, rec);
+    let engineId: string;
     try {
-      const engineId = await this.peerFor(host, port, remoteEngineId);
-      const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: writable.flat(), ttlMs: this.config.leaseMs });
-      this.recvTransfers.set(transferId, { requestId, deadlineMs: this.env.nowMs() + this.config.transferTimeoutMs, blockIds: writable.flat(), aborted: false });
-      await this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, skipBlocks, grant: grant.token } });
+      engineId = this.readyPeer(host, port, remoteEngineId);
     } catch (e) {
-      this.log?.warn({ requestId, transferId, err: String(e) }, 'could not tell the producer where to write');
+      if (!isHandoffError(e)) throw e;
+      rec.deadlineMs = this.env.nowMs(); // nothing can be written: fail the load now
+      this.log?.warn({ requestId, transferId, err: e.message }, 'could not tell the producer where to write');
+      return;
     }
+    const grant = this.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: writable.flat(), ttlMs: this.config.leaseMs });
+    this.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload: { blockIds: local, skipBlocks, grant: grant.token } }).catch((e: unknown) => {
+      if (!isHandoffError(e)) throw e;
+      this.log?.warn({ requestId, transferId, err: e.message }, 'could not tell the producer where to write; the load fails at its deadline');
+    });
   }
 
   /** WRITE producer: push every save whose destination is known. */

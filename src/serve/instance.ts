@@ -15,6 +15,7 @@ import { createTransferEngine } from '../transfer/factory.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
 import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';
+import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { LLMEngine, type EngineConfig } from '../engine/llm_engine.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
 import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
@@ -41,6 +42,8 @@ export interface InstanceOptions {
   apiKey: string | null;
   /** 'sim' runs the model in process (tests of colocated serving); P/D needs 'threaded'. */
   device: 'threaded' | 'sim';
+  /** Producers a decode instance may contact (`--kv-peers`); default: this machine only. */
+  kvPeers?: PeerAllowList;
   /** The device's kernel module (default: the model's step kernel); tests inject failing kernels here. */
   kernelModuleUrl?: string;
 }
@@ -139,7 +142,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
         ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
       },
       createTransferEngine,
-      { ...(log ? { log } : {}), onActivity: () => built.engine?.core.kick() },
+      { ...(log ? { log } : {}), onActivity: () => built.engine?.core.kick(), ...(opts.kvPeers ? { allowedPeers: opts.kvPeers } : {}) },
     );
     config.makeConnector = async (ctx) => (built.connector = await make(ctx));
   }

@@ -18,6 +18,7 @@ import type { SimFabric } from '../transfer/sim_fabric.ts';
 import { SimTransferEngine } from '../transfer/sim.ts';
 import type { OneSidedConfig } from '../connector/config.ts';
 import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
+import { PeerDirectory } from '../connector/peer_directory.ts';
 import { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
 import { simDevice } from '../engine/devices.ts';
 import { LLMEngine, type ConnectorPair } from '../engine/llm_engine.ts';
@@ -117,8 +118,12 @@ export class SimInstance {
     this.transfer.attachRaceChecker(this.device.raceChecker);
     const addr = this.transfer.address();
     const config = { ...spec.connector, role: spec.role };
-    const scheduler = new OneSidedConnectorScheduler(config, kvConfig, env, { engineId: this.engineId, host: addr.host, port: addr.port }, this.transfer, numLookaheadTokens);
-    const worker = new OneSidedConnectorWorker(config, kvConfig, this.transfer, this.device, scheduler.transferGroupIds, env, undefined, () => this.engine?.core.kick());
+    const transfer = this.transfer;
+    const kick = (): void => this.engine?.core.kick();
+    const peers = new PeerDirectory((p) => transfer.handshake(p), env, ['*'], kick);
+    const endpoint = { engineId: this.engineId, host: addr.host, port: addr.port };
+    const scheduler = new OneSidedConnectorScheduler(config, kvConfig, env, endpoint, transfer, numLookaheadTokens, peers);
+    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, this.device, scheduler.transferGroupIds, env, peers, undefined, kick);
     return {
       scheduler,
       worker,

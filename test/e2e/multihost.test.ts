@@ -100,6 +100,8 @@ const rxBytes = (): number => Number(readFileSync(`/sys/class/net/${VETH_ROOT}/s
 async function serve(role: 'prefill' | 'decode', host: string, transferHost: string, extra: Record<string, unknown>, prefix?: string[]): Promise<ChildServer> {
   const config = JSON.stringify({ kv_connector: 'OneSidedConnector', kv_connector_extra_config: { read_mode: true, ...extra } });
   const args = ['serve', '--role', role, '--model', 'dsv4-mini', '--host', host, '--transfer-host', transferHost, '--port', '0', '--num-blocks', String(NUM_BLOCKS), '--max-model-len', '512', '--kv-transfer-config', config];
+  // Decode contacts only the prefill host in the namespace (the allow-list defaults to loopback).
+  if (role === 'decode') args.push('--kv-peers', `${NS_ADDR}:*`);
   const c = await spawnHandoff(args, env, { env: { HANDOFF_LOG_LEVEL: 'error' }, ...(prefix ? { prefix } : {}) });
   children.push(c);
   return c;

@@ -1,0 +1,101 @@
+/**
+ * PeerDirectory: handshakes start in the background and never make a caller wait (connecting → ready |
+ * failed), failed peers are retried only after a backoff, a cached answer naming another engine is
+ * re-asked once per expected engine id, forgotten peers handshake again, the allow-list refuses before
+ * any contact, and the number of remembered peers is bounded.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { SimEnv } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { EngineMetadata, PeerAddress } from '../transfer/types.ts';
+import { FAILED_RETRY_MS, PEERS_MAX, PeerDirectory, parsePeerAllowList, peerAllowed } from './peer_directory.ts';
+
+/** A handshake whose outcome the test decides. */
+function fakeHandshakes() {
+  const pending: Array<{ peer: PeerAddress; ok: (engineId: string) => void; fail: (e: HandoffError) => void }> = [];
+  const handshake = (peer: PeerAddress): Promise<EngineMetadata> =>
+    new Promise((resolve, reject) => pending.push({ peer, ok: (engineId) => resolve({ engineId } as EngineMetadata), fail: reject }));
+  return { pending, handshake };
+}
+const tick = () => new Promise((r) => setImmediate(r));
+
+test('connecting → ready without waiting; onChange fires when it settles; the worker view never starts a handshake', async () => {
+  const env = new SimEnv(1);
+  const h = fakeHandshakes();
+  let changes = 0;
+  const d = new PeerDirectory(h.handshake, env, ['loopback'], () => changes++);
+  assert.equal(d.peek('127.0.0.1', 9), undefined);
+  assert.equal(h.pending.length, 0, 'peek does not handshake');
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'p1'), { state: 'connecting' });
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'p1'), { state: 'connecting' });
+  assert.equal(h.pending.length, 1, 'one handshake per peer');
+  h.pending[0]?.ok('p1');
+  await tick();
+  assert.equal(changes, 1);
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'p1'), { state: 'ready', engineId: 'p1' });
+  assert.equal(await d.resolve('127.0.0.1', 9, 'p1'), 'p1');
+});
+
+test('a failed handshake is reported (not retried) until the backoff passes, then retried', async () => {
+  const env = new SimEnv(1);
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, env);
+  d.statusFor('127.0.0.1', 9, 'p1');
+  h.pending[0]?.fail(new HandoffError('PEER_UNAVAILABLE', 'handshake timed out'));
+  await tick();
+  assert.equal(d.statusFor('127.0.0.1', 9, 'p1').state, 'failed');
+  await assert.rejects(d.resolve('127.0.0.1', 9, 'p1'), /timed out/);
+  assert.equal(h.pending.length, 1);
+  env.advanceTo(FAILED_RETRY_MS);
+  assert.equal(d.statusFor('127.0.0.1', 9, 'p1').state, 'connecting');
+  assert.equal(h.pending.length, 2, 'retried after the backoff');
+});
+
+test('a cached answer naming another engine is asked again once per expected id (a restarted peer); forget() handshakes anew', async () => {
+  const env = new SimEnv(1);
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, env);
+  d.statusFor('127.0.0.1', 9, 'old');
+  h.pending[0]?.ok('old');
+  await tick();
+  assert.equal(d.statusFor('127.0.0.1', 9, 'new').state, 'connecting', 'mismatch: ask again');
+  h.pending[1]?.ok('new');
+  await tick();
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'new'), { state: 'ready', engineId: 'new' });
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'stale'), { state: 'connecting' }, 'another expected id asks once');
+  h.pending[2]?.ok('new');
+  await tick();
+  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'stale'), { state: 'ready', engineId: 'new' }, 'not again for the same stale id');
+  assert.equal(h.pending.length, 3);
+  await assert.rejects(d.resolve('127.0.0.1', 9, 'stale'), (e: unknown) => e instanceof HandoffError && e.code === 'BAD_TRANSFER_PARAMS');
+  d.forget('127.0.0.1', 9);
+  assert.equal(d.peek('127.0.0.1', 9), undefined);
+  d.statusFor('127.0.0.1', 9, 'new');
+  assert.equal(h.pending.length, 4);
+});
+
+test('allow-list: refused before any contact; patterns host:port, host:*, loopback, *; bad lists are BAD_CONFIG', () => {
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, new SimEnv(1), parsePeerAllowList('10.0.0.5:7000, prefill-a:*'));
+  assert.throws(() => d.statusFor('127.0.0.1', 9, 'p'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_NOT_ALLOWED' && e.httpStatus === 403);
+  assert.throws(() => d.checkAllowed('10.0.0.5', 7001), /not an allowed KV peer/);
+  assert.doesNotThrow(() => d.checkAllowed('10.0.0.5', 7000));
+  assert.doesNotThrow(() => d.checkAllowed('prefill-a', 1));
+  assert.equal(h.pending.length, 0);
+  assert.ok(peerAllowed(['loopback'], '127.3.4.5', 1) && peerAllowed(['loopback'], '::1', 1) && peerAllowed(['loopback'], 'inproc://x', 0));
+  assert.ok(!peerAllowed(['loopback'], '10.0.0.1', 1) && !peerAllowed(['loopback'], '128.0.0.1', 1));
+  assert.ok(peerAllowed(['*'], '10.0.0.1', 1));
+  for (const bad of ['', ' , ', 'host', 'host:0', 'host:70000', ':80', 'h:x']) assert.throws(() => parsePeerAllowList(bad), /--kv-peers/);
+});
+
+test(`at most PEERS_MAX (${PEERS_MAX}) peers are remembered; settled ones are evicted first`, async () => {
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, new SimEnv(1), ['*']);
+  for (let i = 0; i < PEERS_MAX; i++) d.statusFor(`h${i}`, 1, 'e');
+  for (const p of h.pending) p.ok('e');
+  await tick();
+  d.statusFor('one-more', 1, 'e');
+  assert.equal(d.size, PEERS_MAX);
+  assert.equal(d.peek('h0', 1), undefined, 'the oldest settled entry went');
+});

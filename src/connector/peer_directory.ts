@@ -1,0 +1,176 @@
+/**
+ * PeerDirectory: the consumer's view of its producers' side channels, shared by the connector's
+ * scheduler side and worker side, so that no handshake ever runs on the step path.
+ *
+ *   absent ──ensure──> connecting ──handshake ok──> ready(engineId)
+ *                          │                          │ forget (side channel lost)
+ *                          └──fails / times out──> failed(error) ──retry after backoff──> connecting
+ *
+ * The scheduler side admits a READ request only once its peer is `ready` or `failed` (a failed peer
+ * fails the load at once, and the request recomputes or fails by policy); while the peer is
+ * `connecting` the request stays waiting and the batch goes on (vLLM's NIXL connector handshakes in a
+ * background thread the same way). The worker side posts READs only to `ready` peers and never waits
+ * for a handshake. Settling a handshake calls `onChange` so the engine schedules again at once.
+ *
+ * The allow-list (`--kv-peers`) is checked before any connection: a peer not on it is refused with
+ * PEER_NOT_ALLOWED and never contacted.
+ */
+import type { Env } from '../util/env.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
+import type { PeerAddress, EngineMetadata } from '../transfer/types.ts';
+
+export type PeerStatus =
+  | { state: 'connecting' }
+  | { state: 'ready'; engineId: string }
+  | { state: 'failed'; error: HandoffError };
+
+interface Entry {
+  status: PeerStatus;
+  /** When it settled (failed entries are retried after FAILED_RETRY_MS). */
+  settledMs: number;
+  /** The expected engine id whose mismatch started this handshake (a peer restarted), or null. */
+  refreshedFor: string | null;
+  /** Resolves when this handshake settles (either way). */
+  settled: Promise<void>;
+  markSettled: () => void;
+}
+
+/** A failed handshake is not retried before this: requests arriving meanwhile fail fast. */
+export const FAILED_RETRY_MS = 1000;
+/** Bound on remembered peers (a client can name many addresses; each costs one entry). */
+export const PEERS_MAX = 4096;
+
+/** Peer patterns: `host:port`, `host:*`, `loopback` (this machine, any port), or `*` (any peer). */
+export type PeerAllowList = readonly string[];
+/** The default allow-list: producers on this machine only (loopback addresses, in-process engines). */
+export const LOOPBACK_PEERS: PeerAllowList = ['loopback'];
+
+function isLocalHost(host: string): boolean {
+  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host) || host === 'localhost' || host === '::1' || host === '[::1]' || host.startsWith('inproc://');
+}
+
+export function peerAllowed(allow: PeerAllowList, host: string, port: number): boolean {
+  return allow.some((p) => {
+    if (p === '*') return true;
+    if (p === 'loopback') return isLocalHost(host);
+    const i = p.lastIndexOf(':');
+    const pp = p.slice(i + 1);
+    return p.slice(0, i) === host && (pp === '*' || Number(pp) === port);
+  });
+}
+
+/** Parse `--kv-peers`: comma-separated `host:port`, `host:*`, `loopback` or `*`; throws BAD_CONFIG on a bad entry. */
+export function parsePeerAllowList(raw: string): PeerAllowList {
+  const items = raw.split(',').map((s) => s.trim()).filter((s) => s.length > 0);
+  if (items.length === 0) throw new HandoffError('BAD_CONFIG', '--kv-peers is empty (use * to allow any peer)');
+  for (const it of items) {
+    if (it === '*' || it === 'loopback') continue;
+    const i = it.lastIndexOf(':');
+    const port = it.slice(i + 1);
+    const portOk = port === '*' || (/^\d{1,5}$/.test(port) && Number(port) >= 1 && Number(port) <= 65535);
+    if (i <= 0 || !portOk) throw new HandoffError('BAD_CONFIG', `--kv-peers entry '${it}' is not host:port, host:*, loopback or *`);
+  }
+  return items;
+}
+
+export class PeerDirectory {
+  private readonly entries = new Map<string, Entry>();
+  stats = { handshakesStarted: 0, handshakesFailed: 0, refused: 0 };
+
+  constructor(
+    private readonly handshake: (peer: PeerAddress) => Promise<EngineMetadata>,
+    private readonly env: Env,
+    private readonly allow: PeerAllowList = LOOPBACK_PEERS,
+    private readonly onChange: () => void = () => undefined,
+  ) {}
+
+  /** Throws PEER_NOT_ALLOWED (403) for a peer outside the allow-list; nothing is contacted. */
+  checkAllowed(host: string, port: number): void {
+    if (peerAllowed(this.allow, host, port)) return;
+    this.stats.refused++;
+    throw new HandoffError('PEER_NOT_ALLOWED', `remote_host:remote_port ${host}:${port} is not an allowed KV peer of this instance (see --kv-peers)`, {
+      param: 'kv_transfer_params.remote_host',
+    });
+  }
+
+  /** The peer's status for a request that expects `expectedEngineId` there; starts a handshake when needed. */
+  statusFor(host: string, port: number, expectedEngineId: string): PeerStatus {
+    const key = `${host}:${port}`;
+    const e = this.entries.get(key);
+    const now = this.env.nowMs();
+    if (e === undefined || (e.status.state === 'failed' && now - e.settledMs >= FAILED_RETRY_MS)) return this.start(host, port, null).status;
+    // A cached answer naming another engine: the peer may have restarted on that address; ask once more
+    // (once per expected engine id, so stale params cannot make it handshake on every step).
+    if (e.status.state === 'ready' && e.status.engineId !== expectedEngineId && e.refreshedFor !== expectedEngineId) {
+      return this.start(host, port, expectedEngineId).status;
+    }
+    return e.status;
+  }
+
+  /**
+   * For work that is off the step path (a release notification): the peer's engine id once a
+   * handshake settles, starting one if needed. Rejects with the handshake's error or PEER_NOT_ALLOWED.
+   */
+  async resolve(host: string, port: number, expectedEngineId: string): Promise<string> {
+    let st = this.statusFor(host, port, expectedEngineId);
+    if (st.state === 'connecting') {
+      await this.entries.get(`${host}:${port}`)?.settled;
+      st = this.peek(host, port) ?? { state: 'failed', error: new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} was dropped`) };
+    }
+    if (st.state === 'failed') throw st.error;
+    if (st.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} is being replaced`);
+    if (st.engineId !== expectedEngineId) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expectedEngineId}`);
+    return st.engineId;
+  }
+
+  /** The worker's view: never starts or waits for a handshake. */
+  peek(host: string, port: number): PeerStatus | undefined {
+    return this.entries.get(`${host}:${port}`)?.status;
+  }
+
+  /** The side channel to this peer is gone or stuck: the next use handshakes again. */
+  forget(host: string, port: number): void {
+    this.entries.delete(`${host}:${port}`);
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  private start(host: string, port: number, refreshedFor: string | null): Entry {
+    const key = `${host}:${port}`;
+    this.checkAllowed(host, port);
+    if (this.entries.size >= PEERS_MAX && !this.entries.has(key)) this.evictOne();
+    let markSettled = (): void => undefined;
+    const settled = new Promise<void>((r) => (markSettled = r));
+    const entry: Entry = { status: { state: 'connecting' }, settledMs: 0, refreshedFor, settled, markSettled: () => markSettled() };
+    this.entries.set(key, entry);
+    this.stats.handshakesStarted++;
+    this.handshake({ host, port }).then(
+      (m) => this.settle(key, entry, { state: 'ready', engineId: m.engineId }),
+      (err: unknown) => {
+        if (!isHandoffError(err)) throw err;
+        this.stats.handshakesFailed++;
+        this.settle(key, entry, { state: 'failed', error: err });
+      },
+    );
+    return entry;
+  }
+
+  private settle(key: string, entry: Entry, status: PeerStatus): void {
+    entry.status = status;
+    entry.settledMs = this.env.nowMs();
+    entry.markSettled();
+    if (this.entries.get(key) === entry) this.onChange(); // else forgotten or replaced meanwhile
+  }
+
+  /** Drop the oldest settled entry (insertion order); connecting ones are kept. */
+  private evictOne(): void {
+    for (const [k, e] of this.entries) {
+      if (e.status.state !== 'connecting') {
+        this.entries.delete(k);
+        return;
+      }
+    }
+  }
+}
