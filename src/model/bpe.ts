@@ -41,7 +41,7 @@ export class BytePairEncoder {
   // Scratch reused across pieces (grown on demand): part ends, previous part starts, the heap.
   private end = new Int32Array(64);
   private prev = new Int32Array(64);
-  private heap = new Float64Array(64);
+  private heap: Float64Array<ArrayBuffer> = new Float64Array(64);
 
   constructor(spec: TiktokenRanks) {
     let maxLen = 0;
@@ -212,7 +212,7 @@ function heapKey(rank: number, start: number, len: number): number {
   return (rank * START_LIMIT + start) * LEN_LIMIT + len;
 }
 
-function grow(a: Float64Array, size: number): Float64Array {
+function grow(a: Float64Array, size: number): Float64Array<ArrayBuffer> {
   const b = new Float64Array(size);
   b.set(a);
   return b;
