@@ -8,9 +8,12 @@
  * merge the pair with the LOWEST rank, the LEFTMOST one on a tie. A min-heap keyed by (rank, start)
  * yields exactly that pair; entries made stale by earlier merges are recognised and dropped:
  *
- *   piece bytes   a  a  a  a            end[s] = end of the part starting at s (-1: not a part start)
- *   parts         [a][a][a][a]   heap: (rank "aa", 0) (rank "aa", 1) (rank "aa", 2)
- *   pop (aa, 0)   [aa ][a][a]    (aa, 1) is stale: 1 is no longer a part start; push (aaa?, ...)...
+ *   piece "abab", rank(ab) < rank(ba)       end[s] = end of the part starting at s (-1: merged away)
+ *   parts [a][b][a][b]    heap (ab,0) (ab,2) (ba,1)
+ *   pop (ab,0) → [ab][a][b]    push (aba,0) if "aba" is a token
+ *   pop (ab,2) → [ab][ab]      push (abab,0) if "abab" is a token
+ *   pop (ba,1)   stale: 1 is no longer a part start → dropped
+ *   pop (aba,0)  stale: the part right of 0 now ends at 4, not 3 → dropped
  *
  * A token is at most `maxTokenBytes` long (128 for GPT-2), so pairs longer than that are never looked
  * up and every lookup costs O(1).
