@@ -1,7 +1,8 @@
 /**
  * Tidy: style rules that keep the architecture true, enforced as a test (TigerBeetle's tidy.zig).
- * - Determinism: only src/util/env.ts and the real device/transfer backends touch clocks, timers or
- *   Math.random, so the simulator can run everything else.
+ * - Determinism: only src/util/env.ts and the real backends (device, transfer, the serving edge's
+ *   tokenizer threads) touch clocks, timers, threads or Math.random, so the simulator can run
+ *   everything else.
  * - Layering: a folder imports only from folders below it (DESIGN.md §2).
  * - Size: no source file over 500 lines.
  */
@@ -22,6 +23,8 @@ const NONDETERMINISM_ALLOWED = [
   /^device\/threaded[^/]*\.(ts|mjs)$/,
   /^device\/.*_thread\.(ts|mjs)$/,
   /^transfer\/(tcp|inproc|nic)[^/]*\.(ts|mjs)$/,
+  // Prompts tokenized off the HTTP event loop (serve/tokenizer_threads.ts): threads, nothing else.
+  /^serve\/tokenizer_thread[^/]*\.(ts|mjs)$/,
 ];
 
 function walk(dir: string): string[] {
@@ -41,7 +44,7 @@ function stripComments(text: string): string {
   return text.replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:'"`])\/\/.*$/gm, '$1');
 }
 
-const FORBIDDEN = [/\bDate\.now\s*\(/, /\bMath\.random\s*\(/, /\bsetTimeout\s*\(/, /\bsetInterval\s*\(/, /\bperformance\.now\s*\(/];
+const FORBIDDEN = [/\bDate\.now\s*\(/, /\bMath\.random\s*\(/, /\bsetTimeout\s*\(/, /\bsetInterval\s*\(/, /\bperformance\.now\s*\(/, /\bnew Worker\s*\(/];
 
 export function determinismViolations(file: string, text: string): string[] {
   if (NONDETERMINISM_ALLOWED.some((re) => re.test(file))) return [];
@@ -66,11 +69,13 @@ test('tidy: the rule checkers themselves catch what they must (a checker that ca
   assert.equal(determinismViolations('kv/x.ts', 'const t = Date.now();').length, 1);
   assert.equal(determinismViolations('kv/x.ts', '// Date.now() in a comment').length, 0);
   assert.equal(determinismViolations('util/env.ts', 'Date.now()').length, 0);
+  assert.equal(determinismViolations('serve/x.ts', 'const w = new Worker(url);').length, 1);
+  assert.equal(determinismViolations('serve/tokenizer_threads.ts', 'const w = new Worker(url);').length, 0);
   assert.equal(layerViolations('kv/x.ts', "import { a } from '../engine/scheduler.ts';").length, 1);
   assert.equal(layerViolations('engine/x.ts', "import { a } from '../kv/block_pool.ts';").length, 0);
 });
 
-test('tidy: no clock, timer or Math.random outside env.ts and the real backends', () => {
+test('tidy: no clock, timer, thread or Math.random outside env.ts and the real backends', () => {
   const bad = sources.flatMap((f) => determinismViolations(f, readFileSync(join(SRC, f), 'utf8')));
   assert.deepEqual(bad, []);
 });

@@ -1,31 +1,43 @@
 /**
- * The GPT-2 byte-level BPE tokenizer (js-tiktoken, offline ranks), and an incremental detokenizer
- * for streaming: a token can end in the middle of a UTF-8 character, so text that ends in U+FFFD is
- * held back until the next token completes it.
+ * The GPT-2 byte-level BPE tokenizer (js-tiktoken's offline ranks, our O(n log n) merge in bpe.ts:
+ * the same ids as js-tiktoken, without its quadratic time on long words), and an incremental
+ * detokenizer for streaming: a token can end in the middle of a UTF-8 character, so text that ends in
+ * U+FFFD is held back until the next token completes it.
  */
-import { Tiktoken } from 'js-tiktoken/lite';
 import gpt2 from 'js-tiktoken/ranks/gpt2';
 import { assert } from '../util/assert.ts';
+import { BytePairEncoder } from './bpe.ts';
 import { VOCAB_SIZE } from './config.ts';
 
 export const EOS_TOKEN_ID = 50256;
 
-let encoder: Tiktoken | null = null;
+/**
+ * The longest GPT-2 token, in bytes. A prompt of L UTF-16 code units has at least L UTF-8 bytes, so at
+ * least L / MAX_TOKEN_BYTES tokens: the serving edge refuses over-long text by its length alone, before
+ * tokenizing, without ever refusing a prompt that would have fit.
+ */
+export const MAX_TOKEN_BYTES = 128;
+
+let encoder: BytePairEncoder | null = null;
 
 /** Built on first use (~0.1 s): the ranks are large. */
-function tiktoken(): Tiktoken {
-  encoder ??= new Tiktoken(gpt2);
+function bpe(): BytePairEncoder {
+  if (encoder === null) {
+    encoder = new BytePairEncoder(gpt2);
+    assert(encoder.maxTokenBytes === MAX_TOKEN_BYTES, () => `the longest GPT-2 token has ${encoder?.maxTokenBytes} bytes, not ${MAX_TOKEN_BYTES}`);
+    assert(encoder.vocabSize === VOCAB_SIZE, 'the ranks are GPT-2 (50257 ids)');
+  }
   return encoder;
 }
 
 /** Text to token ids. Special-token text such as "<|endoftext|>" is encoded as ordinary text. */
 export function encode(text: string): number[] {
-  return tiktoken().encode(text, [], []);
+  return bpe().encode(text);
 }
 
 export function decode(ids: readonly number[]): string {
   for (const id of ids) assert(Number.isInteger(id) && id >= 0 && id < VOCAB_SIZE, () => `token id ${id} out of the vocabulary`);
-  return tiktoken().decode([...ids]);
+  return bpe().decode(ids);
 }
 
 /** A held-back tail longer than this is emitted anyway (bytes that never form a character). */

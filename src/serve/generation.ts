@@ -56,7 +56,7 @@ export class Generation {
     private readonly observer: GenerationObserver | null = null,
   ) {
     const isPrefillHalf = api.kvTransferParams?.do_remote_decode === true;
-    this.stops = new StopChecker(isPrefillHalf ? [] : api.stop);
+    this.stops = new StopChecker(isPrefillHalf ? [] : api.stop, api.includeStopStr);
     this.startMs = env.nowMs();
   }
 
@@ -112,7 +112,9 @@ export class Generation {
       piece.logprobs.push(o.newLogprobs[i] ?? null);
       piece.textOffsets.push(this.charsSoFar);
       this.charsSoFar += tokenText.length;
-      if (isStopToken) return; // like vLLM: the stop token counts but its text is not returned
+      // Like vLLM: the stop token counts but its text is not returned, unless include_stop_str_in_output
+      // asks for it (EOS is a special token: skipped either way).
+      if (isStopToken && !(this.api.includeStopStr && id !== EOS_TOKEN_ID)) return;
       const r = this.stops.push(this.decoder.push(id));
       piece.text += r.text;
       stoppedByString = r.stopped;

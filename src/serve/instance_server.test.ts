@@ -1,7 +1,8 @@
 /**
  * The instance server over HTTP, in process (colocated engine on the in-process sim device):
- * OpenAI response and SSE shapes, validation errors as 4xx OpenAI JSON with the server still serving,
- * API key, X-Request-Id, stop strings, client disconnect freeing pages, and /metrics.
+ * OpenAI response and SSE shapes, validation errors as 4xx OpenAI JSON naming the field (`param`) with
+ * the server still serving, vLLM fields refused by name, API key, X-Request-Id, stop strings (and
+ * include_stop_str_in_output), client disconnect freeing pages, and /metrics.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -128,6 +129,45 @@ test('bad requests get 4xx OpenAI error JSON and the server keeps serving', asyn
   assert.equal(ok.status, 200);
   await waitIdle(inst);
   assert.equal(inst.engine.kv.getNumFreeBlocks(), 159, 'refused requests allocated nothing');
+});
+
+test('errors name the offending field (param) in the client\'s terms; refused vLLM fields are named', async () => {
+  const cases: Array<[string, unknown, number, string, string, RegExp]> = [
+    ['/v1/completions', { prompt: 'x', max_tokens: 0 }, 400, 'BAD_REQUEST', 'max_tokens', /max_tokens must be at least 1, got 0/],
+    ['/v1/completions', { prompt: 'x', model: 'gpt-4' }, 404, 'NOT_FOUND', 'model', /gpt-4/],
+    ['/v1/completions', { prompt: 'x', min_p: 0.1 }, 400, 'BAD_REQUEST', 'min_p', /^min_p is not supported by this server/],
+    ['/v1/completions', { prompt: 'x', repetition_penalty: 1.3 }, 400, 'BAD_REQUEST', 'repetition_penalty', /not supported/],
+    ['/v1/completions', { prompt: Array(100_000).fill(11) }, 400, 'PROMPT_TOO_LONG', 'prompt', /100000 tokens; this model takes at most 511/],
+    ['/v1/completions', { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100_000).fill(1) } }, 400, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids', /100000 entries; at most 65536/],
+    ['/v1/completions', { prompt: 'x', kv_transfer_params: { do_remote_prefill: true } }, 400, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.do_remote_prefill', /needs a decode instance/],
+    ['/v1/chat/completions', { messages: [] }, 400, 'BAD_REQUEST', 'messages', /messages must not be empty/],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }] }, 400, 'BAD_REQUEST', 'tools', /tools is not supported/],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } }, 400, 'BAD_REQUEST', 'response_format', /only \{"type": "text"\}/],
+  ];
+  for (const [path, body, status, code, param, message] of cases) {
+    const r = await post(path, body);
+    const what = JSON.stringify(body).slice(0, 60);
+    assert.equal(r.status, status, `${what} → ${r.text.slice(0, 200)}`);
+    assert.deepEqual({ code: r.json.error.code, param: r.json.error.param, type: r.json.error.type }, { code, param, type: 'invalid_request_error' }, what);
+    assert.match(r.json.error.message, message, what);
+  }
+  // Neutral values of the same fields, and OpenAI's bookkeeping fields, are accepted.
+  const ok = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, min_p: 0, repetition_penalty: 1, min_tokens: 0, skip_special_tokens: true, tools: [], user: 'u', metadata: { a: 'b' }, store: false });
+  assert.equal(ok.status, 200, ok.text);
+});
+
+test('include_stop_str_in_output: the text ends with the stop string, streamed or not', async () => {
+  const base = { prompt: 'Once upon a time', max_tokens: 24, temperature: 0, ignore_eos: true };
+  const free = (await post('/v1/completions', base)).json.choices[0].text as string;
+  const stop = free.slice(6, 9);
+  assert.ok(stop.trim().length > 0 && free.indexOf(stop) > 0, `a stop string from the text '${free}'`);
+  for (const stream of [false, true]) {
+    const r = await post('/v1/completions', { ...base, stop, include_stop_str_in_output: true, stream });
+    const text = stream
+      ? new SseParser().push(r.text).filter((e) => e !== '[DONE]').map((e) => JSON.parse(e).choices[0]?.text ?? '').join('')
+      : r.json.choices[0].text;
+    assert.equal(text, free.slice(0, free.indexOf(stop) + stop.length), `stream=${stream}`);
+  }
 });
 
 test('API key: /v1/* needs the bearer key, /health does not', async () => {

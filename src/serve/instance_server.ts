@@ -9,7 +9,8 @@
  *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
- * the response is complete aborts its request, so its pages go back to the pool.
+ * the response is complete aborts its request, so its pages go back to the pool. Long prompts are
+ * tokenized on a tokenizer thread (TokenizerThreads), so /health and other requests keep answering.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -20,9 +21,11 @@ import type { Logger } from '../util/log.ts';
 import { Generation, type EngineHandle } from './generation.ts';
 import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendError, sendJson, toHandoffError } from './http_io.ts';
 import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
-import { parseApiRequest, type ApiKind } from './openai_request.ts';
+import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind } from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
 import { jsonSink, streamSink } from './response_sinks.ts';
+import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
+import type { GenerationSink } from './generation.ts';
 
 export type ServeRole = 'prefill' | 'decode' | 'both';
 
@@ -46,6 +49,7 @@ export interface InstanceServerOptions {
   apiKey: string | null;
   maxModelLen: number;
   info: InstanceInfo;
+  tokenizerThreads?: TokenizerThreadsOptions;
 }
 
 /** What the server needs of an engine besides submit/abort. */
@@ -58,6 +62,7 @@ export class InstanceServer {
   readonly metrics: InstanceMetrics;
   private readonly server: Server;
   private readonly live = new Map<Generation, ServerResponse>();
+  private readonly tokenizer: TokenizerThreads;
   private closing = false;
 
   constructor(
@@ -68,6 +73,7 @@ export class InstanceServer {
     private readonly log?: Logger,
   ) {
     this.metrics = new InstanceMetrics({ role: opts.info.role, model: opts.modelName }, readStats);
+    this.tokenizer = new TokenizerThreads(opts.tokenizerThreads ?? DEFAULT_TOKENIZER_THREADS);
     this.server = createServer((req, res) => void this.route(req, res));
     this.server.keepAliveTimeout = 30_000;
   }
@@ -96,7 +102,7 @@ export class InstanceServer {
     }
     this.live.clear();
     this.server.closeAllConnections();
-    await closed;
+    await Promise.all([closed, this.tokenizer.close()]);
   }
 
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -116,7 +122,8 @@ export class InstanceServer {
       if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
-      const err = toHandoffError(e, this.log);
+      const kind: ApiKind = path === '/v1/chat/completions' ? 'chat' : 'completion';
+      const err = attributeParam(toHandoffError(e, this.log), kind);
       this.metrics.countError(err.code);
       sendError(res, err, this.log);
     }
@@ -140,10 +147,14 @@ export class InstanceServer {
   private checkTransferRole(p: { do_remote_decode?: boolean | undefined; do_remote_prefill?: boolean | undefined } | null): void {
     const kvRole = this.opts.info.kv_role;
     if (p?.do_remote_decode === true && kvRole !== 'kv_producer' && kvRole !== 'kv_both') {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_decode needs a prefill instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`);
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_decode needs a prefill instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`, {
+        param: 'kv_transfer_params.do_remote_decode',
+      });
     }
     if (p?.do_remote_prefill === true && kvRole !== 'kv_consumer' && kvRole !== 'kv_both') {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_prefill needs a decode instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`);
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_prefill needs a decode instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`, {
+        param: 'kv_transfer_params.do_remote_prefill',
+      });
     }
   }
 
@@ -152,12 +163,16 @@ export class InstanceServer {
     const headers = { 'x-request-id': requestId };
     res.setHeader('x-request-id', requestId);
     const body = await readJsonBody(req);
-    const api = parseApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
-    if (api.model !== null && api.model !== this.opts.modelName) {
-      throw new HandoffError('NOT_FOUND', `the model '${api.model}' does not exist (this server serves '${this.opts.modelName}')`);
+    const limits = { maxModelLen: this.opts.maxModelLen };
+    const v = validateApiRequest(kind, body, limits);
+    if (v.model !== null && v.model !== this.opts.modelName) {
+      throw new HandoffError('NOT_FOUND', `the model '${v.model}' does not exist (this server serves '${this.opts.modelName}')`, { param: 'model' });
     }
-    this.checkTransferRole(api.kvTransferParams);
+    this.checkTransferRole(v.kvTransferParams);
+    const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
+    if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
     if (this.closing) throw new HandoffError('OVERLOADED', 'the server is shutting down');
+    const api = tokenizedApiRequest(v, promptTokenIds, limits);
     const ctx: ResponseContext = {
       kind,
       requestId,
@@ -168,7 +183,9 @@ export class InstanceServer {
       promptTokenIds: api.promptTokenIds,
     };
     const onError = (e: HandoffError): void => this.metrics.countError(e.code);
-    const sink = api.stream ? streamSink(res, ctx, api.includeUsage, headers, onError) : jsonSink(res, ctx, headers, onError);
+    const raw = api.stream ? streamSink(res, ctx, api.includeUsage, headers, onError) : jsonSink(res, ctx, headers, onError);
+    // Refusals found later by the engine or connector (a grant denied at the READ) name their field too.
+    const sink: GenerationSink = { ...raw, onError: (e) => raw.onError(attributeParam(e, kind)) };
     const arrivedMs = this.env.nowMs();
     const seed = api.seed ?? this.env.rng.int(2 ** 31);
     const gen = new Generation(this.engine, api, requestId, seed, this.env, sink, {

@@ -1,17 +1,27 @@
 /**
- * OpenAI request bodies (/v1/completions, /v1/chat/completions) validated with zod and turned into one
- * plain `ApiRequest`. Unknown fields are ignored like OpenAI's API does; known fields with a wrong type
- * or out of range, and features we do not implement (n > 1, echo, penalties, top alternatives), are a
- * BAD_REQUEST; a prompt that cannot fit the model is PROMPT_TOO_LONG. Nothing reaches the engine
- * before this passes. vLLM extensions: ignore_eos, top_k, stop_token_ids, return_token_ids,
- * kv_transfer_params.
+ * OpenAI request bodies (/v1/completions, /v1/chat/completions) validated and turned into one plain
+ * `ApiRequest`, in two steps so that tokenizing can leave the event loop:
+ *
+ *   validateApiRequest (sync: types, ranges, refused fields, the prompt's length in characters)
+ *     → ValidatedRequest { prompt: text or token ids }
+ *     → tokenize the text (inline or on a tokenizer thread: the caller decides)
+ *   tokenizedApiRequest (sync: the prompt's length in tokens, max_tokens defaults) → ApiRequest
+ *
+ * Every refusal is a HandoffError whose `param` names the field (`max_tokens`, `messages[0].content`,
+ * `kv_transfer_params.remote_port`) and whose message says what is wrong in the client's terms:
+ * BAD_REQUEST for types, ranges and features we do not implement (request_fields.ts), PROMPT_TOO_LONG
+ * for a prompt that cannot fit the model. Unknown fields are ignored like vLLM does. Nothing reaches
+ * the engine before this passes. vLLM extensions: ignore_eos, top_k, stop_token_ids,
+ * include_stop_str_in_output, return_token_ids, kv_transfer_params.
  */
 import { z } from 'zod';
 import { HandoffError } from '../util/errors.ts';
+import { describeZodError, preview } from '../util/field_errors.ts';
 import { VOCAB_SIZE } from '../model/config.ts';
-import { encode } from '../model/tokenizer.ts';
-import { parseKvTransferParams, type KVTransferParams } from '../connector/params.ts';
+import { encode, MAX_TOKEN_BYTES } from '../model/tokenizer.ts';
+import { kvTransferParamsSchema, parseKvTransferParams, type KVTransferParams } from '../connector/params.ts';
 import { applyChatTemplate } from './chat_template.ts';
+import { refuseUnsupportedFields } from './request_fields.ts';
 
 export type ApiKind = 'completion' | 'chat';
 
@@ -27,6 +37,8 @@ export interface ApiRequest {
   seed: number | null;
   stop: string[];
   stopTokenIds: number[];
+  /** vLLM's include_stop_str_in_output: the stop string (or stop token's text) ends the text. */
+  includeStopStr: boolean;
   ignoreEos: boolean;
   stream: boolean;
   includeUsage: boolean;
@@ -39,43 +51,58 @@ export interface RequestLimits {
   maxModelLen: number;
 }
 
+/** The prompt before tokenizing: text (and the field it came from) or token ids as given. */
+export type PromptInput = { text: string; param: string } | { ids: number[]; param: string };
+
+/** Everything but the prompt's tokens; `askedMaxTokens` null = the endpoint's default. */
+export interface ValidatedRequest extends Omit<ApiRequest, 'promptTokenIds' | 'maxTokens'> {
+  prompt: PromptInput;
+  askedMaxTokens: number | null;
+}
+
 /** OpenAI's legacy default for /v1/completions. */
 export const DEFAULT_COMPLETION_MAX_TOKENS = 16;
 
-const tokenId = z.number().int().min(0).max(VOCAB_SIZE - 1);
-const zeroOnly = (what: string) => z.number().refine((v) => v === 0, `${what} is not supported (only 0)`);
+/**
+ * The longest prompt text that can still fit, in UTF-16 code units: every code unit is at least one
+ * UTF-8 byte and no GPT-2 token is longer than MAX_TOKEN_BYTES bytes, so a longer text has at least
+ * maxModelLen tokens and would be refused after tokenizing anyway. Refusing it before tokenizing
+ * costs nothing and never refuses a prompt that fits. (A per-token average would be tighter but
+ * wrong: one token can be 128 characters of a repeated symbol.)
+ */
+export function promptCharsMax(limits: RequestLimits): number {
+  return (limits.maxModelLen - 1) * MAX_TOKEN_BYTES;
+}
 
+const textMax = 256;
 const common = {
-  model: z.string().max(256).nullish(),
+  model: z.string().max(textMax).nullish(),
   max_tokens: z.number().int().min(1).nullish(),
   max_completion_tokens: z.number().int().min(1).nullish(),
   temperature: z.number().min(0).max(2).nullish(),
   top_p: z.number().gt(0).max(1).nullish(),
   top_k: z.number().int().min(-1).max(VOCAB_SIZE).nullish(),
   seed: z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER).nullish(),
-  stop: z.union([z.string().min(1).max(256), z.array(z.string().min(1).max(256)).max(16)]).nullish(),
-  stop_token_ids: z.array(tokenId).max(64).nullish(),
-  n: z.number().refine((v) => v === 1, 'only n=1 is supported').nullish(),
-  best_of: z.number().refine((v) => v === 1, 'only best_of=1 is supported').nullish(),
-  presence_penalty: zeroOnly('presence_penalty').nullish(),
-  frequency_penalty: zeroOnly('frequency_penalty').nullish(),
+  stop: z.union([z.string().min(1).max(textMax), z.array(z.string().min(1).max(textMax)).max(16)], { error: 'must be a string or a list of strings' }).nullish(),
+  stop_token_ids: z.array(z.number().int().min(0).max(VOCAB_SIZE - 1)).max(64).nullish(),
+  include_stop_str_in_output: z.boolean().nullish(),
   stream: z.boolean().nullish(),
-  stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
+  stream_options: z
+    .object({
+      include_usage: z.boolean().nullish(),
+      continuous_usage_stats: z.literal(false, { error: 'is not supported by this server (only false is accepted)' }).nullish(),
+    })
+    .nullish(),
   ignore_eos: z.boolean().nullish(),
   return_token_ids: z.boolean().nullish(),
-  kv_transfer_params: z.unknown().optional(),
+  // OpenAI's bookkeeping fields: accepted, checked, ignored.
+  user: z.string().max(textMax).nullish(),
+  metadata: z.record(z.string(), z.unknown()).nullish(),
+  store: z.boolean().nullish(),
 };
 
 const completionSchema = z.object({
   ...common,
-  prompt: z.union([
-    z.string().min(1),
-    z.array(tokenId).min(1),
-    z.tuple([z.string().min(1)]),
-    z.tuple([z.array(tokenId).min(1)]),
-  ]),
-  echo: z.literal(false).nullish(),
-  suffix: z.null().optional(),
   logprobs: z.number().int().refine((v) => v === 0, 'top alternatives are not computed: use logprobs: 0 for the sampled tokens').nullish(),
 });
 
@@ -86,7 +113,7 @@ const chatSchema = z.object({
     .array(
       z.object({
         role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
-        content: z.union([z.string(), z.array(textPart).max(64)]),
+        content: z.union([z.string(), z.array(textPart).max(64)], { error: 'must be a string or a list of {"type": "text", "text": ...} parts' }),
       }),
     )
     .min(1)
@@ -95,59 +122,145 @@ const chatSchema = z.object({
   top_logprobs: z.number().int().refine((v) => v === 0, 'top alternatives are not computed (top_logprobs must be 0)').nullish(),
 });
 
-function firstIssue(error: z.ZodError): string {
-  const issue = error.issues[0];
-  const where = issue && issue.path.length > 0 ? issue.path.join('.') : '(body)';
-  return `${where}: ${issue?.message ?? 'invalid value'}`;
-}
+const bad = (param: string | null, message: string): HandoffError => new HandoffError('BAD_REQUEST', message, param === null ? undefined : { param });
 
-export function parseApiRequest(kind: ApiKind, body: unknown, limits: RequestLimits): ApiRequest {
-  const r = kind === 'completion' ? completionSchema.safeParse(body) : chatSchema.safeParse(body);
-  if (!r.success) throw new HandoffError('BAD_REQUEST', `invalid request: ${firstIssue(r.error)}`);
+/** Step 1 (sync, no tokenizing): the body's fields, and the prompt as text or token ids. */
+export function validateApiRequest(kind: ApiKind, body: unknown, limits: RequestLimits): ValidatedRequest {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw bad(null, 'the request body must be a JSON object');
+  const raw = body as Record<string, unknown>;
+  refuseUnsupportedFields(kind, raw);
+  // The completion prompt first: a 100,000-id prompt is "too long", not 100,000 zod issues.
+  const completionPrompt = kind === 'completion' ? promptOf(raw['prompt'], limits) : null;
+  const r = kind === 'completion' ? completionSchema.safeParse(raw) : chatSchema.safeParse(raw);
+  if (!r.success) {
+    const p = describeZodError(r.error, raw);
+    throw bad(p.param, p.message);
+  }
   const b = r.data;
-  let promptTokenIds: number[];
-  if ('prompt' in b) {
-    const p = Array.isArray(b.prompt) && b.prompt.length === 1 && typeof b.prompt[0] !== 'number' ? b.prompt[0] : b.prompt;
-    promptTokenIds = typeof p === 'string' ? encode(p) : [...(p as number[])];
-  } else {
-    const messages = b.messages.map((m) => ({ role: m.role, content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('') }));
-    promptTokenIds = encode(applyChatTemplate(messages));
+  let prompt: PromptInput;
+  if (completionPrompt !== null) prompt = completionPrompt;
+  else {
+    const messages = (b as z.infer<typeof chatSchema>).messages.map((m) => ({ role: m.role, content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('') }));
+    prompt = checkedText(applyChatTemplate(messages), 'messages', limits);
   }
-  if (promptTokenIds.length === 0) throw new HandoffError('BAD_REQUEST', 'the prompt is empty after tokenization');
-  if (promptTokenIds.length >= limits.maxModelLen) {
-    throw new HandoffError('PROMPT_TOO_LONG', `the prompt has ${promptTokenIds.length} tokens; this model takes at most ${limits.maxModelLen - 1} prompt tokens`);
-  }
-  const room = limits.maxModelLen - promptTokenIds.length;
+  const askedParam = b.max_completion_tokens !== null && b.max_completion_tokens !== undefined ? 'max_completion_tokens' : 'max_tokens';
   const asked = b.max_completion_tokens ?? b.max_tokens ?? null;
-  if (asked !== null && asked > limits.maxModelLen) {
-    throw new HandoffError('BAD_REQUEST', `max_tokens must be in [1, ${limits.maxModelLen}], got ${asked}`);
-  }
-  // Chat defaults to the rest of the context like vLLM; completions to OpenAI's 16.
-  const maxTokens = asked ?? (kind === 'chat' ? room : Math.min(DEFAULT_COMPLETION_MAX_TOKENS, room));
-  if (promptTokenIds.length + maxTokens > limits.maxModelLen) {
-    throw new HandoffError(
-      'PROMPT_TOO_LONG',
-      `prompt (${promptTokenIds.length} tokens) + max_tokens (${maxTokens}) exceeds the model's maximum length ${limits.maxModelLen}`,
-    );
-  }
-  const logprobs = kind === 'chat' ? b.logprobs === true : 'logprobs' in b && b.logprobs !== null && b.logprobs !== undefined;
+  if (asked !== null && asked > limits.maxModelLen) throw bad(askedParam, `${askedParam} must be in [1, ${limits.maxModelLen}] (the model's maximum length), got ${asked}`);
+  const logprobs = kind === 'chat' ? b.logprobs === true : b.logprobs !== null && b.logprobs !== undefined;
   const topK = b.top_k === null || b.top_k === undefined || b.top_k <= 0 ? undefined : b.top_k;
   return {
     kind,
     model: b.model ?? null,
-    promptTokenIds,
-    maxTokens,
+    prompt,
+    askedMaxTokens: asked,
     temperature: b.temperature ?? 1,
     topP: b.top_p ?? undefined,
     topK,
     seed: b.seed ?? null,
     stop: b.stop === null || b.stop === undefined ? [] : typeof b.stop === 'string' ? [b.stop] : [...b.stop],
     stopTokenIds: [...(b.stop_token_ids ?? [])],
+    includeStopStr: b.include_stop_str_in_output ?? false,
     ignoreEos: b.ignore_eos ?? false,
     stream: b.stream ?? false,
     includeUsage: (b.stream ?? false) && (b.stream_options?.include_usage ?? false),
     logprobs,
     returnTokenIds: b.return_token_ids ?? false,
-    kvTransferParams: parseKvTransferParams(b.kv_transfer_params),
+    kvTransferParams: parseKvTransferParams(raw['kv_transfer_params']),
   };
+}
+
+/** Step 2 (sync): the request with its prompt's token ids; checks they fit the model with max_tokens. */
+export function tokenizedApiRequest(v: ValidatedRequest, promptTokenIds: number[], limits: RequestLimits): ApiRequest {
+  const { prompt, askedMaxTokens, ...rest } = v;
+  if (promptTokenIds.length === 0) throw bad(prompt.param, 'the prompt is empty after tokenization');
+  checkPromptTokens(promptTokenIds.length, prompt.param, limits);
+  const room = limits.maxModelLen - promptTokenIds.length;
+  // Chat defaults to the rest of the context like vLLM; completions to OpenAI's 16.
+  const maxTokens = askedMaxTokens ?? (v.kind === 'chat' ? room : Math.min(DEFAULT_COMPLETION_MAX_TOKENS, room));
+  if (promptTokenIds.length + maxTokens > limits.maxModelLen) {
+    throw new HandoffError(
+      'PROMPT_TOO_LONG',
+      `prompt (${promptTokenIds.length} tokens) + max_tokens (${maxTokens}) exceeds the model's maximum length ${limits.maxModelLen}`,
+      { param: prompt.param },
+    );
+  }
+  return { ...rest, promptTokenIds, maxTokens };
+}
+
+/** Both steps with the tokenizer inline (tests, and callers whose prompts are small). */
+export function parseApiRequest(kind: ApiKind, body: unknown, limits: RequestLimits): ApiRequest {
+  const v = validateApiRequest(kind, body, limits);
+  return tokenizedApiRequest(v, 'ids' in v.prompt ? v.prompt.ids : encode(v.prompt.text), limits);
+}
+
+/** Both steps, tokenizing with `encodeText` (e.g. a TokenizerThreads, off the event loop). */
+export async function parseApiRequestAsync(kind: ApiKind, body: unknown, limits: RequestLimits, encodeText: (text: string) => Promise<number[]>): Promise<ApiRequest> {
+  const v = validateApiRequest(kind, body, limits);
+  return tokenizedApiRequest(v, 'ids' in v.prompt ? v.prompt.ids : await encodeText(v.prompt.text), limits);
+}
+
+function checkPromptTokens(n: number, param: string, limits: RequestLimits): void {
+  if (n >= limits.maxModelLen) {
+    throw new HandoffError('PROMPT_TOO_LONG', `the prompt has ${n} tokens; this model takes at most ${limits.maxModelLen - 1} prompt tokens`, { param });
+  }
+}
+
+function checkedText(text: string, param: string, limits: RequestLimits): PromptInput {
+  const max = promptCharsMax(limits);
+  if (text.length > max) {
+    throw new HandoffError(
+      'PROMPT_TOO_LONG',
+      `the prompt has ${text.length} characters; this model takes at most ${limits.maxModelLen - 1} prompt tokens, which is at most ${max} characters`,
+      { param },
+    );
+  }
+  return { text, param };
+}
+
+/** /v1/completions `prompt`: a string, token ids, or a batch of exactly one of those. */
+function promptOf(raw: unknown, limits: RequestLimits): PromptInput {
+  if (raw === undefined || raw === null) throw bad('prompt', 'prompt is required');
+  if (typeof raw === 'string') return raw.length === 0 ? notEmpty('prompt') : checkedText(raw, 'prompt', limits);
+  if (!Array.isArray(raw)) throw bad('prompt', `prompt must be a string or a list of token ids, got ${preview(raw)}`);
+  if (raw.length === 0) return notEmpty('prompt');
+  if (typeof raw[0] === 'string' || Array.isArray(raw[0])) {
+    if (raw.length > 1) throw bad('prompt', `prompt is a batch of ${raw.length} prompts; this server takes one prompt per request`);
+    const only: unknown = raw[0];
+    if (typeof only === 'string') return only.length === 0 ? notEmpty('prompt[0]') : checkedText(only, 'prompt[0]', limits);
+    return tokenIds(only as unknown[], 'prompt[0]', limits);
+  }
+  return tokenIds(raw, 'prompt', limits);
+}
+
+function tokenIds(list: unknown[], param: string, limits: RequestLimits): PromptInput {
+  if (list.length === 0) return notEmpty(param);
+  checkPromptTokens(list.length, param, limits);
+  list.forEach((id, i) => {
+    if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= VOCAB_SIZE) {
+      throw bad(`${param}[${i}]`, `${param}[${i}] must be a token id (an integer in [0, ${VOCAB_SIZE - 1}]), got ${preview(id)}`);
+    }
+  });
+  return { ids: [...(list as number[])], param };
+}
+
+function notEmpty(param: string): never {
+  throw bad(param, `${param} must not be empty`);
+}
+
+const KV_FIELDS = Object.keys(kvTransferParamsSchema.shape);
+
+/**
+ * `err` with a param when it has none: a refusal from below the serving edge (the engine's length
+ * check, the connector's checks of kv_transfer_params, a grant denied at the READ) names the field it
+ * is about, the first kv_transfer_params field its message mentions.
+ */
+export function attributeParam(err: HandoffError, kind: ApiKind): HandoffError {
+  if (err.param !== null) return err;
+  let param: string | null = null;
+  if (err.code === 'PROMPT_TOO_LONG') param = kind === 'chat' ? 'messages' : 'prompt';
+  if (err.code === 'BAD_TRANSFER_PARAMS' || err.code === 'GRANT_DENIED') {
+    const field = KV_FIELDS.find((f) => new RegExp(`\\b${f}\\b`).test(err.message));
+    param = field !== undefined ? `kv_transfer_params.${field}` : 'kv_transfer_params';
+  }
+  return param === null ? err : new HandoffError(err.code, err.message, { ...err.details, param });
 }

@@ -9,7 +9,8 @@
  * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
  * ones are skipped. Errors of either side reach the client as one OpenAI error JSON with the upstream's
  * status; X-Request-Id is generated if absent and forwarded to both; a client that disconnects aborts
- * both upstream requests (the instances then abort theirs and free the pages).
+ * both upstream requests (the instances then abort theirs and free the pages). Long prompts are
+ * tokenized (to refuse what decode would refuse) on a tokenizer thread, off the event loop.
  */
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -22,7 +23,8 @@ import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffEr
 import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
-import { parseApiRequest } from './openai_request.ts';
+import { parseApiRequestAsync } from './openai_request.ts';
+import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { decodeBodyRead, decodeBodyWrite, prefillBody } from './proxy_flow.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
 import { callUpstream, upstreamError } from './upstream.ts';
@@ -52,7 +54,7 @@ type Body = Record<string, unknown>;
 
 /** An upstream failure answered with the upstream's own HTTP status. */
 function withStatus(err: HandoffError, status: number): HandoffError {
-  return new HandoffError(err.code, err.message, { upstreamStatus: status });
+  return new HandoffError(err.code, err.message, { upstreamStatus: status, ...(err.param !== null ? { param: err.param } : {}) });
 }
 
 export class Proxy {
@@ -60,6 +62,7 @@ export class Proxy {
   readonly decode: InstancePool;
   readonly metrics: ProxyMetrics;
   private readonly server: Server;
+  private readonly tokenizer = new TokenizerThreads(DEFAULT_TOKENIZER_THREADS);
   private timer: TimerHandle | null = null;
   private closed = false;
 
@@ -106,7 +109,7 @@ export class Proxy {
     this.timer?.cancel();
     const done = new Promise<void>((resolve) => this.server.close(() => resolve()));
     this.server.closeAllConnections();
-    await done;
+    await Promise.all([done, this.tokenizer.close()]);
   }
 
   async checkHealth(): Promise<void> {
@@ -205,7 +208,9 @@ export class Proxy {
     // Refuse what decode would refuse before prefill computes (and holds pages) for nothing. Instances
     // without /handoff/info (e.g. vLLM) validate for themselves.
     const maxModelLen = d.info?.max_model_len;
-    if (typeof maxModelLen === 'number') parseApiRequest(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen });
+    if (typeof maxModelLen === 'number') {
+      await parseApiRequestAsync(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen }, (text) => this.tokenizer.encode(text));
+    }
     const transferId = `xfer-${hexId(this.env, 16)}`;
     if (this.opts.mode === 'read') {
       const pre = await this.prefillCall(p, path, prefillBody(body, transferId), headers, client.signal);

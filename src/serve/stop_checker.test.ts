@@ -1,7 +1,8 @@
 /**
  * Stop strings over streamed text, with vLLM's semantics: generation stops at the first delta after
  * which some stop string appears in the text, and the text is cut before the earliest stop string
- * present at that moment (a longer stop string that could only complete later does not count). For any
+ * present at that moment (a longer stop string that could only complete later does not count), or after
+ * it with include_stop_str_in_output. For any
  * deltas and stop list the released text is exactly that, and every release is a prefix of it.
  */
 import { test } from 'node:test';
@@ -10,22 +11,23 @@ import fc from 'fast-check';
 import { StopChecker } from './stop_checker.ts';
 
 /** Text as generation grows delta by delta: stop after the first delta that completes a stop string. */
-function reference(deltas: string[], stops: string[]): { text: string; stopped: boolean } {
+function reference(deltas: string[], stops: string[], includeStop = false): { text: string; stopped: boolean } {
   let text = '';
   for (const d of deltas) {
     text += d;
     let cut = -1;
+    let stop = '';
     for (const s of stops) {
       const at = text.indexOf(s);
-      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+      if (at >= 0 && (cut < 0 || at < cut)) [cut, stop] = [at, s];
     }
-    if (cut >= 0) return { text: text.slice(0, cut), stopped: true };
+    if (cut >= 0) return { text: text.slice(0, includeStop ? cut + stop.length : cut), stopped: true };
   }
   return { text, stopped: false };
 }
 
-function run(deltas: string[], stops: string[]): { text: string; stopped: boolean; releases: string[] } {
-  const c = new StopChecker(stops);
+function run(deltas: string[], stops: string[], includeStop = false): { text: string; stopped: boolean; releases: string[] } {
+  const c = new StopChecker(stops, includeStop);
   const releases: string[] = [];
   let text = '';
   for (const d of deltas) {
@@ -45,15 +47,16 @@ test('examples: the stop string and what follows are dropped; no stops passes te
   assert.deepEqual(new StopChecker([]).push('abc'), { text: 'abc', stopped: false });
   assert.equal(run(['ab', 'c'], ['x']).text, 'abc');
   assert.equal(run(['aXb'], ['b', 'X']).text, 'a', 'the earliest stop wins, whatever the list order');
+  assert.equal(run(['Hello, wor', 'ld. STO', 'P here'], ['STOP'], true).text, 'Hello, world. STOP', 'include_stop_str_in_output');
 });
 
 test('property: streamed stop-string handling equals the delta-by-delta reference (vLLM semantics)', () => {
   const alphabet = fc.constantFrom('a', 'b', 'c', ' ', 'é');
   const str = (min: number, max: number) => fc.array(alphabet, { minLength: min, maxLength: max }).map((a) => a.join(''));
   fc.assert(
-    fc.property(fc.array(str(0, 6), { maxLength: 12 }), fc.array(str(1, 4), { maxLength: 3 }), (deltas, stops) => {
-      const want = reference(deltas, stops);
-      const got = run(deltas, stops);
+    fc.property(fc.array(str(0, 6), { maxLength: 12 }), fc.array(str(1, 4), { maxLength: 3 }), fc.boolean(), (deltas, stops, includeStop) => {
+      const want = reference(deltas, stops, includeStop);
+      const got = run(deltas, stops, includeStop);
       assert.equal(got.text, want.text);
       assert.equal(got.stopped, want.stopped);
       for (const r of got.releases) assert.ok(want.text.startsWith(r), 'every release is a prefix of the answer');

@@ -1,7 +1,8 @@
 /**
  * Stop strings on the decoded text, for streaming: text that could still be the start of a stop
  * string is held back, so a client never sees part of a stop string. When a stop string appears, the
- * text is cut right before it (the stop string is not returned, like OpenAI and vLLM).
+ * text is cut right before it (the stop string is not returned, like OpenAI and vLLM), or right after
+ * it with vLLM's include_stop_str_in_output.
  *
  *   pushed:   "Hello, wor" "ld. STO" "P here"        stop = ["STOP"]
  *   released: "Hello, "    "world. " ""  → stopped; the rest is dropped
@@ -21,7 +22,10 @@ export class StopChecker {
   private done = false;
   private readonly holdBack: number;
 
-  constructor(private readonly stops: readonly string[]) {
+  constructor(
+    private readonly stops: readonly string[],
+    private readonly includeStop = false,
+  ) {
     assert(stops.every((s) => s.length > 0), 'stop strings must be non-empty');
     this.holdBack = Math.max(0, ...stops.map((s) => s.length - 1));
   }
@@ -37,13 +41,17 @@ export class StopChecker {
     // A stop string can only start where it was not already ruled out: at most holdBack before the new text.
     const from = Math.max(0, this.buffer.length - delta.length - this.holdBack);
     let cut = -1;
+    let cutLen = 0;
     for (const s of this.stops) {
       const at = this.buffer.indexOf(s, from);
-      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+      if (at >= 0 && (cut < 0 || at < cut)) {
+        cut = at;
+        cutLen = s.length;
+      }
     }
     if (cut >= 0) {
       this.done = true;
-      return { text: this.take(cut), stopped: true };
+      return { text: this.take(this.includeStop ? cut + cutLen : cut), stopped: true };
     }
     return { text: this.take(this.buffer.length - this.holdBack), stopped: false };
   }

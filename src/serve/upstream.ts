@@ -71,5 +71,5 @@ export async function upstreamError(side: string, r: Response): Promise<HandoffE
   }
   const fallback = `${side} instance answered HTTP ${r.status}${text ? `: ${text.slice(0, 200)}` : ''}`;
   const err = handoffErrorFromJSON(parsed, fallback);
-  return new HandoffError(err.code, `${side}: ${err.message}`);
+  return new HandoffError(err.code, `${side}: ${err.message}`, err.param !== null ? { param: err.param } : undefined);
 }

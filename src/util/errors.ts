@@ -25,23 +25,29 @@ export const ERROR_CODES = {
 
 export type ErrorCode = keyof typeof ERROR_CODES;
 
+/** Free-form details; `param` names the offending request field (OpenAI's `error.param`), e.g. `max_tokens`. */
+export type ErrorDetails = Record<string, unknown> & { param?: string | undefined };
+
 export class HandoffError extends Error {
   override name = 'HandoffError';
   readonly code: ErrorCode;
   readonly httpStatus: number;
-  readonly details: Record<string, unknown> | undefined;
+  readonly details: ErrorDetails | undefined;
+  /** The request field at fault (`kv_transfer_params.remote_block_ids`, `messages[0].content`), or null. */
+  readonly param: string | null;
 
-  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>) {
+  constructor(code: ErrorCode, message: string, details?: ErrorDetails) {
     super(message);
     this.code = code;
     this.httpStatus = ERROR_CODES[code];
     this.details = details;
+    this.param = typeof details?.param === 'string' ? details.param : null;
   }
 
   /** Plain data for the wire (OpenAI error shape). */
-  toJSON(): { error: { message: string; type: string; code: ErrorCode; param: null } } {
+  toJSON(): { error: { message: string; type: string; code: ErrorCode; param: string | null } } {
     const type = this.httpStatus < 500 ? 'invalid_request_error' : 'server_error';
-    return { error: { message: this.message, type, code: this.code, param: null } };
+    return { error: { message: this.message, type, code: this.code, param: this.param } };
   }
 }
 
@@ -51,8 +57,8 @@ export function isHandoffError(e: unknown): e is HandoffError {
 
 /** Rebuild a HandoffError from its wire form (a peer's error JSON); unknown codes become INTERNAL. */
 export function handoffErrorFromJSON(body: unknown, fallbackMessage: string): HandoffError {
-  const err = (body as { error?: { code?: unknown; message?: unknown } } | null)?.error;
+  const err = (body as { error?: { code?: unknown; message?: unknown; param?: unknown } } | null)?.error;
   const code = typeof err?.code === 'string' && err.code in ERROR_CODES ? (err.code as ErrorCode) : 'INTERNAL';
   const message = typeof err?.message === 'string' ? err.message : fallbackMessage;
-  return new HandoffError(code, message);
+  return new HandoffError(code, message, typeof err?.param === 'string' ? { param: err.param } : undefined);
 }

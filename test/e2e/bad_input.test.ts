@@ -6,7 +6,9 @@
  * an unknown engine, an expired, forged or swapped grant, pages that were not granted) each get a 4xx
  * with a stable code and READ nothing; refusals by prefill's NIC are counted in its /metrics; a request
  * refused before any READ leaves the real transfer intact (its rightful use still gives the colocated
- * tokens); no page leaks on either side, and every server keeps serving.
+ * tokens); no page leaks on either side, and every server keeps serving. One long word (issue 11):
+ * a 1 MB single-word prompt is refused by its length at once, one just under the bound is tokenized
+ * off the event loop, and /health keeps answering all along, on decode, prefill and the proxy.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -139,6 +141,50 @@ test('HTTP: malformed JSON, wrong types, over-long prompts, max_tokens out of ra
   // Everyone keeps serving, and P/D through the proxy still equals colocated.
   assert.deepEqual(tokens(await post(proxy.url, BODY)), tokens(await post(decode.url, BODY)));
   assert.equal(tokens(await post(prefill.url, BODY)).length, 6);
+});
+
+/** GET /health over and over until `done` resolves; every answer within `hangMs`; the latencies. */
+async function healthWhile(url: string, done: Promise<unknown>, hangMs: number): Promise<number[]> {
+  let finished = false;
+  void done.finally(() => (finished = true)).catch(() => undefined);
+  const latencies: number[] = [];
+  while (!finished || latencies.length < 3) {
+    const t0 = env.nowMs();
+    const r = await fetch(`${url}/health`, { signal: AbortSignal.timeout(hangMs) }).catch((e: unknown) => assert.fail(`/health of ${url} did not answer within ${hangMs} ms: ${String(e)}`));
+    assert.equal(r.status, 200);
+    await r.arrayBuffer();
+    latencies.push(env.nowMs() - t0);
+    await env.sleep(5);
+  }
+  return latencies;
+}
+
+test('one long word: 1 MB is refused by its length at once, a word just under the bound is tokenized off the event loop; /health answers throughout', async () => {
+  // No GPT-2 token is longer than 128 bytes: more characters than (max_model_len - 1) × 128 cannot fit.
+  const bound = (MAX_MODEL_LEN - 1) * 128;
+  const cases: Array<[string, unknown, string, number, string]> = [
+    ['1 MB word', { prompt: 'a'.repeat(1 << 20), max_tokens: 4 }, '/v1/completions', 2000, 'prompt'],
+    ['1 MB word in chat', { messages: [{ role: 'user', content: 'b'.repeat(1 << 20) }], max_tokens: 4 }, '/v1/chat/completions', 2000, 'messages'],
+    // Tokenized (on a tokenizer thread: its start is included, hence the longer bound), then too many tokens.
+    ['a word just under the bound', { prompt: 'a'.repeat(bound), max_tokens: 4 }, '/v1/completions', 15_000, 'prompt'],
+  ];
+  for (const server of [decode, prefill, proxy]) {
+    const name = String(server.ready['role'] ?? 'proxy');
+    for (const [what, body, path, hangMs, param] of cases) {
+      const t0 = env.nowMs();
+      const answer = fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(hangMs) });
+      const health = await healthWhile(server.url, answer, 2000);
+      const r = await answer.catch((e: unknown) => assert.fail(`${name} ${what}: no answer within ${hangMs} ms (${String(e)})`));
+      const ms = env.nowMs() - t0;
+      const reply: Reply = { status: r.status, json: (await r.json()) as Reply['json'] };
+      assertError(reply, 400, 'PROMPT_TOO_LONG', `${name} ${what}`);
+      assert.equal((reply.json.error as { param?: unknown }).param, param, `${name} ${what}`);
+      const sorted = [...health].sort((a, b) => a - b);
+      console.log(`# ${name}, ${what}: answered in ${ms.toFixed(0)} ms (${reply.json.error?.message.slice(0, 70)}); /health × ${health.length}: p50 ${sorted[sorted.length >> 1]?.toFixed(1)} ms, max ${sorted.at(-1)?.toFixed(1)} ms`);
+    }
+  }
+  // Everyone keeps serving.
+  assert.deepEqual(tokens(await post(proxy.url, BODY)), tokens(await post(decode.url, BODY)));
 });
 
 test('a duplicate X-Request-Id of a live request is a 400; the live request is unharmed', async () => {
