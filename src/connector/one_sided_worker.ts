@@ -122,7 +122,12 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
    */
   private readyPeer(host: string, port: number, expected: string): string {
     const st = this.peers.peek(host, port);
-    if (st?.state === 'failed') throw st.error;
+    if (st?.state === 'failed') {
+      // An engine this instance never reached, at an address that does not answer: the params are wrong.
+      if (this.peers.knows(expected)) throw st.error;
+      const why = `remote_engine_id ${expected} is unknown here and ${host}:${port} does not answer (${st.error.message})`;
+      throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
+    }
     if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
     if (st.engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
     return st.engineId;

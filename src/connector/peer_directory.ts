@@ -75,6 +75,8 @@ export function parsePeerAllowList(raw: string): PeerAllowList {
 
 export class PeerDirectory {
   private readonly entries = new Map<string, Entry>();
+  /** Engine ids some handshake returned (bounded): a failed handshake to one of them is a peer fault. */
+  private readonly knownEngines = new Set<string>();
   stats = { handshakesStarted: 0, handshakesFailed: 0, refused: 0 };
 
   constructor(
@@ -123,6 +125,11 @@ export class PeerDirectory {
     return st.engineId;
   }
 
+  /** True when a handshake ever returned this engine id (it existed; if it is gone now, that is not the client's fault). */
+  knows(engineId: string): boolean {
+    return this.knownEngines.has(engineId);
+  }
+
   /** The worker's view: never starts or waits for a handshake. */
   peek(host: string, port: number): PeerStatus | undefined {
     return this.entries.get(`${host}:${port}`)?.status;
@@ -161,6 +168,10 @@ export class PeerDirectory {
     entry.status = status;
     entry.settledMs = this.env.nowMs();
     entry.markSettled();
+    if (status.state === 'ready') {
+      if (this.knownEngines.size >= PEERS_MAX) this.knownEngines.clear();
+      this.knownEngines.add(status.engineId);
+    }
     if (this.entries.get(key) === entry) this.onChange(); // else forgotten or replaced meanwhile
   }
 
