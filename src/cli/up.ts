@@ -8,7 +8,7 @@ import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { createLogger } from '../util/log.ts';
 import { choiceFlag, portFlag, presetFlag } from './flags.ts';
-import { startLocalCluster } from './cluster.ts';
+import { checkPortFree, startLocalCluster } from './cluster.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
 
@@ -31,6 +31,7 @@ export function configureUp(up: Command): void {
       const env = new RealEnv();
       const log = createLogger('up');
       const out = (s: string): void => void process.stdout.write(`${s}\n`);
+      await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
       const serveArgs = typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : [];
       const cluster = await startLocalCluster({ preset, mode, host, proxyPort: port, serveArgs, apiKey, log }, env);

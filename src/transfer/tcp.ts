@@ -9,7 +9,7 @@
  */
 import net from 'node:net';
 import { assert } from '../util/assert.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import { compatibilityProblem } from './metadata.ts';
 import { NicHost } from './nic_host.ts';
@@ -58,7 +58,7 @@ export class TcpTransferEngine extends TransferEngineCore {
       });
     } catch (e) {
       await nic.close();
-      throw new HandoffError('BAD_CONFIG', `cannot listen on ${host}:${opts.port ?? 0}: ${String(e)}`);
+      throw listenFailed(e, host, opts.port ?? 0, 'KV side-channel');
     }
     return engine;
   }
