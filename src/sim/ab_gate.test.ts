@@ -6,8 +6,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { HANDOFF_BIN } from '../cli/children.ts';
+import { fileURLToPath } from 'node:url';
 import { abVerdict, type AbGateInput } from './ab_gate.ts';
+
+const HANDOFF_BIN = fileURLToPath(new URL('../../bin/handoff.mjs', import.meta.url));
 
 const v = (name: string, zeroExclusion: AbGateInput['zeroExclusion'], mismatchedRequests = 0, races = 0): AbGateInput => ({ name, zeroExclusion, mismatchedRequests, races });
 const buggy = [v('none', 'none', 5, 40), v('mamba-only', 'mamba-only', 3, 12)];
