@@ -4,4 +4,6 @@ import { register } from 'tsx/esm/api';
 
 register();
 const { main } = await import('../src/cli/main.ts');
-await main(process.argv);
+const code = await main(process.argv);
+// A failed command exits now (its message is already written), even if it left a socket or thread open.
+if (code !== 0) process.exit(code);

@@ -2,8 +2,9 @@
  * A local P/D deployment: prefill and decode as separate `handoff serve` processes on free loopback
  * ports (tcp transport), and the proxy in this process. `handoff up` and `handoff bench serve` use it.
  */
+import net from 'node:net';
 import type { Env } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, listenFailed } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy } from '../serve/proxy.ts';
@@ -63,8 +64,22 @@ async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<v
   }
 }
 
+/**
+ * Fail fast with `port P on HOST is already in use` when the proxy's port is taken, before any child
+ * starts (a free port can still be taken before the proxy binds it; then the proxy's listen says so).
+ */
+export function checkPortFree(host: string, port: number): Promise<void> {
+  if (port === 0) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once('error', (e) => reject(listenFailed(e, host, port)));
+    probe.listen(port, host, () => probe.close(() => resolve()));
+  });
+}
+
 export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<LocalCluster> {
   const timeout = o.readyTimeoutMs ?? 60_000;
+  await checkPortFree(o.host, o.proxyPort);
   const spawned = await Promise.allSettled((['prefill', 'decode'] as const).map((role) => spawnHandoff(serveArgs(role, o), env, { readyTimeoutMs: timeout, ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}) })));
   const started = spawned.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   try {

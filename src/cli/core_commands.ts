@@ -1,6 +1,10 @@
-/** `handoff ab` and `handoff bench transfer|model|sched`: the core measurements, human output or --json. */
+/**
+ * `handoff ab` and `handoff bench transfer|model|sched`: the core measurements, human output or --json.
+ * `handoff ab` exits 1 when a variant with the fix mismatches or races (ab_gate.ts), so it can gate CI.
+ */
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
+import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { isModelPreset, type ModelPreset } from '../kv/presets.ts';
@@ -8,6 +12,7 @@ import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant } from '../sim/ab.ts';
+import { abVerdict } from '../sim/ab_gate.ts';
 import { writeTrace } from '../sim/trace_export.ts';
 
 function preset(name: string): ModelPreset {
@@ -85,8 +90,18 @@ export function registerCoreCommands(program: Command): Command {
         // With --json, stdout carries only the JSON object.
         (o['json'] ? process.stderr : process.stdout).write(`trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`);
       }
+      const verdict = abVerdict(
+        report.variants.map((r) => {
+          const def = variants.find((x) => x.name === r.name);
+          assert(def !== undefined, `A/B result for unknown variant ${r.name}`);
+          return { ...r, zeroExclusion: def.zeroExclusion };
+        }),
+      );
+      if (!verdict.ok) process.exitCode = 1;
       if (o['json']) {
-        out(JSON.stringify({ ...report, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
+        const gate = { ok: verdict.ok, gating: verdict.gating, failures: verdict.failures };
+        out(JSON.stringify({ ...report, gate, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
+        if (!verdict.ok) process.stderr.write(`handoff ab: ${verdict.summary}\n`);
         return;
       }
       out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
@@ -98,6 +113,7 @@ export function registerCoreCommands(program: Command): Command {
             `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
         );
       }
+      out(verdict.summary);
     });
 
   const bench = program.command('bench').description('benchmarks, as ratios against a baseline measured in the same run');

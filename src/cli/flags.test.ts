@@ -2,7 +2,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
-import { intFlag, rangeFlag, urlListFlag } from './flags.ts';
+import { intFlag, logFormatFlag, rangeFlag, urlListFlag } from './flags.ts';
+import { upServeArgs } from './up.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
 
@@ -35,4 +36,16 @@ test('serve and proxy options from commander values', () => {
   const p = proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1,http://d:2', mode: 'write', policy: 'least-loaded', healthIntervalMs: '500', healthTimeoutMs: '100' });
   assert.deepEqual([p.mode, p.policy, p.decodeUrls.length], ['write', 'least-loaded', 2]);
   assert.throws(() => proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1', mode: 'sideways', policy: 'round-robin', healthIntervalMs: '500', healthTimeoutMs: '100' }), names('mode'));
+});
+
+test('--log-format accepts pretty|json, absent means automatic, anything else is BAD_CONFIG naming the flag', () => {
+  assert.equal(logFormatFlag('pretty'), 'pretty');
+  assert.equal(logFormatFlag('json'), 'json');
+  assert.equal(logFormatFlag(undefined), null);
+  assert.throws(() => logFormatFlag('xml'), names('log-format'));
+});
+
+test('up passes its log format to prefill and decode explicitly (they cannot tell how up chose)', () => {
+  assert.deepEqual(upServeArgs({}, 'pretty'), ['--log-format', 'pretty']);
+  assert.deepEqual(upServeArgs({ numBlocks: '64' }, 'json'), ['--num-blocks', '64', '--log-format', 'json']);
 });

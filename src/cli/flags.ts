@@ -1,5 +1,6 @@
 /** Flag values → typed options, with errors that name the flag (BAD_CONFIG). */
 import { HandoffError } from '../util/errors.ts';
+import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import { isModelPreset, MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
 
 export function intFlag(name: string, v: unknown, min: number, max: number): number {
@@ -69,3 +70,10 @@ export function urlListFlag(name: string, v: unknown): string[] {
   if (dup !== undefined) throw new HandoffError('BAD_CONFIG', `--${name} lists ${dup} twice`);
   return origins;
 }
+
+/** `--log-format pretty|json`; absent = automatic (pretty on a terminal, json otherwise). */
+export function logFormatFlag(v: unknown): LogFormat | null {
+  return v === undefined ? null : choiceFlag('log-format', v, LOG_FORMATS);
+}
+
+export const LOG_FORMAT_HELP = 'log lines on stderr: pretty | json (default: pretty on a terminal, json otherwise, or HANDOFF_LOG_FORMAT)';

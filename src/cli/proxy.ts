@@ -4,10 +4,10 @@
  */
 import { Option, type Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
-import { createLogger } from '../util/log.ts';
+import { configureLogs, createLogger } from '../util/log.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from '../serve/proxy.ts';
-import { choiceFlag, intFlag, portFlag, urlListFlag } from './flags.ts';
+import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, urlListFlag } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
 
@@ -27,8 +27,10 @@ export function registerProxy(program: Command): void {
     .option('--health-interval-ms <n>', 'period of the instance health checks', String(DEFAULT_PROXY_OPTIONS.healthIntervalMs))
     .option('--health-timeout-ms <n>', 'bound on one health check', String(DEFAULT_PROXY_OPTIONS.healthTimeoutMs))
     .option('--json', 'print one JSON line when ready')
+    .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
     .action(async (o: Opts) => {
+      configureLogs({ format: logFormatFlag(o['logFormat']) });
       const opts = proxyOptionsFrom(o);
       const env = new RealEnv();
       const log = createLogger('proxy');
@@ -36,7 +38,8 @@ export function registerProxy(program: Command): void {
       const host = String(o['host']);
       const port = await proxy.listen(portFlag('port', o['port']), host);
       await proxy.start();
-      onShutdown(() => proxy.close(), { env, exitWithParent: o['exitWithParent'] === true, log: (m) => log.info(m) });
+      const managed = o['exitWithParent'] === true;
+      onShutdown(() => proxy.close(), { env, exitWithParent: managed, log: (m) => (managed ? log.debug(m) : log.info(m)) });
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
       if (o['json']) process.stdout.write(`${JSON.stringify({ url, pid: process.pid, mode: opts.mode, policy: opts.policy })}\n`);
       else {

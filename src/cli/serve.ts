@@ -5,9 +5,9 @@
  */
 import { Option, type Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
-import { createLogger } from '../util/log.ts';
+import { configureLogs, createLogger } from '../util/log.ts';
 import { DEFAULT_INSTANCE_OPTIONS, startInstance, type InstanceOptions } from '../serve/instance.ts';
-import { choiceFlag, intFlag, optionalInt, portFlag, presetFlag } from './flags.ts';
+import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, optionalInt, portFlag, presetFlag } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { parsePeerAllowList } from '../connector/peer_directory.ts';
 
@@ -35,13 +35,17 @@ export function registerServe(program: Command): void {
     .option('--side-channel-secret <s>', 'shared secret for KV side-channel handshakes (or HANDOFF_SIDE_CHANNEL_SECRET)')
     .option('--kv-peers <list>', 'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated', 'loopback')
     .option('--json', 'print one JSON line when ready')
+    .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
     .action(async (o: Opts) => {
+      configureLogs({ format: logFormatFlag(o['logFormat']) });
       const opts = serveOptionsFrom(o);
       const env = new RealEnv();
       const log = createLogger(`serve-${opts.role}`);
       const inst = await startInstance(opts, env, log);
-      onShutdown(() => inst.close(), { env, exitWithParent: o['exitWithParent'] === true, log: (m) => log.info(m) });
+      const managed = o['exitWithParent'] === true;
+      // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
+      onShutdown(() => inst.close(), { env, exitWithParent: managed, log: (m) => (managed ? log.debug(m) : log.info(m)) });
       const ready = {
         url: inst.url,
         role: opts.role,

@@ -6,9 +6,9 @@
  */
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
-import { createLogger } from '../util/log.ts';
-import { choiceFlag, portFlag, presetFlag } from './flags.ts';
-import { startLocalCluster } from './cluster.ts';
+import { configureLogs, createLogger, currentLogFormat, type LogFormat } from '../util/log.ts';
+import { choiceFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, presetFlag } from './flags.ts';
+import { checkPortFree, startLocalCluster } from './cluster.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
 
@@ -22,7 +22,9 @@ export function configureUp(up: Command): void {
     .option('--mode <mode>', 'read | write', 'read')
     .option('--num-blocks <n>', 'KV pages per instance')
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
+    .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {
+      configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
       const port = portFlag('port', o['port']);
@@ -31,8 +33,9 @@ export function configureUp(up: Command): void {
       const env = new RealEnv();
       const log = createLogger('up');
       const out = (s: string): void => void process.stdout.write(`${s}\n`);
+      await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
-      const serveArgs = typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : [];
+      const serveArgs = upServeArgs(o, currentLogFormat());
       const cluster = await startLocalCluster({ preset, mode, host, proxyPort: port, serveArgs, apiKey, log }, env);
       let stopping = false;
       const stop = async (): Promise<void> => {
@@ -59,4 +62,12 @@ export function configureUp(up: Command): void {
       );
       out('Ctrl-C stops everything.');
     });
+}
+
+/**
+ * Extra `handoff serve` flags for up's children. The log format is always explicit: the children
+ * cannot tell how up chose (flag, HANDOFF_LOG_FORMAT or its terminal), so their lines match up's.
+ */
+export function upServeArgs(o: Opts, logFormat: LogFormat): string[] {
+  return [...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []), '--log-format', logFormat];
 }

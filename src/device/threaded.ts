@@ -109,7 +109,7 @@ class ThreadedDevice implements Device, DeviceTimeline {
     if (opts.timeline === true) this.startTimeline();
     worker.on('message', (msg: FromThread) => {
       this.compute.onMessage(msg);
-      if (this.compute.pending() === 0) worker.unref();
+      if (this.compute.pending() === 0 && !this.closed) worker.unref();
     });
     // The thread dying is not an op failure: everything pending fails with the reason.
     worker.on('error', (err) => this.die(`compute thread died: ${err.message}`));
@@ -137,6 +137,9 @@ class ThreadedDevice implements Device, DeviceTimeline {
   async close(): Promise<void> {
     if (this.closed) return;
     this.die('device closed');
+    // The idle thread is unref'd; a terminate awaited on it alone would let the event loop empty first
+    // (the process then exits 13 with the caller's promise unsettled, e.g. before an error is printed).
+    this.worker.ref();
     await this.worker.terminate();
   }
 

@@ -15,7 +15,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Env } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { Generation, type EngineHandle } from './generation.ts';
@@ -81,9 +81,7 @@ export class InstanceServer {
   /** Listen; resolves with the bound port (pass 0 for a free one). */
   listen(port: number, host: string): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.server.once('error', (e: NodeJS.ErrnoException) =>
-        reject(new HandoffError('BAD_CONFIG', e.code === 'EADDRINUSE' ? `port ${port} on ${host} is already in use` : `cannot listen on ${host}:${port}: ${e.message}`)),
-      );
+      this.server.once('error', (e) => reject(listenFailed(e, host, port)));
       this.server.listen(port, host, () => resolve((this.server.address() as AddressInfo).port));
     });
   }

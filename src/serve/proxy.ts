@@ -16,7 +16,7 @@ import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Env, TimerHandle } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffError } from './http_io.ts';
@@ -93,9 +93,7 @@ export class Proxy {
 
   listen(port: number, host: string): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.server.once('error', (e: NodeJS.ErrnoException) =>
-        reject(new HandoffError('BAD_CONFIG', e.code === 'EADDRINUSE' ? `port ${port} on ${host} is already in use` : `cannot listen on ${host}:${port}: ${e.message}`)),
-      );
+      this.server.once('error', (e) => reject(listenFailed(e, host, port)));
       this.server.listen(port, host, () => resolve((this.server.address() as AddressInfo).port));
     });
   }

@@ -8,7 +8,7 @@
 import { MessageChannel, Worker, type MessagePort, type Transferable } from 'node:worker_threads';
 import type { OpLabel, PageAccess } from '../device/types.ts';
 import { assert } from '../util/assert.ts';
-import { HandoffError, type ErrorCode } from '../util/errors.ts';
+import { HandoffError, listenFailed, type ErrorCode } from '../util/errors.ts';
 import {
   COUNTER_INTS,
   CQ_FREE,
@@ -76,7 +76,9 @@ export class NicHost {
     };
     const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), { workerData: init, transferList: [port2] });
     const dataPort = await new Promise<number>((resolve, reject) => {
-      worker.once('error', (e) => reject(new HandoffError('BAD_CONFIG', `NIC thread of ${o.engineId} failed to start: ${e.message}`)));
+      worker.once('error', (e) =>
+        reject(e.message.includes('EADDRINUSE') ? listenFailed(e, o.listenHost, o.dataPort, 'KV data-plane') : new HandoffError('BAD_CONFIG', `NIC thread of ${o.engineId} failed to start: ${e.message}`)),
+      );
       worker.once('message', (ev: NicEvent) => {
         worker.removeAllListeners('error');
         assert(ev.t === 'ready', `NIC thread sent ${ev.t} before ready`);

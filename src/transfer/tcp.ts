@@ -9,7 +9,7 @@
  */
 import net from 'node:net';
 import { assert } from '../util/assert.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import { compatibilityProblem } from './metadata.ts';
 import { NicHost } from './nic_host.ts';
@@ -58,7 +58,7 @@ export class TcpTransferEngine extends TransferEngineCore {
       });
     } catch (e) {
       await nic.close();
-      throw new HandoffError('BAD_CONFIG', `cannot listen on ${host}:${opts.port ?? 0}: ${String(e)}`);
+      throw listenFailed(e, host, opts.port ?? 0, 'KV side-channel');
     }
     return engine;
   }
@@ -125,7 +125,7 @@ export class TcpTransferEngine extends TransferEngineCore {
 
   // ---- dialer side ----
 
-  protected async handshakeImpl(peer: PeerAddress): Promise<EngineMetadata> {
+  protected async handshakeImpl(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata> {
     const key = `${peer.host}:${peer.port}`;
     const known = this.byAddress.get(key);
     if (known !== undefined) {
@@ -133,12 +133,13 @@ export class TcpTransferEngine extends TransferEngineCore {
       const meta = this.peers.get(known);
       if (conn && !conn.isClosed && meta) return meta;
     }
-    const meta = await this.dial(peer);
+    const meta = await this.dial(peer, abandoned);
     this.byAddress.set(key, meta.engineId);
     return meta;
   }
 
-  private dial(peer: PeerAddress): Promise<EngineMetadata> {
+  /** Invariant: a dial that does not end in a handshake closes its socket (failure, refusal or `abandoned`). */
+  private dial(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata> {
     return new Promise<EngineMetadata>((resolve, reject) => {
       let challenge: { nonce: string; engineId: string } | null = null;
       const myNonce = hexId(this.env, 16);
@@ -147,9 +148,11 @@ export class TcpTransferEngine extends TransferEngineCore {
       const fail = (e: HandoffError, conn: SideConn): void => {
         if (settled) return;
         settled = true;
+        abandoned.removeEventListener('abort', onAbandoned);
         conn.close();
         reject(e);
       };
+      const onAbandoned = (): void => fail(new HandoffError('PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port} abandoned`), conn);
       const onMessage = (conn: SideConn, msg: SideMessage): void => {
         if (settled) return this.onPeerMessage(conn, msg);
         if (challenge === null) {
@@ -184,6 +187,7 @@ export class TcpTransferEngine extends TransferEngineCore {
         this.nic.send({ t: 'peer', peerEngineId: remote.engineId, tcp: { host: dataHost, port: msg.dataPort, session: msg.session } });
         this.adopt(conn, remote);
         settled = true;
+        abandoned.removeEventListener('abort', onAbandoned);
         resolve(remote);
       };
       const socket = net.connect({ host: peer.host, port: peer.port });
@@ -194,6 +198,8 @@ export class TcpTransferEngine extends TransferEngineCore {
         }),
       );
       assert(conn.peerEngineId === null, 'fresh connection has no peer');
+      if (abandoned.aborted) onAbandoned();
+      else abandoned.addEventListener('abort', onAbandoned, { once: true });
     });
   }
 

@@ -111,7 +111,11 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   abstract address(): PeerAddress;
   abstract ports(): { sideChannel: number; data: number };
-  protected abstract handshakeImpl(peer: PeerAddress): Promise<EngineMetadata>;
+  /**
+   * Connect and handshake. `abandoned` fires when handshake() gave up (timeout): the backend must then
+   * close whatever it opened for this attempt, or a peer that accepts and never answers leaks a socket.
+   */
+  protected abstract handshakeImpl(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata>;
   /** Deliver to the peer and resolve when it acknowledged. */
   protected abstract sendNotification(peerEngineId: string, n: Notification): Promise<void>;
   protected abstract closeTransport(): Promise<void>;
@@ -149,7 +153,8 @@ export abstract class TransferEngineCore implements TransferEngine {
 
   handshake(peer: PeerAddress): Promise<EngineMetadata> {
     if (this.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', 'engine is closed'));
-    return this.withTimeout(this.handshakeImpl(peer), this.handshakeTimeoutMs, 'PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port}`);
+    const abandon = new AbortController();
+    return this.withTimeout(this.handshakeImpl(peer, abandon.signal), this.handshakeTimeoutMs, 'PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port}`, () => abandon.abort());
   }
 
   postRead(req: TransferRequest): TransferHandle {
@@ -328,9 +333,13 @@ export abstract class TransferEngineCore implements TransferEngine {
     if (!ok) this.counters.releasesRefused++;
   }
 
-  protected withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string): Promise<T> {
+  /** `p`, or a `code` error after `ms` (then `onTimeout` runs, to let go of what `p` holds). */
+  protected withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string, onTimeout?: () => void): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const timer = this.env.setTimer(ms, () => reject(new HandoffError(code, `${what}: no answer after ${ms} ms`)));
+      const timer = this.env.setTimer(ms, () => {
+        reject(new HandoffError(code, `${what}: no answer after ${ms} ms`));
+        onTimeout?.();
+      });
       p.then(
         (v) => {
           timer.cancel();

@@ -62,3 +62,15 @@ export function handoffErrorFromJSON(body: unknown, fallbackMessage: string): Ha
   const message = typeof err?.message === 'string' ? err.message : fallbackMessage;
   return new HandoffError(code, message, typeof err?.param === 'string' ? { param: err.param } : undefined);
 }
+
+/**
+ * A failed listen as one line a person can act on: `<what> port P on HOST is already in use` for
+ * EADDRINUSE (also when the error crossed a thread and only its message says so).
+ */
+export function listenFailed(e: unknown, host: string, port: number, what = ''): HandoffError {
+  const code = (e as { code?: unknown } | null)?.code;
+  const message = e instanceof Error ? e.message : String(e);
+  const prefix = what === '' ? '' : `${what} `;
+  if (code === 'EADDRINUSE' || message.includes('EADDRINUSE')) return new HandoffError('BAD_CONFIG', `${prefix}port ${port} on ${host} is already in use`);
+  return new HandoffError('BAD_CONFIG', `cannot listen on ${host}:${port}${what === '' ? '' : ` (${what})`}: ${message}`);
+}
