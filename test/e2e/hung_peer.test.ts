@@ -114,7 +114,7 @@ test('hung prefill host: handshakes run off the step path; a concurrent stream k
   assert.equal(plain.status, 200);
   assert.ok(plainMs < 4000, `a plain request is answered while handshakes hang (${plainMs} ms; the handshake timeout is 5000 ms)`);
   assert.ok(accepted.length >= 1, 'decode did contact the hung peer');
-  assert.ok(during <= 2 * base + 30, `ITL p99 ${during} ms with a hung peer vs ${base} ms baseline`);
+  assert.ok(during <= 2 * base + 50, `ITL p99 ${during} ms with a hung peer vs ${base} ms baseline`);
   for (const r of await Promise.all(hungReqs)) {
     assert.equal(r.status, 400, JSON.stringify(r.json));
     assert.equal(r.json.error?.code, 'BAD_TRANSFER_PARAMS');
