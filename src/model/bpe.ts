@@ -166,39 +166,29 @@ export class BytePairEncoder {
     return size + 1;
   }
 
-  /** Remove the minimum (heap[0]); returns the new size. */
-  private pop(size: number): number {
+  /** Move `v` down from slot `i` of a heap of `size` keys until both children are not smaller. */
+  private siftDown(i: number, v: number, size: number): void {
     const h = this.heap;
-    const last = h[size - 1] as number;
-    const n = size - 1;
-    let i = 0;
     for (;;) {
       const l = 2 * i + 1;
-      if (l >= n) break;
-      const c = l + 1 < n && (h[l + 1] as number) < (h[l] as number) ? l + 1 : l;
-      if ((h[c] as number) >= last) break;
+      if (l >= size) break;
+      const c = l + 1 < size && (h[l + 1] as number) < (h[l] as number) ? l + 1 : l;
+      if ((h[c] as number) >= v) break;
       h[i] = h[c] as number;
       i = c;
     }
-    if (n > 0) h[i] = last;
+    h[i] = v;
+  }
+
+  /** Remove the minimum (heap[0]); returns the new size. */
+  private pop(size: number): number {
+    const n = size - 1;
+    if (n > 0) this.siftDown(0, this.heap[n] as number, n);
     return n;
   }
 
   private heapify(size: number): number {
-    const h = this.heap;
-    for (let start = (size >> 1) - 1; start >= 0; start--) {
-      const v = h[start] as number;
-      let i = start;
-      for (;;) {
-        const l = 2 * i + 1;
-        if (l >= size) break;
-        const c = l + 1 < size && (h[l + 1] as number) < (h[l] as number) ? l + 1 : l;
-        if ((h[c] as number) >= v) break;
-        h[i] = h[c] as number;
-        i = c;
-      }
-      h[i] = v;
-    }
+    for (let start = (size >> 1) - 1; start >= 0; start--) this.siftDown(start, this.heap[start] as number, size);
     return size;
   }
 
