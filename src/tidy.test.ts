@@ -5,6 +5,8 @@
  *   everything else.
  * - Layering: a folder imports only from folders below it (DESIGN.md §2).
  * - Size: no source file over 500 lines.
+ * - Error discipline: no catch in production code swallows an AssertionFailure (CONVENTIONS.md §4):
+ *   each one re-throws what it does not own, or says why not in a `// catch-ok:` comment.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -65,6 +67,45 @@ export function layerViolations(file: string, text: string): string[] {
   return out;
 }
 
+/** Tests, their kits and the conformance suites may catch anything; production code may not. */
+function isProduction(file: string): boolean {
+  return !/\.test\.ts$|_testkit\.ts$|(^|\/)conformance[^/]*\.ts$/.test(file);
+}
+
+/** How far below a catch its re-throw must start: the first lines of the block, where a reader looks. */
+const CATCH_WINDOW_LINES = 4;
+
+/**
+ * Every `catch (e)`, `catch {` and `.catch(` in a production file, unless it re-throws what it does not
+ * own within its first lines — `throw e;` (also after a narrowing `if (!isHandoffError(e))`),
+ * `rethrowIfAssertion(e)`, `reject(e)`, `toHandoffError(e)` (re-throws AssertionFailure), or
+ * `throw new AssertionFailure` — or carries a `// catch-ok: <why>` comment on its line or the line above.
+ * A catch that binds nothing (`catch {`, `.catch(() => …)`) cannot re-throw, so it needs the comment.
+ */
+export function catchViolations(file: string, text: string): string[] {
+  if (!isProduction(file)) return [];
+  const lines = text.split('\n');
+  const out: string[] = [];
+  lines.forEach((line, i) => {
+    const code = line.replace(/^\s*(\/\/|\*|\/\*).*$/, '').replace(/\s\/\/.*$/, '');
+    const m = /\bcatch\s*\((\w+)|\.catch\(\s*(?:async\s+)?(?:\(\s*(\w+)[^)]*\)|(\w+))\s*=>|\bcatch\s*[({]/.exec(code);
+    if (m === null) return;
+    if (line.includes('catch-ok:') || (lines[i - 1] ?? '').includes('catch-ok:')) return;
+    const v = m[1] ?? m[2] ?? m[3];
+    if (v !== undefined) {
+      const block = lines.slice(i, i + 1 + CATCH_WINDOW_LINES).join('\n');
+      const rethrows = [
+        new RegExp(`\\bthrow ${v};`),
+        new RegExp(`\\b(rethrowIfAssertion|reject|toHandoffError)\\(${v}\\b`),
+        /\bthrow new AssertionFailure\b/,
+      ];
+      if (rethrows.some((re) => re.test(block))) return;
+    }
+    out.push(`${file}:${i + 1}: ${line.trim()}`);
+  });
+  return out;
+}
+
 test('tidy: the rule checkers themselves catch what they must (a checker that cannot fail proves nothing)', () => {
   assert.equal(determinismViolations('kv/x.ts', 'const t = Date.now();').length, 1);
   assert.equal(determinismViolations('kv/x.ts', '// Date.now() in a comment').length, 0);
@@ -73,6 +114,20 @@ test('tidy: the rule checkers themselves catch what they must (a checker that ca
   assert.equal(determinismViolations('serve/tokenizer_threads.ts', 'const w = new Worker(url);').length, 0);
   assert.equal(layerViolations('kv/x.ts', "import { a } from '../engine/scheduler.ts';").length, 1);
   assert.equal(layerViolations('engine/x.ts', "import { a } from '../kv/block_pool.ts';").length, 0);
+  assert.deepEqual(catchViolations('serve/x.ts', 'try {\n  f();\n} catch (e) {\n  log(e);\n}'), ['serve/x.ts:3: } catch (e) {']);
+  assert.equal(catchViolations('serve/x.ts', '} catch (e) {\n  rethrowIfAssertion(e);\n  log(e);').length, 0);
+  assert.equal(catchViolations('serve/x.ts', '} catch (err) {\n  if (!isHandoffError(err)) throw err;').length, 0);
+  assert.equal(catchViolations('serve/x.ts', '} catch (e) {\n  throw e instanceof HandoffError ? e : wrap(e);').length, 1);
+  assert.equal(catchViolations('serve/x.ts', '} catch {\n  throw e;').length, 1);
+  assert.equal(catchViolations('serve/x.ts', 'p.catch(() => undefined);').length, 1);
+  assert.equal(catchViolations('serve/x.ts', 'p.catch((e: unknown) => rethrowIfAssertion(e));').length, 0);
+  assert.equal(catchViolations('serve/x.ts', 'p.catch(async (e: unknown) => {\n  await close();\n  throw e;\n});').length, 0);
+  assert.equal(catchViolations('serve/x.ts', 'p.catch(onError);').length, 1);
+  assert.equal(catchViolations('serve/x.ts', 'p.catch((e: unknown) => {\n  log(e);\n});').length, 1);
+  assert.equal(catchViolations('serve/x.ts', '// catch-ok: the top-level handler\n} catch (e) {\n  log(e);').length, 0);
+  assert.equal(catchViolations('serve/x.ts', '// a catch (e) in a comment is no catch').length, 0);
+  assert.equal(catchViolations('serve/x.test.ts', '} catch (e) {\n  log(e);').length, 0);
+  assert.equal(catchViolations('transfer/conformance.ts', '} catch (e) {\n  log(e);').length, 0);
 });
 
 test('tidy: no clock, timer, thread or Math.random outside env.ts and the real backends', () => {
@@ -83,6 +138,11 @@ test('tidy: no clock, timer, thread or Math.random outside env.ts and the real b
 test('tidy: imports go down the layers of DESIGN.md §2 only', () => {
   const bad = files.flatMap((f) => layerViolations(f, readFileSync(join(SRC, f), 'utf8')));
   assert.deepEqual(bad, []);
+});
+
+test('tidy: no production catch swallows an AssertionFailure (re-throw it, or say why in // catch-ok:)', () => {
+  const bad = sources.flatMap((f) => catchViolations(f, readFileSync(join(SRC, f), 'utf8')));
+  assert.deepEqual(bad, [], `catches that may swallow an AssertionFailure:\n${bad.join('\n')}`);
 });
 
 test('tidy: no source file over 500 lines', () => {

@@ -75,6 +75,7 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
       let ready: Record<string, unknown>;
       try {
         ready = JSON.parse(out.slice(0, nl)) as Record<string, unknown>;
+      // catch-ok: only JSON.parse runs in the try: a child that printed something else failed to start
       } catch {
         fail(`printed '${out.slice(0, nl)}' instead of its JSON ready line`);
         return;

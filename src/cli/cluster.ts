@@ -3,6 +3,7 @@
  * ports (tcp transport), and the proxy in this process. `handoff up` and `handoff bench serve` use it.
  */
 import net from 'node:net';
+import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -90,7 +91,7 @@ export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<Lo
     const d = decode as ChildServer;
     const proxy = new Proxy({ ...DEFAULT_PROXY_OPTIONS, prefillUrls: [p.url], decodeUrls: [d.url], mode: o.mode, policy: o.policy ?? 'round-robin', apiKey: o.apiKey ?? null }, env, o.log);
     const port = await proxy.listen(o.proxyPort, o.host).catch(async (e: unknown) => {
-      await proxy.close().catch(() => undefined);
+      await proxy.close().catch((c: unknown) => rethrowIfAssertion(c));
       throw e;
     });
     const proxyUrl = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`;

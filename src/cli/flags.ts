@@ -60,6 +60,7 @@ export function urlListFlag(name: string, v: unknown): string[] {
     let parsed: URL;
     try {
       parsed = new URL(u);
+    // catch-ok: only new URL runs in the try: its TypeError means the flag is not a URL
     } catch {
       throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not a URL`);
     }

@@ -37,6 +37,7 @@ export async function runCommand(program: Command, argv: string[]): Promise<numb
   try {
     await program.parseAsync(argv);
     return 0;
+  // catch-ok: the top-level handler: prints the error (the stack for a bug) and exits 1
   } catch (e) {
     process.stderr.write(failureMessage(e));
     return 1;

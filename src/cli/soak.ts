@@ -6,6 +6,7 @@
  * mismatch, leak or race.
  */
 import type { Command } from 'commander';
+import { rethrowIfAssertion } from '../util/assert.ts';
 import { RealEnv, SeededRng, type Env } from '../util/env.ts';
 import { createLogger } from '../util/log.ts';
 import { spawnHandoff } from './children.ts';
@@ -92,6 +93,7 @@ export async function runSoak(
             firstProblem ??= `request ${requests}: P/D tokens ${pd.slice(0, 6).join(',')}… differ from colocated ${ref.slice(0, 6).join(',')}…`;
           }
         } catch (e) {
+          rethrowIfAssertion(e);
           errors++;
           firstProblem ??= `request ${requests}: ${(e as Error).message}`;
         }

@@ -72,6 +72,7 @@ export function parseKvTransferConfig(raw: unknown): ParsedTransferConfig {
     try {
       value = JSON.parse(raw);
     } catch (e) {
+      if (!(e instanceof SyntaxError)) throw e;
       throw new HandoffError('BAD_CONFIG', `--kv-transfer-config is not valid JSON: ${(e as Error).message}`);
     }
   }

@@ -10,7 +10,7 @@
  * WRITE: the consumer grants its destination pages and notifies the producer (`remote_blocks`); the
  * producer pushes once its pages are final and notifies `write_done` after the destination acknowledged.
  */
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -325,6 +325,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       await this.transfer.wait([h], this.config.transferTimeoutMs);
       await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
     } catch (e) {
+      rethrowIfAssertion(e);
       this.log?.warn({ transferId: save.transferId, err: String(e) }, 'KV WRITE failed; decode will time out and recompute');
     }
   }
@@ -332,7 +333,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** The runner's hook after the forward: what finished sending/receiving, and loads that failed. */
   async postForward(_so: SchedulerOutput): Promise<KVConnectorOutput> {
     for (const late of this.lateReads.splice(0)) {
-      await this.transfer.wait([late.handle], this.config.transferTimeoutMs).catch(() => undefined);
+      await this.transfer.wait([late.handle], this.config.transferTimeoutMs).catch((e: unknown) => rethrowIfAssertion(e));
       this.release(late.r);
     }
     this.startReadySaves();

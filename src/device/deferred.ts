@@ -10,6 +10,7 @@ export class Deferred<T> {
       this.resolveFn = res;
       this.rejectFn = rej;
     });
+    // catch-ok: only marks the rejection handled; `promise` still rejects for whoever awaits it
     this.promise.catch(() => {});
   }
 

@@ -48,6 +48,7 @@ export function eventSource(ev: DeviceEvent): EventSource {
   const own = sources.get(ev);
   if (own !== undefined) return own;
   const reached = ev.wait();
+  // catch-ok: only marks the rejection handled; `reached` still rejects for whoever awaits it
   reached.catch(() => {});
   return { reached, isReached: () => ev.query() };
 }

@@ -79,6 +79,7 @@ export class SimDevice implements Device {
     this.compute = new SimStream('compute', ctx, () => this.queueAutoRun());
     this.streams.push(this.compute);
     this.kernelsLoaded = this.loadKernels(opts);
+    // catch-ok: only marks the rejection handled; every kernel op then fails its ticket with kernelLoadError
     this.kernelsLoaded.catch(() => {});
   }
 
@@ -121,6 +122,7 @@ export class SimDevice implements Device {
         try {
           if (this.kernels === null) throw this.kernelLoadError;
           item.result.resolve(findKernel(this.kernels, op.name)(op.args, this.slabs));
+        // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA error), the stream goes on
         } catch (err) {
           // A failing kernel rejects only its own ticket; the stream goes on.
           item.result.reject(new HandoffError('INTERNAL', kernelFailure(op.name, err), { kernel: op.name }));

@@ -46,6 +46,7 @@ export class ThreadedStream extends StreamBase {
     const timed = this.timeline?.record(seq, id, this.checkerOpId(), this.name, sub) === true;
     try {
       this.send(timed ? { t: 'op', seq, op: sub.op, timed: true } : { t: 'op', seq, op: sub.op });
+    // catch-ok: only postMessage runs in the try; a DataCloneError is turned into the AssertionFailure it is
     } catch (err) {
       // Kernel args must be plain data; anything else is a programmer error, not an op failure.
       throw new AssertionFailure(`op '${sub.label.what}' cannot be sent to the compute thread: ${(err as Error).message}`);

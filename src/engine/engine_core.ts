@@ -8,7 +8,7 @@
  * The loop sleeps when there is nothing to do and wakes on a new request or abort; while the connector
  * holds pages for a peer it keeps taking (empty) steps at `idlePollMs` so releases and leases are seen.
  */
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -67,6 +67,7 @@ export class EngineCore {
   start(): void {
     if (this.running) return;
     this.running = true;
+    // catch-ok: reports the crash to every listener, then re-throws it (the rejection crashes the process)
     this.loopDone = this.loop().catch((e: unknown) => {
       this.fatal = e instanceof Error ? e : new Error(String(e));
       this.log?.fatal({ err: this.fatal }, 'engine loop crashed');
@@ -82,7 +83,7 @@ export class EngineCore {
   async stop(): Promise<void> {
     this.stopped = true;
     this.kick();
-    await this.loopDone.catch(() => undefined);
+    await this.loopDone.catch((e: unknown) => rethrowIfAssertion(e));
   }
 
   get crashed(): Error | null {
@@ -148,6 +149,7 @@ export class EngineCore {
     try {
       l(o);
     } catch (e) {
+      rethrowIfAssertion(e);
       this.log?.error({ err: e, requestId: o.requestId }, 'output listener threw');
     }
   }

@@ -5,6 +5,7 @@
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 
@@ -28,6 +29,7 @@ export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYT
   try {
     value = JSON.parse(text);
   } catch (e) {
+    if (!(e instanceof SyntaxError)) throw e;
     throw new HandoffError('BAD_REQUEST', `request body is not valid JSON: ${(e as Error).message}`);
   }
   if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new HandoffError('BAD_REQUEST', 'request body must be a JSON object');
@@ -47,14 +49,22 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
   res.end(text);
 }
 
-/** Any thrown value → OpenAI error JSON. Non-HandoffErrors are bugs: logged, answered as INTERNAL. */
+/**
+ * Any thrown value → OpenAI error JSON. Non-HandoffErrors are bugs: logged, answered as INTERNAL; an
+ * AssertionFailure is re-thrown (see toHandoffError).
+ */
 export function sendError(res: ServerResponse, e: unknown, log?: Logger, headers: Record<string, string> = {}): void {
   const err = toHandoffError(e, log);
   sendJson(res, err.httpStatus, err.toJSON(), headers);
 }
 
+/**
+ * A HandoffError as it is; any other Error as INTERNAL (logged). An AssertionFailure is re-thrown: a
+ * programmer error inside a request handler crashes the process instead of hiding behind a 500.
+ */
 export function toHandoffError(e: unknown, log?: Logger): HandoffError {
   if (isHandoffError(e)) return e;
+  rethrowIfAssertion(e);
   log?.error({ err: e }, 'unexpected error while serving a request');
   return new HandoffError('INTERNAL', `internal error: ${e instanceof Error ? e.message : String(e)}`);
 }

@@ -77,6 +77,7 @@ export function resolveTransferConfig(role: ServeRole, raw: string | Record<stri
     try {
       obj = JSON.parse(raw);
     } catch (e) {
+      if (!(e instanceof SyntaxError)) throw e;
       throw new HandoffError('BAD_CONFIG', `--kv-transfer-config is not valid JSON: ${(e as Error).message}`);
     }
   }

@@ -12,6 +12,9 @@ import { RealEnv } from '../util/env.ts';
 import { encode } from '../model/tokenizer.ts';
 import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance } from './instance.ts';
 import { SseParser } from './sse.ts';
+import { toHandoffError } from './http_io.ts';
+import { AssertionFailure } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
 
 let inst: Instance;
 let keyed: Instance;
@@ -242,4 +245,15 @@ test('/metrics: Prometheus text with the engine gauges, latency histograms and c
   const ttftCount = /^handoff_time_to_first_token_seconds_count\{[^}]*\} (\d+)$/m.exec(text);
   assert.ok(Number(ttftCount?.[1]) > 0);
   assert.equal((await fetch(`${inst.url}/health`)).status, 200);
+});
+
+test('toHandoffError: an AssertionFailure in a request path is re-thrown (the bug crashes), other errors still map to INTERNAL', () => {
+  const bug = new AssertionFailure('a page freed twice');
+  assert.throws(() => toHandoffError(bug), (e: unknown) => e === bug);
+  const internal = toHandoffError(new TypeError('x is undefined'));
+  assert.equal(internal.code, 'INTERNAL');
+  assert.equal(internal.httpStatus, 500);
+  assert.match(internal.message, /x is undefined/);
+  const operating = new HandoffError('PEER_UNAVAILABLE', 'decode is gone');
+  assert.equal(toHandoffError(operating), operating);
 });

@@ -5,7 +5,7 @@
  * streamed token − send; ITL = gaps between streamed tokens. Reported: p50/p99 of both, output tokens
  * per second over the whole run, and the number of failed requests.
  */
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import { SeededRng, type Env } from '../util/env.ts';
 import { EOS_TOKEN_ID } from '../model/tokenizer.ts';
 import { SseParser } from './sse.ts';
@@ -135,6 +135,7 @@ export async function timedCompletion(env: Env, spec: LoadSpec, prompt: number[]
     outcome.ok = outcome.ttftMs !== null;
     if (!outcome.ok) outcome.error = 'no token streamed';
   } catch (e) {
+    rethrowIfAssertion(e);
     outcome.error = ac.signal.aborted ? `timed out after ${spec.timeoutMs} ms` : (e as Error).message;
   } finally {
     timer.cancel();

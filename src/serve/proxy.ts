@@ -15,6 +15,7 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
@@ -134,6 +135,7 @@ export class Proxy {
       if (why) return this.down(pool, m, why);
       pool.markUp(m, info ?? undefined);
     } catch (e) {
+      rethrowIfAssertion(e);
       this.down(pool, m, e instanceof Error ? e.message : String(e));
     }
   }
@@ -233,6 +235,7 @@ export class Proxy {
       try {
         await this.decodeCall(d, path, decodeBody, headers, dAbort.signal, res);
       } catch (e) {
+        rethrowIfAssertion(e);
         if (!failed.prefill) pAbort.abort();
         await pre;
         throw client.signal.aborted ? e : (failed.prefill ?? e);
@@ -302,6 +305,7 @@ async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Pro
     }
     res.end();
   } catch (e) {
+    rethrowIfAssertion(e);
     if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
     // The decode instance died mid-response: say so in the stream's own format, then end it.
     const err = new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);

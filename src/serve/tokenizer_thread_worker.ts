@@ -4,7 +4,7 @@
  * only; the thread goes on.
  */
 import { parentPort } from 'node:worker_threads';
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import { encode } from '../model/tokenizer.ts';
 import type { FromTokenizerThread, ToTokenizerThread } from './tokenizer_threads.ts';
 
@@ -17,6 +17,7 @@ port.on('message', (m: ToTokenizerThread) => {
     const reply: FromTokenizerThread = { id: m.id, ids };
     port.postMessage(reply, [ids.buffer]);
   } catch (e) {
+    rethrowIfAssertion(e);
     const reply: FromTokenizerThread = { id: m.id, error: e instanceof Error ? e.message : String(e) };
     port.postMessage(reply);
   }

@@ -4,6 +4,7 @@
  * instance cannot be reached, TIMEOUT when it does not answer in time, and an upstream error response
  * becomes the instance's own error (code and message) with the instance's HTTP status.
  */
+import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, handoffErrorFromJSON } from '../util/errors.ts';
 
@@ -48,10 +49,12 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
       response,
       done: () => {
         cleanup();
+        // catch-ok: cancelling a body nobody reads; a failure (the socket already gone) changes nothing
         if (!response.bodyUsed) void response.body?.cancel().catch(() => undefined);
       },
     };
   } catch (e) {
+    rethrowIfAssertion(e);
     cleanup();
     if (timedOut) throw new HandoffError('TIMEOUT', `${call.url} did not answer within ${call.timeoutMs} ms`);
     if (call.signal?.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
@@ -62,10 +65,12 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
 
 /** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
 export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
+  // catch-ok: the body of an error response is only decoration for the message; a failed read leaves it empty
   const text = await r.text().catch(() => '');
   let parsed: unknown = null;
   try {
     parsed = JSON.parse(text);
+  // catch-ok: only JSON.parse runs in the try: a body that is not JSON keeps the fallback message
   } catch {
     parsed = null;
   }

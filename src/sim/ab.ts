@@ -10,7 +10,7 @@
  * instance's timeline (real_trace.ts): compute ops timed in the compute thread, NIC work requests,
  * requests, and the racing pairs highlighted.
  */
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { isHandoffError } from '../util/errors.ts';
 import type { RaceChecker } from '../device/race_checker.ts';
@@ -150,6 +150,7 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
             if (!sameRun(r, reference[i] as GenerateResult)) outcome = 'mismatch';
             return r;
           } catch (e) {
+            rethrowIfAssertion(e);
             errors++;
             outcome = `failed ${isHandoffError(e) ? e.code : 'untyped'}`;
             return null;

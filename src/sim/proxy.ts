@@ -5,6 +5,7 @@
  * Each request ends exactly once: success (tokens + logits hashes), or a typed failure. A prefill
  * that died fails the requests it held with PEER_UNAVAILABLE, like a dropped connection.
  */
+import { rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { EngineOutput } from '../engine/output.ts';
 import type { SamplingParamsData } from '../worker/scheduler_output.ts';
@@ -120,6 +121,7 @@ export class SimProxy {
         done({ ok: true, tokenIds: tokens, logitsHashes: hashes, nanLogits: nan, finishReason: o.finishReason, errorCode: null, errorMessage: null, numExternalTokens: o.numExternalTokens });
       });
     } catch (e) {
+      rethrowIfAssertion(e);
       done(failure(isHandoffError(e) ? e.code : null, String(e)));
     }
   }

@@ -297,6 +297,7 @@ export class SimWorld {
       for (let i = 0; i < c.key.length; i++) this.hash = Math.imul(this.hash ^ c.key.charCodeAt(i), 0x01000193) >>> 0;
       try {
         c.apply();
+      // catch-ok: the simulator's crash oracle: a throw (an assertion above all) becomes a 'crash' violation that fails the run with its seed
       } catch (e) {
         this.violate('crash', `applying ${c.key} threw: ${e instanceof AssertionFailure ? 'assertion failed: ' : ''}${(e as Error).message}`);
       }

@@ -163,6 +163,7 @@ class Reader {
     this.pos += n;
     try {
       return utf8Strict.decode(s);
+    // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
     } catch {
       throw new FrameError('string is not valid utf-8');
     }
@@ -274,11 +275,13 @@ function parseControl(type: number, body: Uint8Array, limits: FrameLimits): Cont
       let text: string;
       try {
         text = utf8Strict.decode(body);
+      // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
       } catch {
         throw new FrameError('side frame is not valid utf-8');
       }
       try {
         return { type: 'side', body: JSON.parse(text) as unknown };
+      // catch-ok: only JSON.parse runs in the try: its SyntaxError means bad JSON
       } catch {
         throw new FrameError('side frame is not valid JSON');
       }

@@ -3,7 +3,7 @@
  * waiting on a set of handles with one timeout (first failure wins; all done resolves; the timeout names
  * the transfers still pending and uses KV_READ_TIMEOUT when a READ is among them).
  */
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import { isTokenFormat, type ReleaseOutcome } from './grant_table.ts';
@@ -132,6 +132,7 @@ export function dispatchNotification(
     try {
       h(fromEngineId, n);
     } catch (e) {
+      rethrowIfAssertion(e);
       onHandlerError(e);
     }
   }

@@ -14,7 +14,7 @@
 import { checkLocalRanges, dispatchNotification, workRequestProblem } from './handle_wait.ts';
 import { timingSafeEqual } from 'node:crypto';
 import type { RaceCheckerLike } from '../device/types.ts';
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import { createLogger } from '../util/log.ts';
@@ -294,6 +294,7 @@ export class SimTransferEngine implements TransferEngine {
       await this.withTimeout(ack, this.opts.notifyTimeoutMs ?? 5000, 'TIMEOUT', `${n.type} notification to ${peerEngineId}`);
       this.counters.notificationsSent++;
     } catch (e) {
+      rethrowIfAssertion(e);
       this.counters.notificationsFailed++;
       throw e instanceof HandoffError ? e : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
     }

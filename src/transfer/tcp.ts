@@ -8,7 +8,7 @@
  * handshake (and hence through the shared secret, when one is set).
  */
 import net from 'node:net';
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import { compatibilityProblem } from './metadata.ts';
@@ -57,6 +57,7 @@ export class TcpTransferEngine extends TransferEngineCore {
         engine.server.listen(opts.port ?? 0, host, () => resolve((engine.server.address() as net.AddressInfo).port));
       });
     } catch (e) {
+      rethrowIfAssertion(e);
       await nic.close();
       throw listenFailed(e, host, opts.port ?? 0, 'KV side-channel');
     }

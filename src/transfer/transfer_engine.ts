@@ -9,7 +9,7 @@
  */
 import type { RaceCheckerLike } from '../device/types.ts';
 import { checkLocalRanges, dispatchNotification, settleHandle, waitForHandles, workRequestProblem } from './handle_wait.ts';
-import { assert } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts';
 import { createLogger, type Logger } from '../util/log.ts';
@@ -319,6 +319,7 @@ export abstract class TransferEngineCore implements TransferEngine {
       }
       this.counters.notificationsSent++;
     } catch (e) {
+      rethrowIfAssertion(e);
       this.counters.notificationsFailed++;
       throw isHandoffError(e) ? e : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
     }

@@ -21,3 +21,11 @@ export function defined<T>(value: T | undefined | null, what: string): T {
 export function unreachable(value: never, what = 'value'): never {
   throw new AssertionFailure(`unreachable: unexpected ${what} ${JSON.stringify(value)}`);
 }
+
+/**
+ * First line of a catch that handles operating errors: a programmer error passes through untouched, so
+ * it still crashes instead of becoming a warning, a per-request error or an HTTP 500.
+ */
+export function rethrowIfAssertion(e: unknown): void {
+  if (e instanceof AssertionFailure) throw e;
+}

@@ -62,6 +62,7 @@ export function prettyLine(line: string, opts: { color: boolean }): string {
   let rec: Record<string, unknown>;
   try {
     rec = JSON.parse(line) as Record<string, unknown>;
+  // catch-ok: only JSON.parse runs in the try: a line that is not JSON is printed as it is
   } catch {
     return line.endsWith('\n') ? line : `${line}\n`;
   }

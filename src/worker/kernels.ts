@@ -49,6 +49,7 @@ export function createStepKernel(forward: (args: ForwardArgs, slabs: Uint8Array[
         const o = out[0];
         if (o.tokenId !== null) lastSampled.set(o.requestId, o.tokenId);
         outputs.push(o);
+      // catch-ok: deliberate: a device error for one sequence (its assertions included) is reported on that sequence, not crashed; the step goes on for the others
       } catch (e) {
         failed.add(r.requestId);
         lastSampled.delete(r.requestId);
