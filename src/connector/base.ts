@@ -7,6 +7,7 @@
  * `delayFree: true`, which lends the request's pages to the connector until the request id comes back
  * in some step's `finishedSending`; only then are they freed.
  */
+import type { KVConnectorMetadata } from '../worker/connector_metadata.ts';
 import type { KVConnectorOutput, SchedulerOutput } from '../worker/scheduler_output.ts';
 import type { KVTransferParams } from './params.ts';
 
@@ -31,16 +32,30 @@ export interface FinishedHandoff {
   kvTransferParams: Record<string, unknown> | null;
 }
 
+/**
+ * vLLM's scheduler-side methods in camelCase (get_num_new_matched_tokens, update_state_after_alloc,
+ * build_connector_meta, request_finished, update_connector_output), plus the three request hooks the
+ * engine calls before admission and the zeroing exclusion as its own step. Every method is required;
+ * NullConnector holds the defaults.
+ */
 export interface ConnectorScheduler {
   readonly name: string;
+  /** The prompt this instance computes for a request (a hybrid producer computes N-1 tokens). */
+  prefillPromptTokens(promptTokenIds: readonly number[], params: KVTransferParams | null): number[];
+  /** Check a request's transfer params before admission; throws a HandoffError, allocates nothing. */
+  validateRequest(req: ConnectorRequest): void;
+  /** A request refused or finished before it could load: give the producer its pages back; true if queued. */
+  releaseUnused(req: ConnectorRequest): boolean;
   getNumNewMatchedTokens(req: ConnectorRequest, numComputedTokens: number): MatchedTokens;
   /** Called after allocateSlots with every page of the request, per group. */
   updateStateAfterAlloc(req: ConnectorRequest, blockIds: number[][], numExternalTokens: number): void;
+  /** Called once per schedule(), after `newBlockIdsToZero` is final: this step's metadata (resets per-step state). */
+  buildConnectorMeta(out: Readonly<SchedulerOutput>): KVConnectorMetadata | null;
   /**
-   * Called once per schedule(), after `newBlockIdsToZero` is final. Returns this step's metadata and
-   * resets per-step state. May filter `out.newBlockIdsToZero` (synchronous READ destinations) and nothing else.
+   * The seed's fix, as its own step of schedule(): the zeroing list without the pages this step's
+   * metadata READs into (per `zeroExclusion`). Returns a new list; never changes the input.
    */
-  buildConnectorMeta(out: SchedulerOutput): unknown;
+  excludeReadDestinations(newBlockIdsToZero: number[] | null, meta: KVConnectorMetadata | null): number[] | null;
   /** The request finished; blockIds are its pages per group. */
   requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff;
   /** Runs every step before finished-sending pages are freed; may rewrite `finishedSending`. */
@@ -52,12 +67,22 @@ export interface ConnectorScheduler {
 /** Colocated serving: nothing is loaded, nothing is held. */
 export class NullConnector implements ConnectorScheduler {
   readonly name = 'null';
+  prefillPromptTokens(promptTokenIds: readonly number[]): number[] {
+    return [...promptTokenIds];
+  }
+  validateRequest(): void {}
+  releaseUnused(): boolean {
+    return false;
+  }
   getNumNewMatchedTokens(): MatchedTokens {
     return { numExternalTokens: 0, loadAsync: false };
   }
   updateStateAfterAlloc(): void {}
-  buildConnectorMeta(_out: SchedulerOutput): unknown {
+  buildConnectorMeta(_out: Readonly<SchedulerOutput>): KVConnectorMetadata | null {
     return null;
+  }
+  excludeReadDestinations(newBlockIdsToZero: number[] | null): number[] | null {
+    return newBlockIdsToZero;
   }
   requestFinished(): FinishedHandoff {
     return { delayFree: false, kvTransferParams: null };

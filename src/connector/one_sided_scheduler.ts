@@ -16,10 +16,11 @@ import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } fr
 import { alignReadBlocks, cdiv } from './alignment.ts';
 import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
 import type { OneSidedConfig } from './config.ts';
-import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type RecvReqMeta, type SaveReqMeta } from './metadata.ts';
+import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type RecvReqMeta, type SaveReqMeta } from '../worker/connector_metadata.ts';
 import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 import { excludeReadDestinations } from './zero_exclusion.ts';
 import type { PeerDirectory } from './peer_directory.ts';
+import { mutationsFor, type Mutations } from '../util/mutants.ts';
 
 /** What the scheduler side needs of the transfer engine (the producer grants its pages). */
 export interface GrantIssuer {
@@ -46,8 +47,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   readonly hasMamba: boolean;
   readonly blockSize: number;
   private reqsNeedRecv = new Map<string, RecvReqMeta>();
-  /** Mutant 'tail-not-zeroed' only: the destinations before alignment dropped the recompute tail. */
-  private readonly unalignedLocal = new Map<string, number[][]>();
+  /** This step's READ requests → the pages excluded from zeroing for them (their aligned destinations). */
+  private readonly zeroExcluded = new Map<string, number[][]>();
+  private readonly mutations: Mutations;
   private reqsNeedNotify = new Map<string, NotifyReqMeta>();
   private reqsNeedSave = new Map<string, SaveReqMeta>();
   private readonly held = new Map<string, Held>();
@@ -77,6 +79,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       throw new HandoffError('BAD_CONFIG', 'models with Mamba layers support READ mode only; set kv_connector_extra_config.read_mode=true');
     }
     if (this.isProducer) assert(grants !== null, 'a producer needs a grant issuer');
+    this.mutations = mutationsFor(config.mutant);
   }
 
   get isProducer(): boolean {
@@ -197,7 +200,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       // Nothing to load (full local hit): an empty READ still releases the producer's pages.
       aligned = { local: remote.map(() => []), remote: remote.map(() => []) };
     }
-    if (this.config.mutant === 'tail-not-zeroed') this.unalignedLocal.set(req.requestId, local);
+    this.zeroExcluded.set(req.requestId, this.mutations.zeroExcludedPages(aligned.local, local));
     this.stats.readRequests++;
     this.reqsNeedRecv.set(req.requestId, {
       ...base,
@@ -207,16 +210,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     });
   }
 
-  buildConnectorMeta(out: SchedulerOutput): OneSidedMetadata {
+  buildConnectorMeta(_out: Readonly<SchedulerOutput>): OneSidedMetadata {
     const meta = emptyOneSidedMetadata();
     meta.reqsToRecv = [...this.reqsNeedRecv.values()];
-    out.newBlockIdsToZero = excludeReadDestinations(
-      out.newBlockIdsToZero,
-      this.config.zeroExclusion,
-      { readMode: this.config.mode === 'read', hasMamba: this.hasMamba, numAttnGroups: this.numAttnGroups },
-      this.config.mutant === 'tail-not-zeroed' ? meta.reqsToRecv.map((r) => this.unalignedLocal.get(r.requestId) ?? r.localBlockIds) : meta.reqsToRecv.map((r) => r.localBlockIds),
-    );
-    this.unalignedLocal.clear();
     meta.reqsToNotify = [...this.reqsNeedNotify.values()];
     meta.reqsToSave = [...this.reqsNeedSave.values()];
     for (const [requestId, h] of this.held) meta.sendTransfers[h.transferId] = requestId;
@@ -228,6 +224,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     this.reqsNeedNotify = new Map();
     this.reqsNeedSave = new Map();
     return meta;
+  }
+
+  /** The seed's fix (zero_exclusion.ts) on this step's READ destinations; the input list is not changed. */
+  excludeReadDestinations(newBlockIdsToZero: number[] | null, meta: OneSidedMetadata | null): number[] | null {
+    const lists = (meta?.reqsToRecv ?? []).map((r) => this.zeroExcluded.get(r.requestId) ?? r.localBlockIds);
+    this.zeroExcluded.clear();
+    const cfg = { readMode: this.config.mode === 'read', hasMamba: this.hasMamba, numAttnGroups: this.numAttnGroups };
+    return excludeReadDestinations(newBlockIdsToZero === null ? null : [...newBlockIdsToZero], this.config.zeroExclusion, cfg, lists);
   }
 
   requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff {
@@ -271,8 +275,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     } else {
       this.reqsNeedSave.set(req.requestId, { requestId: req.requestId, transferId, localBlockIds: groups });
     }
-    // Mutant 'free-before-release': the pages go back to the pool while decode may still READ them.
-    return { delayFree: this.config.mutant !== 'free-before-release', kvTransferParams: params };
+    return { delayFree: this.mutations.holdPagesUntilRelease, kvTransferParams: params };
   }
 
   /**

@@ -22,8 +22,9 @@ import type { ConnectorWorkerHooks, LoadResult } from '../worker/hooks.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { alignReadBlocks } from './alignment.ts';
 import type { OneSidedConfig } from './config.ts';
-import type { NotifyReqMeta, OneSidedMetadata, RecvReqMeta, SaveReqMeta } from './metadata.ts';
+import type { NotifyReqMeta, OneSidedMetadata, RecvReqMeta, SaveReqMeta } from '../worker/connector_metadata.ts';
 import type { PeerDirectory } from './peer_directory.ts';
+import { mutationsFor, type Mutations } from '../util/mutants.ts';
 
 interface RemoteBlocks {
   fromEngineId: string;
@@ -49,6 +50,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** Mutant 'no-await-reads' only: READs observed after the forward. */
   private lateReads: Array<{ r: RecvReqMeta; handle: TransferHandle }> = [];
   private readonly unsubscribe: () => void;
+  private readonly mutations: Mutations;
   stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, writesPosted: 0, hostSyncWaits: 0 };
   /** Latency of each request's READs (post → landed, ms), drained by the metrics; bounded. */
   private readLatenciesMs: number[] = [];
@@ -66,6 +68,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     private readonly log?: Logger,
     private readonly onActivity?: () => void,
   ) {
+    this.mutations = mutationsFor(config.mutant);
     this.unsubscribe = transfer.onNotification((from, n) => {
       if (n.type === 'release') {
         this.released.add(n.transferId);
@@ -135,11 +138,11 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */
   async preForward(so: SchedulerOutput): Promise<LoadResult> {
-    const meta = so.kvConnectorMetadata as OneSidedMetadata | null;
+    const meta = so.kvConnectorMetadata;
     if (!meta) return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
     this.bindConnectorMetadata(meta);
     await this.startLoadKv(meta, so.step);
-    if (this.config.mutant === 'no-await-reads') {
+    if (!this.mutations.awaitReadsBeforeForward) {
       // Mutant: the forward is enqueued while the NIC may still be writing its pages.
       this.lateReads.push(...this.readsIssuedThisStep.flatMap((p) => (p.handle ? [{ r: p.r, handle: p.handle }] : [])));
       this.readsIssuedThisStep = [];
@@ -316,7 +319,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
         label: { what: 'kv-write', requestIds: [save.requestId] },
         footprint: footprint.map((f) => ({ ...f, write: false })),
       });
-      if (this.config.mutant === 'write-done-early') {
+      if (!this.mutations.writeDoneAfterData) {
         // Mutant: completion announced before the destination has the data.
         await this.transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
         await this.transfer.wait([h], this.config.transferTimeoutMs);

@@ -8,7 +8,8 @@ import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
 import { makeKVCacheConfig, type KVCacheGroupSpec } from '../kv/spec.ts';
 import { presetKVGroups } from '../kv/presets.ts';
-import { makeEmptySchedulerOutput } from '../worker/scheduler_output.ts';
+import { makeEmptySchedulerOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
+import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler, type GrantIssuer } from './one_sided_scheduler.ts';
 import { excludeReadDestinations, ZERO_EXCLUSIONS, type ZeroExclusion } from './zero_exclusion.ts';
@@ -29,6 +30,13 @@ const noGrants: GrantIssuer = {
   issueGrant: () => assert.fail('a consumer issues no grants'),
   revokeGrant: () => assert.fail('a consumer revokes no grants'),
 };
+
+/** What schedule() does with a connector: build the step's metadata, then exclude its READ destinations. */
+function step(c: OneSidedConnectorScheduler, so: SchedulerOutput): OneSidedMetadata {
+  const meta = c.buildConnectorMeta(so);
+  so.newBlockIdsToZero = c.excludeReadDestinations(so.newBlockIdsToZero, meta);
+  return meta;
+}
 
 function consumer(groups: KVCacheGroupSpec[], zeroExclusion: ZeroExclusion, extra: Partial<OneSidedConfig> = {}): OneSidedConnectorScheduler {
   const cfg: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer', mode: 'read', zeroExclusion, ...extra };
@@ -75,7 +83,10 @@ for (const variant of ZERO_EXCLUSIONS) {
           const so = makeEmptySchedulerOutput(1);
           so.newBlockIdsToZero = zeroIds === null ? null : [...zeroIds];
           const before = JSON.parse(JSON.stringify({ ...so, newBlockIdsToZero: null }));
+          const untouched = JSON.stringify(so);
           const meta = c.buildConnectorMeta(so);
+          assert.equal(JSON.stringify(so), untouched, 'buildConnectorMeta changes nothing in the scheduler output');
+          so.newBlockIdsToZero = c.excludeReadDestinations(so.newBlockIdsToZero, meta);
           const recv = meta.reqsToRecv[0];
           assert.ok(recv, 'the request is in this step’s receive set');
           const expectedLocal = external > 0 ? (hasMamba ? [[100, 101], [202]] : [[100, 101]]) : hasMamba ? [[], []] : [[]];
@@ -86,7 +97,7 @@ for (const variant of ZERO_EXCLUSIONS) {
           // The receive set is per step: a second build leaves a new list alone.
           const so2 = makeEmptySchedulerOutput(2);
           so2.newBlockIdsToZero = [100, 101, 102];
-          assert.equal(c.buildConnectorMeta(so2).reqsToRecv.length, 0);
+          assert.equal(step(c, so2).reqsToRecv.length, 0);
           assert.deepEqual(so2.newBlockIdsToZero, [100, 101, 102]);
         });
       }
@@ -102,7 +113,7 @@ test('attention-only READ with two groups (fp8 MLA + f32 compressor): every grou
     c.updateStateAfterAlloc(req, [[100, 101, 102], [200, 201, 202]], 32);
     const so = makeEmptySchedulerOutput(1);
     so.newBlockIdsToZero = [100, 101, 102, 200, 201, 202];
-    c.buildConnectorMeta(so);
+    step(c, so);
     const want = variant === 'all-read-groups' ? [102, 202] : [100, 101, 102, 200, 201, 202];
     assert.deepEqual(so.newBlockIdsToZero, want, variant);
   }
@@ -121,7 +132,7 @@ test('gates: WRITE mode, an empty receive set and a producer leave the zero list
   w.updateStateAfterAlloc(req, [[100, 101, 102]], 33);
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [100, 101, 102];
-  const meta = w.buildConnectorMeta(so);
+  const meta = step(w, so);
   assert.deepEqual(so.newBlockIdsToZero, [100, 101, 102], 'WRITE destinations are exempted by the scheduler skip set, not the connector');
   assert.equal(meta.reqsToNotify.length, 1);
 });
@@ -140,7 +151,7 @@ test('READ after a local prefix hit: the hit pages are never READ destinations; 
   c.updateStateAfterAlloc(req, [[100, 101, 102], [200, 201, 202]], 23);
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [101, 102, 201, 202]; // hit pages 100/200 are not new, so not listed
-  const meta = c.buildConnectorMeta(so);
+  const meta = step(c, so);
   assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [[101, 102], [201, 202]]);
   assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [[11, 12], [21, 22]]);
   assert.deepEqual(so.newBlockIdsToZero, []);
@@ -154,7 +165,7 @@ test('READ after a local prefix hit with a lookahead tail: pages pair by positio
   c.updateStateAfterAlloc(req, [[1, 2, 15, 16], [4, 5, 17, 18]], 14); // decode: 47 tokens + 2 lookahead = 4 pages
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [15, 16, 17, 18];
-  const meta = c.buildConnectorMeta(so);
+  const meta = step(c, so);
   assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [[15], [17]]);
   assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [[32], [42]], 'page 2 receives remote page 2');
   assert.deepEqual(so.newBlockIdsToZero, [16, 18], 'the lookahead tail is zeroed');

@@ -25,11 +25,7 @@ import { Request } from './request.ts';
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
 
 export interface ConnectorPair {
-  scheduler: ConnectorScheduler & {
-    validateRequest?(req: Request): void;
-    releaseUnused?(req: Request): boolean;
-    prefillPromptTokens?(prompt: readonly number[], params: KVTransferParams | null): number[];
-  };
+  scheduler: ConnectorScheduler;
   worker: ConnectorWorkerHooks | null;
   close?(): Promise<void>;
 }
@@ -91,7 +87,7 @@ export class LLMEngine {
     const maxTokens = g.sampling.maxTokens;
     if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new HandoffError('BAD_REQUEST', 'max_tokens must be an integer >= 1');
     if (g.promptTokenIds.length === 0) throw new HandoffError('BAD_REQUEST', 'the prompt is empty');
-    const prompt = this.connector?.scheduler.prefillPromptTokens?.(g.promptTokenIds, params) ?? g.promptTokenIds;
+    const prompt = this.connector?.scheduler.prefillPromptTokens(g.promptTokenIds, params) ?? g.promptTokenIds;
     const req = new Request({
       requestId: g.requestId ?? `req-${hexId(this.env, 8)}`,
       promptTokenIds: prompt,
@@ -108,9 +104,9 @@ export class LLMEngine {
       arrivalMs: this.env.nowMs(),
     });
     try {
-      this.connector?.scheduler.validateRequest?.(req);
+      this.connector?.scheduler.validateRequest(req);
     } catch (e) {
-      if (this.connector?.scheduler.releaseUnused?.(req)) this.core.kick();
+      if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
       throw e;
     }
     return req;
@@ -124,7 +120,7 @@ export class LLMEngine {
       this.core.addRequest(req, onOutput);
     } catch (e) {
       // Refused after prefill answered (too long, out of pages...): give the producer its pages back now.
-      if (this.connector?.scheduler.releaseUnused?.(req)) this.core.kick();
+      if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
       throw e;
     }
     return req;

@@ -8,7 +8,8 @@
  *      connector.updateStateAfterAlloc; async loads park in WAITING_FOR_REMOTE_KVS and their
  *      destinations go to the per-step skip set;
  *   3. newBlockIdsToZero = takeNewBlockIds() − skip set (null when zeroing is not needed);
- *   4. connector.buildConnectorMeta(output) on the final list (READ destinations may be removed there);
+ *   4. connector.buildConnectorMeta(output), then connector.excludeReadDestinations: the seed's fix, a
+ *      visible step (this step's READ destinations leave the zero list);
  *   5. advance numComputedTokens and output placeholders (async scheduling: one step ahead).
  * updateFromOutput(): append sampled tokens, stop checks, load failures, finished sending/receiving,
  * and deferred frees behind the fence (free_fence.ts).
@@ -21,14 +22,9 @@ const CLIENT_FAULT_CODES = new Set(['GRANT_DENIED', 'BAD_TRANSFER_PARAMS', 'PEER
 import type { Env } from '../util/env.ts';
 import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
 import type { ConnectorScheduler } from '../connector/base.ts';
-import {
-  makeEmptySchedulerOutput,
-  type CachedRequestData,
-  type ModelRunnerOutput,
-  type NewRequestData,
-  type SchedulerOutput,
-} from '../worker/scheduler_output.ts';
+import { makeEmptySchedulerOutput, type CachedRequestData, type ModelRunnerOutput, type NewRequestData, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
+import { mutationsFor, type Mutations } from '../util/mutants.ts';
 import { checkRequestFits } from './request_validation.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
@@ -55,6 +51,7 @@ export class Scheduler {
   private readonly syncLoads = new Map<string, number>();
   private pendingOutputs: EngineOutput[] = [];
   stats = { preemptions: 0, pagesZeroListed: 0, pagesExcludedFromZeroing: 0, loadFailures: 0 };
+  private readonly mutations: Mutations;
 
   constructor(
     readonly config: SchedulerConfig,
@@ -64,6 +61,7 @@ export class Scheduler {
   ) {
     assert(config.maxNumSeqs >= 1 && config.maxNumBatchedTokens >= 1, 'scheduler limits must be positive');
     this.fence = new FreeFence((blocks) => this.kv.freeBlockIds(blocks));
+    this.mutations = mutationsFor(config.mutant);
   }
 
   addRequest(req: Request): void {
@@ -175,8 +173,9 @@ export class Scheduler {
     // 3. Zeroing list, once, after admissions.
     out.newBlockIdsToZero = this.takeNewBlockIdsToZero();
     const before = out.newBlockIdsToZero?.length ?? 0;
-    // 4. Connector metadata on the final list.
+    // 4. Connector metadata, then the zeroing exclusion of this step's READ destinations.
     out.kvConnectorMetadata = this.connector.buildConnectorMeta(out);
+    out.newBlockIdsToZero = this.connector.excludeReadDestinations(out.newBlockIdsToZero, out.kvConnectorMetadata);
     const after = out.newBlockIdsToZero?.length ?? 0;
     this.stats.pagesZeroListed += after;
     this.stats.pagesExcludedFromZeroing += before - after;
@@ -476,7 +475,7 @@ export class Scheduler {
     req.finishedKvTransferParams = handoff.kvTransferParams;
     const detached = this.kv.detach(req.requestId);
     if (handoff.delayFree) this.heldForSend.set(req.requestId, detached);
-    else if (status === 'FINISHED_ABORTED' && this.config.mutant === 'free-on-abort') this.kv.freeBlockIds(detached);
+    else if (status === 'FINISHED_ABORTED' && !this.mutations.deferFreeOnAbort) this.kv.freeBlockIds(detached);
     else this.fence.defer(detached);
     if (wasQueued) this.finishedSinceLast.push(req.requestId);
     this.requests.delete(req.requestId);

@@ -9,14 +9,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { NullConnector } from '../connector/base.ts';
-import type { SchedulerOutput } from '../worker/scheduler_output.ts';
 import { simDevice } from './devices.ts';
 import { LLMEngine, type EngineConfig, type GenerateRequest } from './llm_engine.ts';
 
 /** A colocated "connector" that drops the zero list: what a missing zeroing looks like. */
 class DropZeroing extends NullConnector {
-  override buildConnectorMeta(out: SchedulerOutput): unknown {
-    out.newBlockIdsToZero = null;
+  override excludeReadDestinations(): number[] | null {
     return null;
   }
 }

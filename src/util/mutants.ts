@@ -18,3 +18,42 @@ export type MutantName = keyof typeof MUTANTS;
 export function isMutantName(s: string): s is MutantName {
   return Object.prototype.hasOwnProperty.call(MUTANTS, s);
 }
+
+/**
+ * What each mutant changes, as behaviour at its site: the code asks `mutationsFor(config.mutant)` and
+ * never compares mutant names itself. The correct build is CORRECT_BEHAVIOUR; serving never sets a mutant.
+ */
+export interface Mutations {
+  /** READ consumer: the pages excluded from zeroing for one request (correct: the aligned READ destinations). */
+  zeroExcludedPages(alignedDestinations: number[][], allLocalPages: number[][]): number[][];
+  /** Producer: a finished request's pages stay out of the pool until the peer released them. */
+  readonly holdPagesUntilRelease: boolean;
+  /** Scheduler: an aborted request's pages go behind the free fence (a step in flight may still write them). */
+  readonly deferFreeOnAbort: boolean;
+  /** READ consumer: the forward is enqueued only after every READ of its step landed. */
+  readonly awaitReadsBeforeForward: boolean;
+  /** WRITE producer: write_done is announced only once the data is visible at the destination. */
+  readonly writeDoneAfterData: boolean;
+}
+
+export const CORRECT_BEHAVIOUR: Mutations = {
+  zeroExcludedPages: (aligned) => aligned,
+  holdPagesUntilRelease: true,
+  deferFreeOnAbort: true,
+  awaitReadsBeforeForward: true,
+  writeDoneAfterData: true,
+};
+
+const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
+  'zero-none': {}, // a zeroExclusion setting (connector config), not a code site
+  'zero-mamba-only': {},
+  'no-await-reads': { awaitReadsBeforeForward: false },
+  'free-before-release': { holdPagesUntilRelease: false },
+  'free-on-abort': { deferFreeOnAbort: false },
+  'tail-not-zeroed': { zeroExcludedPages: (_aligned, all) => all },
+  'write-done-early': { writeDoneAfterData: false },
+};
+
+export function mutationsFor(mutant: MutantName | undefined): Mutations {
+  return mutant === undefined ? CORRECT_BEHAVIOUR : { ...CORRECT_BEHAVIOUR, ...MUTATIONS[mutant] };
+}

@@ -5,6 +5,8 @@
  * (synchronous READ destinations, DESIGN.md §6), nothing else.
  */
 
+import type { KVConnectorMetadata } from './connector_metadata.ts';
+
 export interface SamplingParamsData {
   maxTokens: number;
   temperature: number;
@@ -58,7 +60,7 @@ export interface SchedulerOutput {
   /** Whether any scheduled request consumes KV loaded synchronously this step (a READ). */
   hasSyncKvLoads: boolean;
   /** The connector's per-step metadata (plain data), null without a connector. */
-  kvConnectorMetadata: unknown;
+  kvConnectorMetadata: KVConnectorMetadata | null;
 }
 
 export function makeEmptySchedulerOutput(step = 0): SchedulerOutput {

@@ -1,4 +1,8 @@
-/** Per-step connector metadata: plain data from the connector's scheduler side to its worker side. */
+/**
+ * Per-step connector metadata: plain data from the connector's scheduler side to its worker side (vLLM's
+ * KVConnectorMetadata). It lives with the runner, which carries it in SchedulerOutput, so both sides
+ * share one type instead of an `unknown` cast.
+ */
 
 /** READ consumer: pull these pages this step. Lists are per transfer group (attention groups, then Mamba). */
 export interface RecvReqMeta {
@@ -46,6 +50,9 @@ export interface OneSidedMetadata {
    */
   abortedRecvs: Array<{ requestId: string; transferId: string }>;
 }
+
+/** The metadata a step carries (one connector kind today). */
+export type KVConnectorMetadata = OneSidedMetadata;
 
 export function emptyOneSidedMetadata(): OneSidedMetadata {
   return { reqsToRecv: [], reqsToSave: [], reqsToNotify: [], sendTransfers: {}, expiredTransfers: [], abortedRecvs: [] };
