@@ -106,6 +106,7 @@ export class SimDevice implements Device {
     assert(stream !== undefined, `stream '${ready.stream}' missing`);
     const item = stream.takeHead(id);
     const op = item.sub.op;
+    let ok = true;
     switch (op.kind) {
       case 'zero':
         zeroPages(this.slabs, this.pageBytes, op.blockIds, op.slabs);
@@ -125,11 +126,14 @@ export class SimDevice implements Device {
         // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA error), the stream goes on
         } catch (err) {
           // A failing kernel rejects only its own ticket; the stream goes on.
+          ok = false;
           item.result.reject(new HandoffError('INTERNAL', kernelFailure(op.name, err), { kernel: op.name }));
         }
         break;
     }
     this.settle();
+    // The ticket's continuations run in a later microtask: observers hear of the op first.
+    stream.executed(id, ok);
   }
 
   /** Run ready ops, lowest id first, until none is ready. Returns how many ran. */

@@ -84,6 +84,11 @@ export class SimStream extends StreamBase {
     return item;
   }
 
+  /** The device executed op `id` (taken with takeHead): tell the observers. */
+  executed(id: number, ok: boolean): void {
+    this.notifyExecuted(id, ok);
+  }
+
   pending(): number {
     return this.queue.length - this.headIndex;
   }

@@ -4,6 +4,8 @@
  * (a worker thread for `threaded`, a local queue for `sim`).
  *
  * Enqueue never blocks: it validates, records, hands the item over, and returns.
+ *
+ * Observers (`observe`) hear of every op enqueued and executed; with none the cost is one null check.
  */
 import { assert } from '../util/assert.ts';
 import { Deferred } from './deferred.ts';
@@ -11,7 +13,7 @@ import { eventSource, makeDeviceEvent, type EventSource } from './device_event.t
 import { observed } from './observed_promise.ts';
 import { opFootprint, validateOp, type SlabGeometry } from './page_ops.ts';
 import type { RaceChecker } from './race_checker.ts';
-import type { DeviceEvent, OpSubmission, OpTicket, Stream } from './types.ts';
+import type { DeviceEvent, OpSubmission, OpTicket, Stream, StreamObserver } from './types.ts';
 
 /** What every stream of one device shares. */
 export interface StreamContext {
@@ -27,6 +29,8 @@ export const STREAM_PENDING_MAX = 65_536;
 
 export abstract class StreamBase implements Stream {
   protected closed = false;
+  /** Copy-on-write list; null when nobody observes. */
+  private observers: readonly StreamObserver[] | null = null;
 
   constructor(
     readonly name: string,
@@ -51,7 +55,22 @@ export abstract class StreamBase implements Stream {
     const done = observed(result.promise, () => {
       if (checker !== null && checkerOpId !== null) checker.hostWaitOp(checkerOpId);
     });
+    if (this.observers !== null) for (const o of this.observers) o.enqueued(sub, id);
     return { id, done };
+  }
+
+  observe(o: StreamObserver): () => void {
+    assert(!(this.observers ?? []).includes(o), `observer already watches stream '${this.name}'`);
+    this.observers = [...(this.observers ?? []), o];
+    return () => {
+      const rest = (this.observers ?? []).filter((x) => x !== o);
+      this.observers = rest.length === 0 ? null : rest;
+    };
+  }
+
+  /** The executor finished op `id`; call before settling its ticket. */
+  protected notifyExecuted(id: number, ok: boolean): void {
+    if (this.observers !== null) for (const o of this.observers) o.executed(id, ok);
   }
 
   recordEvent(): DeviceEvent {

@@ -21,7 +21,8 @@ import type { OpSubmission } from './types.ts';
 export class ThreadedStream extends StreamBase {
   private lastSeq = 0;
   private lastDoneSeq = 0;
-  private readonly tickets = new Map<number, Deferred<unknown>>();
+  /** Op tickets by seq (waits have none). */
+  private readonly tickets = new Map<number, { id: number; result: Deferred<unknown> }>();
   /** Recorded events not yet reached, in increasing `target` order. */
   private records: Array<{ target: number; reached: Deferred<void> }> = [];
   private readonly ownSources = new WeakSet<EventSource>();
@@ -42,7 +43,7 @@ export class ThreadedStream extends StreamBase {
 
   protected submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void {
     const seq = this.nextSeq();
-    this.tickets.set(seq, result);
+    this.tickets.set(seq, { id, result });
     const timed = this.timeline?.record(seq, id, this.checkerOpId(), this.name, sub) === true;
     try {
       this.send(timed ? { t: 'op', seq, op: sub.op, timed: true } : { t: 'op', seq, op: sub.op });
@@ -82,8 +83,9 @@ export class ThreadedStream extends StreamBase {
     if (msg.startMs !== undefined && msg.endMs !== undefined) this.timeline?.complete(msg.seq, msg.startMs, msg.endMs, msg.t === 'done');
     const ticket = this.tickets.get(msg.seq);
     this.tickets.delete(msg.seq);
-    if (msg.t === 'done') ticket?.resolve(msg.result);
-    else ticket?.reject(new HandoffError('INTERNAL', msg.message));
+    if (ticket !== undefined) this.notifyExecuted(ticket.id, msg.t === 'done');
+    if (msg.t === 'done') ticket?.result.resolve(msg.result);
+    else ticket?.result.reject(new HandoffError('INTERNAL', msg.message));
     let reachedCount = 0;
     while (reachedCount < this.records.length && (this.records[reachedCount]?.target ?? Infinity) <= msg.seq) {
       this.records[reachedCount]?.reached.resolve();
@@ -99,7 +101,7 @@ export class ThreadedStream extends StreamBase {
 
   fail(err: unknown): void {
     this.closed = true;
-    for (const t of this.tickets.values()) t.reject(err);
+    for (const t of this.tickets.values()) t.result.reject(err);
     this.tickets.clear();
     for (const r of this.records) r.reached.reject(err);
     this.records = [];

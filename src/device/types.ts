@@ -69,6 +69,23 @@ export interface Stream {
   recordEvent(): DeviceEvent;
   /** Later ops on this stream wait until `ev` is reached (a stream-side wait; the host goes on). */
   waitEvent(ev: DeviceEvent): void;
+  /** Report every op enqueued and executed from now on to `o` (observe, never change). Returns unsubscribe. */
+  observe(o: StreamObserver): () => void;
+}
+
+/**
+ * Watches a stream's ops (oracles: the page lifecycle). Called synchronously by the stream, so an
+ * observer must not enqueue, wait, or throw anything but an AssertionFailure.
+ */
+export interface StreamObserver {
+  /** Op `opId` was validated and queued (called before enqueue returns; it cannot have executed yet). */
+  enqueued(sub: OpSubmission, opId: number): void;
+  /**
+   * Op `opId` has executed (`ok` false: it failed, e.g. a kernel error), reported before its ticket's
+   * continuations run. On the threaded device this is when the host learns it, not when the thread ran it.
+   * An op dropped by a closing stream never executes and is not reported.
+   */
+  executed(opId: number, ok: boolean): void;
 }
 
 /**

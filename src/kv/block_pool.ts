@@ -10,6 +10,9 @@
  *
  * Invariants (checked by verify()): a block is in the free queue iff refCnt == 0 and it is not the
  * null block; refCnt >= 0; a block with a hash is in the map under that hash and vice versa.
+ *
+ * Observers (`observe`, for oracles) hear of pages leaving and re-entering the free queue; with none
+ * the cost is one null check per call.
  */
 import { assert } from '../util/assert.ts';
 import type { BlockHash } from './block_hash.ts';
@@ -85,11 +88,23 @@ class FreeBlockQueue {
   }
 }
 
+/** Watches pages move between the free queue and their owners. Called synchronously, after the change. */
+export interface BlockPoolObserver {
+  /** Popped by getNewBlocks: they hold their previous owner's bytes. */
+  allocated(blockIds: readonly number[]): void;
+  /** Free pages taken back by a prefix hit (touch): they keep their KV. */
+  revived(blockIds: readonly number[]): void;
+  /** Their last reference was dropped (freeBlocks): back in the free queue. */
+  freed(blockIds: readonly number[]): void;
+}
+
 export class BlockPool {
   readonly nullBlock: KVCacheBlock;
   private readonly blocks: KVCacheBlock[];
   private readonly freeQueue = new FreeBlockQueue();
   private readonly cached = new Map<BlockHash, Map<number, KVCacheBlock>>();
+  /** Copy-on-write list; null when nobody observes. */
+  private observers: readonly BlockPoolObserver[] | null = null;
 
   constructor(
     readonly numBlocks: number,
@@ -124,27 +139,51 @@ export class BlockPool {
       block.refCnt = 1;
       out.push(block);
     }
+    if (this.observers !== null) {
+      const ids = out.map((b) => b.blockId);
+      for (const o of this.observers) o.allocated(ids);
+    }
     return out;
   }
 
   /** Drop one reference per block; blocks reaching 0 go to the tail. Callers pass a request's blocks in reverse order. */
   freeBlocks(blocks: Iterable<KVCacheBlock>): void {
+    const freed: number[] | null = this.observers === null ? null : [];
     for (const block of blocks) {
       assert(!block.isNull, 'the null block is never freed');
       // Invariant: reference counts never go negative.
       assert(block.refCnt > 0, () => `block ${block.blockId} freed with refCnt ${block.refCnt}`);
       block.refCnt--;
-      if (block.refCnt === 0) this.freeQueue.append(block);
+      if (block.refCnt === 0) {
+        this.freeQueue.append(block);
+        freed?.push(block.blockId);
+      }
     }
+    if (this.observers !== null && freed !== null) for (const o of this.observers) o.freed(freed);
   }
 
   /** Take one more reference per block (a prefix hit); a free block leaves the queue but keeps its hash. */
   touch(blocks: Iterable<KVCacheBlock>): void {
+    const revived: number[] | null = this.observers === null ? null : [];
     for (const block of blocks) {
       assert(!block.isNull, 'the null block is never touched');
-      if (block.refCnt === 0) this.freeQueue.remove(block);
+      if (block.refCnt === 0) {
+        this.freeQueue.remove(block);
+        revived?.push(block.blockId);
+      }
       block.refCnt++;
     }
+    if (this.observers !== null && revived !== null) for (const o of this.observers) o.revived(revived);
+  }
+
+  /** Report allocations, revivals and frees from now on to `o` (observe, never change). Returns unsubscribe. */
+  observe(o: BlockPoolObserver): () => void {
+    assert(!(this.observers ?? []).includes(o), 'observer already watches this pool');
+    this.observers = [...(this.observers ?? []), o];
+    return () => {
+      const rest = (this.observers ?? []).filter((x) => x !== o);
+      this.observers = rest.length === 0 ? null : rest;
+    };
   }
 
   getCachedBlock(hash: BlockHash): KVCacheBlock | null {

@@ -17,6 +17,7 @@ import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/f
 import { simDevice, threadedDevice } from '../engine/devices.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { LLMEngine, type EngineConfig } from '../engine/llm_engine.ts';
+import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
 import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
 import type { InstanceStatsSnapshot } from './metrics.ts';
@@ -149,6 +150,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   }
   const e = await LLMEngine.create(config, env, log);
   built.engine = e;
+  const lifecycle = opts.raceCheck ? attachLifecycleOracle(e, engineId, (v) => log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`)) : null;
   const connector = built.connector;
   const addr = connector?.transfer.address() ?? null;
   const ports = connector?.transfer.ports() ?? null;
@@ -165,7 +167,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     max_model_len: maxModelLen,
     num_pages: opts.numBlocks - 1,
   };
-  const readStats = (): InstanceStatsSnapshot => snapshot(e, connector);
+  const readStats = (): InstanceStatsSnapshot => ({ ...snapshot(e, connector), lifecycleViolations: lifecycle?.violations() ?? null });
   const served = { submit: e.submit.bind(e), abort: e.abort.bind(e), get crashed() { return e.core.crashed; } };
   const server = new InstanceServer(served, { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info }, env, readStats, log);
   let port: number;

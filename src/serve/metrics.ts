@@ -25,6 +25,8 @@ export interface InstanceStatsSnapshot {
   transfer: TransferStats | null;
   /** Races reported by the device's race checker (null when --race-check is off). */
   races: number | null;
+  /** Page lifecycle violations (engine/lifecycle_oracle.ts; absent or null when --race-check is off). */
+  lifecycleViolations?: number | null;
   /** READ latencies (ms) since the last call, post → landed, per request (drained: read once per scrape). */
   drainReadLatenciesMs: () => number[];
 }
@@ -79,6 +81,7 @@ export class InstanceMetrics {
     mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
     gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) => (x.races === null ? 0 : 1));
     mirror('handoff_races_total', 'unordered conflicting page accesses found by the race checker', (x) => x.races ?? 0);
+    mirror('handoff_lifecycle_violations_total', 'page lifecycle invariant violations found by the lifecycle oracle (--race-check)', (x) => x.lifecycleViolations ?? 0);
     mirror('handoff_transfer_bytes_read_total', 'bytes pulled by this engine with READs', t((x) => x.bytesRead));
     mirror('handoff_transfer_bytes_written_total', 'bytes pushed by this engine with WRITEs', t((x) => x.bytesWritten));
     mirror('handoff_transfer_reads_total', 'READ work requests posted', t((x) => x.readsPosted));

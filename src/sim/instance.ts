@@ -11,7 +11,7 @@
 import type { Env } from '../util/env.ts';
 import type { SimDevice } from '../device/sim.ts';
 import type { OpSubmission } from '../device/types.ts';
-import type { KVCacheBlock } from '../kv/block_pool.ts';
+import { watchPool, watchStream } from '../kv/lifecycle_watch.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import type { SimFabric } from '../transfer/sim_fabric.ts';
@@ -23,7 +23,7 @@ import { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
 import { simDevice } from '../engine/devices.ts';
 import { LLMEngine, type ConnectorPair } from '../engine/llm_engine.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
-import { PageLifecycle, type LifecycleViolation } from './page_lifecycle.ts';
+import { PageLifecycle, type LifecycleViolation } from '../kv/page_lifecycle.ts';
 
 export interface InstanceSpec {
   /** 'P' (prefill) or 'D' (decode): the prefix of every choice key and trace lane. */
@@ -134,64 +134,37 @@ export class SimInstance {
     };
   }
 
-  /** Report every op enqueued on the compute stream (zero, forward, copy) before it is queued. */
+  /** Report every op enqueued on the compute stream (zero, forward, copy) to the lifecycle and the world. */
   private watchStream(): void {
-    const stream = this.device.compute;
-    const enqueue = stream.enqueue.bind(stream);
-    stream.enqueue = (sub: OpSubmission) => {
-      const ticket = enqueue(sub);
-      const op = sub.op;
-      const info: OpInfo = {
-        kind: op.kind,
-        what: sub.label.what,
-        step: sub.label.step ?? null,
-        requestIds: sub.label.requestIds ?? [],
-        tokens: op.kind === 'kernel' ? forwardTokens(op.args) : 0,
-        pages: op.kind === 'zero' ? op.blockIds.length : op.kind === 'copy' ? op.pairs.length : 0,
-      };
-      this.ops.set(ticket.id, info);
-      if (op.kind === 'zero') this.lifecycle.zeroEnqueued(ticket.id, op.blockIds, op.slabs);
-      if (op.kind === 'kernel') this.lifecycle.forwardEnqueued(ticket.id, sub.footprint ?? []);
-      if (op.kind === 'copy') this.lifecycle.forwardEnqueued(ticket.id, op.pairs.flatMap(([src, dst]) => [
-        { slab: 0, block: src, start: 0, end: this.kvConfig.pageBytes, write: false },
-        { slab: 0, block: dst, start: 0, end: this.kvConfig.pageBytes, write: true },
-      ]));
-      this.observer.opEnqueued(this, ticket.id, info);
-      return ticket;
-    };
+    watchStream(this.lifecycle, this.device.compute, this.kvConfig.pageBytes);
+    this.device.compute.observe({
+      enqueued: (sub: OpSubmission, opId: number) => {
+        const op = sub.op;
+        const info: OpInfo = {
+          kind: op.kind,
+          what: sub.label.what,
+          step: sub.label.step ?? null,
+          requestIds: sub.label.requestIds ?? [],
+          tokens: op.kind === 'kernel' ? forwardTokens(op.args) : 0,
+          pages: op.kind === 'zero' ? op.blockIds.length : op.kind === 'copy' ? op.pairs.length : 0,
+        };
+        this.ops.set(opId, info);
+        this.observer.opEnqueued(this, opId, info);
+      },
+      executed: (opId: number) => {
+        this.ops.delete(opId);
+      },
+    });
   }
 
   /** Report pages leaving the free pool (fresh, or revived by a prefix hit) and coming back. */
   private watchPool(): void {
-    const pool = this.engine.kv.blockPool;
-    const getNew = pool.getNewBlocks.bind(pool);
-    const touch = pool.touch.bind(pool);
-    const free = pool.freeBlocks.bind(pool);
-    pool.getNewBlocks = (n: number) => {
-      const out = getNew(n);
-      this.lifecycle.allocated(out.map((b) => b.blockId), true);
-      return out;
-    };
-    pool.touch = (blocks: Iterable<KVCacheBlock>) => {
-      const list = [...blocks];
-      const revived = list.filter((b) => b.refCnt === 0).map((b) => b.blockId);
-      touch(list);
-      this.lifecycle.allocated(revived, false);
-    };
-    pool.freeBlocks = (blocks: Iterable<KVCacheBlock>) => {
-      const list = [...blocks];
-      free(list);
-      this.lifecycle.freed(list.filter((b) => b.refCnt === 0).map((b) => b.blockId));
-    };
+    watchPool(this.lifecycle, this.engine.kv.blockPool);
   }
 
-  /** Execute ready op `opId` and tell the lifecycle. */
+  /** Execute ready op `opId` (the observers tell the lifecycle). */
   runOp(opId: number): void {
-    const info = this.ops.get(opId);
     this.device.runOp(opId);
-    if (info?.kind === 'zero') this.lifecycle.zeroRan(opId);
-    if (info?.kind === 'kernel' || info?.kind === 'copy') this.lifecycle.forwardRan(opId);
-    this.ops.delete(opId);
   }
 
   /** Stop serving without a goodbye (peer death): the NIC fails everything queued to or from it. */

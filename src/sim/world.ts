@@ -21,7 +21,7 @@ import { Buggify } from './buggify.ts';
 import { forwardCostMs, nicCostMs, zeroCostMs, COST } from './cost_model.ts';
 import { createExplorer, type ChoiceInfo, type Explorer, type ExplorerOptions, type Strategy } from './explorer.ts';
 import { SimInstance, type OpInfo } from './instance.ts';
-import type { Invariant, LifecycleViolation } from './page_lifecycle.ts';
+import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
 import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';

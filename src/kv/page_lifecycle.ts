@@ -1,7 +1,8 @@
 /**
- * Page lifecycle oracle: one state machine per (instance, block), fed with what the simulator sees
- * (pool allocations and frees, zero and forward ops enqueued and run, transfers posted and landed,
- * grants issued and ended), asserting the invariants of failure-modes.md §5:
+ * Page lifecycle oracle: one state machine per (instance, block), fed with what happens to pages
+ * (pool allocations and frees, zero and forward ops enqueued and run: lifecycle_watch.ts, through the
+ * pool's and the stream's observers; transfers posted and landed, grants issued and ended: the
+ * simulator's fabric events), asserting the invariants of failure-modes.md §5:
  *
  *   free → allocated → zero-queued → zeroed ─┬→ in-use → freed
  *                  └→ read-posted → landed ──┘
