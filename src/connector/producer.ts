@@ -1,0 +1,71 @@
+/**
+ * Producer (prefill, READ and WRITE modes), worker side: the transfers whose pages this instance holds
+ * for a peer, and whether the peer released them.
+ *
+ *   held ──release──> released ──(finishedSending)──> removed
+ *   (release before the metadata named the transfer) released-early ──metadata──> released
+ *
+ * The scheduler side sends the full transfer → request map of held pages every step (`sendTransfers`);
+ * a held transfer it no longer names (lease over, request gone) is dropped. A release revokes the
+ * transfer's grant at once. Releases for transfers never named are kept, bounded, for a while.
+ */
+import { TransferTable } from './transfer_table.ts';
+import type { WorkerContext } from './worker_context.ts';
+
+type ProducerState = 'held' | 'released-early' | 'released';
+interface HeldTransfer {
+  state: ProducerState;
+  requestId: string | null;
+}
+
+const PRODUCER_TRANSITIONS = { held: ['released'], 'released-early': ['released'], released: [] } as const;
+/** Releases of unknown transfers kept at most (stale releases of expired transfers are dropped first). */
+export const EARLY_RELEASES_MAX = 1024;
+
+export class Producer {
+  private readonly transfers = new TransferTable<ProducerState, HeldTransfer>('producer', PRODUCER_TRANSITIONS, 1 << 20);
+  private numEarly = 0;
+
+  constructor(private readonly ctx: WorkerContext) {}
+
+  /** This step's metadata: every held transfer (transfer id → request id) and expired leases. */
+  bind(sendTransfers: Record<string, string>, expiredTransfers: string[]): void {
+    for (const t of expiredTransfers) this.ctx.transfer.revokeGrant(t);
+    for (const [transferId, t] of [...this.transfers.entries()]) {
+      if (t.state === 'held' && sendTransfers[transferId] === undefined) this.transfers.drop(transferId);
+    }
+    for (const [transferId, requestId] of Object.entries(sendTransfers)) {
+      const t = this.transfers.get(transferId);
+      if (t === undefined) this.transfers.add(transferId, { state: 'held', requestId });
+      else if (t.state === 'released-early') {
+        t.requestId = requestId;
+        this.numEarly--;
+        this.transfers.move(transferId, 'released');
+      }
+    }
+  }
+
+  /** The peer read (or gave up on) the pages: they may be freed; the grant dies now. */
+  released(transferId: string): void {
+    this.ctx.transfer.revokeGrant(transferId);
+    const t = this.transfers.get(transferId);
+    if (t?.state === 'held') {
+      this.transfers.move(transferId, 'released');
+      return;
+    }
+    if (t !== undefined) return; // a duplicate release
+    if (this.numEarly >= EARLY_RELEASES_MAX) this.dropEarlyReleases();
+    this.transfers.add(transferId, { state: 'released-early', requestId: null });
+    this.numEarly++;
+  }
+
+  /** Requests whose pages may be freed now (vLLM's get_finished, sending side). */
+  takeFinished(): string[] {
+    return this.transfers.take('released').map(([, t]) => t.requestId as string);
+  }
+
+  private dropEarlyReleases(): void {
+    for (const [id] of this.transfers.inState('released-early')) this.transfers.drop(id);
+    this.numEarly = 0;
+  }
+}

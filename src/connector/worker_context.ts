@@ -1,0 +1,74 @@
+/**
+ * What every role of the connector's worker side shares: the transfer engine, the device, the peer
+ * directory, the byte ranges of pages per transfer group, and the rule for which peer a transfer may use
+ * (never a handshake on the step path: only peers the directory already reached).
+ */
+import { assert } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+import type { Mutations } from '../util/mutants.ts';
+import type { Device, PageAccess } from '../device/types.ts';
+import { slabTransferRanges } from '../kv/layout.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
+import type { TransferEngine, TransferRange } from '../transfer/types.ts';
+import type { OneSidedConfig } from './config.ts';
+import type { PeerDirectory } from './peer_directory.ts';
+
+export class WorkerContext {
+  /** Transfer groups before the first Mamba group. */
+  readonly numAttnGroups: number;
+
+  constructor(
+    readonly config: OneSidedConfig,
+    readonly kvConfig: KVCacheConfig,
+    readonly transfer: TransferEngine,
+    readonly device: Device,
+    /** Transfer group → KV group id (attention groups first, then Mamba). */
+    readonly transferGroupIds: number[],
+    readonly env: Env,
+    readonly peers: PeerDirectory,
+    readonly mutations: Mutations,
+    readonly log: Logger | undefined,
+  ) {
+    const n = transferGroupIds.findIndex((g) => kvConfig.groups[g]?.spec.type === 'mamba');
+    this.numAttnGroups = n < 0 ? transferGroupIds.length : n;
+  }
+
+  /** Slabs holding a transfer group's layers. */
+  private slabsOf(transferGroup: number): number[] {
+    const g = this.kvConfig.groups[this.transferGroupIds[transferGroup] ?? -1];
+    assert(g !== undefined, `transfer group ${transferGroup} has no KV group`);
+    return g.layerNames.map((_, i) => i);
+  }
+
+  /** Byte ranges moving `local[g][i]` ⇄ `remote[g][i]` and the local pages' footprint (written). */
+  rangesFor(local: number[][], remote: number[][]): { ranges: TransferRange[]; footprint: PageAccess[] } {
+    const ranges: TransferRange[] = [];
+    const footprint: PageAccess[] = [];
+    local.forEach((ids, tg) => {
+      if (ids.length === 0) return;
+      const slabs = this.slabsOf(tg);
+      ranges.push(...slabTransferRanges(this.kvConfig, slabs, ids, remote[tg] ?? []));
+      for (const slab of slabs) for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
+    });
+    return { ranges, footprint };
+  }
+
+  /**
+   * The engine at host:port, as the directory knows it now. Never handshakes and never waits: the
+   * scheduler side admitted the request only once the handshake settled.
+   */
+  readyPeer(host: string, port: number, expected: string): string {
+    const st = this.peers.peek(host, port);
+    if (st?.state === 'failed') {
+      // An engine this instance never reached, at an address that does not answer: the params are wrong.
+      if (this.peers.knows(expected)) throw st.error;
+      const why = `remote_engine_id ${expected} is unknown here and ${host}:${port} does not answer (${st.error.message})`;
+      throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
+    }
+    if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
+    if (st.engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
+    return st.engineId;
+  }
+}

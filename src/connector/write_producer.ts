@@ -1,0 +1,123 @@
+/**
+ * WRITE producer (prefill, WRITE mode): one transfer per finished request to push into decode's pages.
+ *
+ *   awaiting-destination ─remote_blocks─┐
+ *                                       ├─> ready ──push──> pushing ──> pushed (finishedSending)
+ *   awaiting-save ──────────save meta───┘
+ *
+ * The save (our pages are final) comes in the step metadata; the destination (decode's pages and its
+ * grant) in a `remote_blocks` notification; either may come first. A push waits for the WRITE to land
+ * and then announces `write_done` (a failed push is logged: decode's deadline makes it recompute).
+ */
+import { rethrowIfAssertion } from '../util/assert.ts';
+import type { SaveReqMeta } from '../worker/connector_metadata.ts';
+import { alignReadBlocks } from './alignment.ts';
+import { TransferTable } from './transfer_table.ts';
+import type { WorkerContext } from './worker_context.ts';
+
+export interface RemoteBlocks {
+  fromEngineId: string;
+  blockIds: number[][];
+  skipBlocks: number;
+  grant: string;
+}
+
+type SaveState = 'awaiting-destination' | 'awaiting-save' | 'pushing' | 'pushed';
+interface SaveTransfer {
+  state: SaveState;
+  save: SaveReqMeta | null;
+  dest: RemoteBlocks | null;
+}
+
+const SAVE_TRANSITIONS = {
+  'awaiting-destination': ['pushing'],
+  'awaiting-save': ['pushing'],
+  pushing: ['pushed'],
+  pushed: [],
+} as const;
+/** Destinations announced for saves we never had (a hostile or confused peer) kept at most. */
+export const ORPHAN_DESTINATIONS_MAX = 1024;
+
+export class WriteProducer {
+  private readonly saves = new TransferTable<SaveState, SaveTransfer>('WRITE producer', SAVE_TRANSITIONS, 1 << 16);
+  stats = { writesPosted: 0 };
+
+  constructor(
+    private readonly ctx: WorkerContext,
+    private readonly onActivity: () => void,
+  ) {}
+
+  get numPending(): number {
+    return this.saves.size - this.saves.inState('awaiting-save').length;
+  }
+
+  /** Our pages of a finished request are final. */
+  save(s: SaveReqMeta): void {
+    const t = this.saves.get(s.transferId);
+    if (t?.state === 'awaiting-save') t.save = s;
+    else if (t === undefined) this.saves.add(s.transferId, { state: 'awaiting-destination', save: s, dest: null });
+  }
+
+  /** Decode told us where to write. */
+  destination(transferId: string, dest: RemoteBlocks): void {
+    const t = this.saves.get(transferId);
+    if (t?.state === 'awaiting-destination') t.dest = dest;
+    else if (t === undefined) {
+      if (this.saves.inState('awaiting-save').length >= ORPHAN_DESTINATIONS_MAX) this.dropOrphans();
+      this.saves.add(transferId, { state: 'awaiting-save', save: null, dest });
+    }
+  }
+
+  /** Push every save whose destination is known. */
+  startReadySaves(): void {
+    for (const [transferId, t] of [...this.saves.entries()]) {
+      if (t.state === 'pushing' || t.state === 'pushed' || t.save === null || t.dest === null) continue;
+      this.saves.move(transferId, 'pushing');
+      void this.push(t.save, t.dest).finally(() => {
+        this.saves.move(transferId, 'pushed');
+        this.onActivity();
+      });
+    }
+  }
+
+  /** Requests whose pages were pushed (or whose push failed): they may be freed. */
+  takeFinished(): string[] {
+    return this.saves.take('pushed').map(([, t]) => (t.save as SaveReqMeta).requestId);
+  }
+
+  private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
+    const { transfer, config } = this.ctx;
+    try {
+      // Page i goes to decode's page i (decode may have a longer tail), except decode's prefix hit.
+      const pairs = save.localBlockIds.map((ids, g) => {
+        const a = alignReadBlocks(dest.blockIds[g] ?? [], ids, Infinity);
+        const skip = g < this.ctx.numAttnGroups ? dest.skipBlocks : 0;
+        return { local: a.local.slice(skip), remote: a.remote.slice(skip) };
+      });
+      const { ranges, footprint } = this.ctx.rangesFor(
+        pairs.map((p) => p.remote),
+        pairs.map((p) => p.local),
+      );
+      this.stats.writesPosted++;
+      const h = transfer.postWrite({
+        peerEngineId: dest.fromEngineId,
+        transferId: save.transferId,
+        grantToken: dest.grant,
+        ranges,
+        label: { what: 'kv-write', requestIds: [save.requestId] },
+        footprint: footprint.map((f) => ({ ...f, write: false })),
+      });
+      const writeDone = () => transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
+      if (!this.ctx.mutations.writeDoneAfterData) await writeDone(); // mutant: announced before the data is visible
+      await transfer.wait([h], config.transferTimeoutMs);
+      if (this.ctx.mutations.writeDoneAfterData) await writeDone();
+    } catch (e) {
+      rethrowIfAssertion(e);
+      this.ctx.log?.warn({ transferId: save.transferId, err: String(e) }, 'KV WRITE failed; decode will time out and recompute');
+    }
+  }
+
+  private dropOrphans(): void {
+    for (const [id] of this.saves.inState('awaiting-save')) this.saves.drop(id);
+  }
+}
