@@ -20,6 +20,7 @@ import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type 
 import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 import { excludeReadDestinations } from './zero_exclusion.ts';
 import type { PeerDirectory } from './peer_directory.ts';
+import { TransferTable } from './transfer_table.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
 
 /** What the scheduler side needs of the transfer engine (the producer grants its pages). */
@@ -34,8 +35,11 @@ export interface LocalEndpoint {
   port: number;
 }
 
-interface Held {
+type SideState = 'held' | 'async-loading';
+interface SideTransfer {
+  state: SideState;
   transferId: string;
+  /** held: when the lease ends. */
   deadlineMs: number;
 }
 
@@ -52,9 +56,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   private readonly mutations: Mutations;
   private reqsNeedNotify = new Map<string, NotifyReqMeta>();
   private reqsNeedSave = new Map<string, SaveReqMeta>();
-  private readonly held = new Map<string, Held>();
-  /** WRITE consumer: requests whose pages the producer may still write (transfer id). */
-  private readonly asyncLoading = new Map<string, string>();
+  /**
+   * Per request, the transfer this side tracks across steps: `held` (producer: pages lent to a peer
+   * until released or the lease ends) or `async-loading` (WRITE consumer: the producer may still write).
+   * Both end by removal: release/lease/finish of the load.
+   */
+  private readonly transfers = new TransferTable<SideState, SideTransfer>('connector scheduler', { held: [], 'async-loading': [] }, 1 << 20);
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
   stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
@@ -179,7 +186,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       const skip = Math.floor((req.numPromptTokens - numExternalTokens) / this.blockSize);
       if (numExternalTokens > 0) {
         this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local, skipBlocks: skip });
-        this.asyncLoading.set(req.requestId, transferId);
+        this.transfers.add(req.requestId, { state: 'async-loading', transferId, deadlineMs: Infinity });
       }
       return;
     }
@@ -215,7 +222,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     meta.reqsToRecv = [...this.reqsNeedRecv.values()];
     meta.reqsToNotify = [...this.reqsNeedNotify.values()];
     meta.reqsToSave = [...this.reqsNeedSave.values()];
-    for (const [requestId, h] of this.held) meta.sendTransfers[h.transferId] = requestId;
+    for (const [requestId, h] of this.transfers.inState('held')) meta.sendTransfers[h.transferId] = requestId;
     meta.expiredTransfers = this.expired;
     this.expired = [];
     meta.abortedRecvs = this.abortedRecvs;
@@ -236,13 +243,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
 
   requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff {
     const p = req.kvTransferParams;
-    const loadingTransfer = this.asyncLoading.get(req.requestId);
-    if (loadingTransfer !== undefined) {
+    if (this.transfers.get(req.requestId)?.state === 'async-loading') {
       // Finished (aborted) while the producer may still be writing into its pages: hold them until the
       // worker knows no WRITE can land any more (sglang #35049, vLLM #32255).
-      this.asyncLoading.delete(req.requestId);
+      const loading = this.transfers.delete(req.requestId);
       this.reqsNeedNotify.delete(req.requestId);
-      this.abortedRecvs.push({ requestId: req.requestId, transferId: loadingTransfer });
+      this.abortedRecvs.push({ requestId: req.requestId, transferId: loading.transferId });
       return { delayFree: true, kvTransferParams: null };
     }
     if (this.releaseUnused(req)) {
@@ -265,7 +271,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       transfer_id: transferId,
     };
     if (flat.length === 0) return { delayFree: false, kvTransferParams: params };
-    this.held.set(req.requestId, { transferId, deadlineMs: this.env.nowMs() + this.config.leaseMs });
+    this.transfers.add(req.requestId, { state: 'held', transferId, deadlineMs: this.env.nowMs() + this.config.leaseMs });
     if (this.config.mode === 'read') {
       const grant = defined(this.grants, 'grant issuer').issueGrant({ transferId, peerEngineId: null, blockIds: flat, ttlMs: this.config.leaseMs });
       this.stats.grantsIssued++;
@@ -305,14 +311,16 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   }
 
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {
-    for (const id of [...out.finishedRecving, ...out.failedLoadReqIds]) this.asyncLoading.delete(id);
+    for (const id of [...out.finishedRecving, ...out.failedLoadReqIds]) {
+      if (this.transfers.get(id)?.state === 'async-loading') this.transfers.delete(id);
+    }
     if (!this.isProducer) return out;
-    const finishedSending = out.finishedSending.filter((id) => this.held.delete(id));
+    const finishedSending = out.finishedSending.filter((id) => this.transfers.get(id)?.state === 'held' && this.transfers.delete(id));
     const now = this.env.nowMs();
-    for (const [requestId, h] of this.held) {
+    for (const [requestId, h] of this.transfers.inState('held')) {
       if (h.deadlineMs > now) continue;
       // Lease over and no release: free the pages; the grant dies with them.
-      this.held.delete(requestId);
+      this.transfers.delete(requestId);
       this.grants?.revokeGrant(h.transferId);
       this.expired.push(h.transferId);
       this.stats.leasesExpired++;
@@ -323,17 +331,16 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
 
   hasPendingWork(): boolean {
     return (
-      this.held.size > 0 ||
+      this.transfers.size > 0 ||
       this.reqsNeedRecv.size > 0 ||
       this.reqsNeedNotify.size > 0 ||
       this.reqsNeedSave.size > 0 ||
       this.expired.length > 0 ||
-      this.abortedRecvs.length > 0 ||
-      this.asyncLoading.size > 0
+      this.abortedRecvs.length > 0
     );
   }
 
   get numHeld(): number {
-    return this.held.size;
+    return this.transfers.inState('held').length;
   }
 }

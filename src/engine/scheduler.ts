@@ -24,6 +24,7 @@ import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
 import type { ConnectorScheduler } from '../connector/base.ts';
 import { makeEmptySchedulerOutput, type CachedRequestData, type ModelRunnerOutput, type NewRequestData, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
+import { RequestTransfers } from './request_transfers.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
 import { checkRequestFits } from './request_validation.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
@@ -41,14 +42,11 @@ export class Scheduler {
   /** Finished or preempted ids not yet told to the worker. */
   private finishedSinceLast: string[] = [];
   private preemptedSinceLast: string[] = [];
-  /** Finished requests whose pages the connector holds until finishedSending. */
-  private readonly heldForSend = new Map<string, number[][]>();
-  private readonly finishedRecving = new Set<string>();
+  /** Each request's inbound load and outbound page hold (request_transfers.ts). */
+  private readonly transfers = new RequestTransfers();
   /** Per step: request → epoch when scheduled (outputs of older epochs are dropped). */
   private readonly inflight = new Map<number, Map<string, number>>();
   private skipZeroBlockIds = new Set<number>();
-  /** Requests whose synchronous load ran in a step: request → step (their pages are published after it). */
-  private readonly syncLoads = new Map<string, number>();
   private pendingOutputs: EngineOutput[] = [];
   stats = { preemptions: 0, pagesZeroListed: 0, pagesExcludedFromZeroing: 0, loadFailures: 0 };
   private readonly mutations: Mutations;
@@ -66,6 +64,8 @@ export class Scheduler {
 
   addRequest(req: Request): void {
     assert(!this.requests.has(req.requestId), `duplicate request id ${req.requestId}`);
+    // A finished request's pages may still be held for a peer under its id.
+    if (this.transfers.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `request id ${req.requestId} is still in use`, { param: 'x-request-id' });
     if (this.waiting.length >= this.config.maxWaiting) {
       throw new HandoffError('OVERLOADED', `waiting queue is full (${this.config.maxWaiting} requests)`);
     }
@@ -91,7 +91,7 @@ export class Scheduler {
     return (
       this.hasUnfinishedRequests() ||
       this.connector.hasPendingWork() ||
-      this.heldForSend.size > 0 || // pages lent to the connector come back only through steps
+      this.transfers.numHeld > 0 || // pages lent to the connector come back only through steps
       this.fence.numPending > 0 ||
       this.finishedSinceLast.length > 0
     );
@@ -103,7 +103,7 @@ export class Scheduler {
     return this.waiting.length;
   }
   get numHeldForSend(): number {
-    return this.heldForSend.size;
+    return this.transfers.numHeld;
   }
 
   schedule(): SchedulerOutput {
@@ -154,7 +154,7 @@ export class Scheduler {
     while (!blocked && this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
       const req = defined(this.waiting.shift(), 'waiting request');
       if (req.status === 'WAITING_FOR_REMOTE_KVS') {
-        if (!this.finishedRecving.delete(req.requestId)) {
+        if (!this.transfers.takeRecvFinished(req.requestId)) {
           skipped.push(req);
           continue;
         }
@@ -214,7 +214,7 @@ export class Scheduler {
     for (;;) {
       // A request whose synchronous READ is still in flight (async scheduling: its load step is not
       // processed yet) must not publish its pages: the READ may fail, and a prefix hit would read stale bytes.
-      const delayCacheBlocks = this.syncLoads.has(req.requestId);
+      const delayCacheBlocks = this.transfers.isSyncLoading(req.requestId);
       const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, { numLookaheadTokens: this.config.numLookaheadTokens, delayCacheBlocks });
       if (blocks !== null) return blocks;
       if (this.fence.numPending > 0) return 'wait';
@@ -296,6 +296,7 @@ export class Scheduler {
 
     if (match.loadAsync) {
       req.status = 'WAITING_FOR_REMOTE_KVS';
+      this.transfers.asyncLoadStarted(req.requestId);
       req.numComputedTokens = numComputed;
       for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed)) this.skipZeroBlockIds.add(b);
       return 'parked';
@@ -315,7 +316,7 @@ export class Scheduler {
     out.scheduledNewReqs.push(data);
     if (numExternal > 0) {
       out.hasSyncKvLoads = true;
-      this.syncLoads.set(req.requestId, out.step);
+      this.transfers.syncLoadStarted(req.requestId, out.step);
     }
     this.noteScheduled(out, req, numNew, epochs, scheduled);
     return numNew;
@@ -364,21 +365,16 @@ export class Scheduler {
       if (stop) this.finish(req, stop);
       outputs.push(makeOutput(req, finishReasonOf(req.status), { token: s, kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null }));
     }
-    for (const [id, step] of this.syncLoads) {
-      if (step !== so.step) continue;
-      this.syncLoads.delete(id);
+    for (const id of this.transfers.takeSyncLoadsOf(so.step)) {
       const req = this.requests.get(id);
       if (req && !req.isFinished && !failed.has(id) && this.config.enablePrefixCaching) {
         this.kv.cacheBlocks(this.tokensOf(req), Math.min(req.numComputedTokens, req.numTokens));
       }
     }
-    for (const id of conn.finishedRecving) this.finishedRecving.add(id);
+    for (const id of conn.finishedRecving) this.transfers.recvFinished(id);
     for (const id of conn.finishedSending) {
-      const blocks = this.heldForSend.get(id);
-      if (blocks) {
-        this.heldForSend.delete(id);
-        this.fence.defer(blocks);
-      }
+      const blocks = this.transfers.release(id);
+      if (blocks) this.fence.defer(blocks);
     }
     this.fence.processed(so.step);
     outputs.push(...this.drainPendingOutputs());
@@ -405,7 +401,7 @@ export class Scheduler {
       this.kv.recordBlocksForZeroing(req.requestId, start);
       req.numComputedTokens = start;
       req.status = 'PREEMPTED';
-      this.finishedRecving.delete(req.requestId);
+      this.transfers.dropLoad(req.requestId);
     }
     for (const req of [...this.running]) {
       if (epochs.get(req.requestId) !== req.epoch) continue;
@@ -474,7 +470,8 @@ export class Scheduler {
     const handoff = this.connector.requestFinished(req, blocks);
     req.finishedKvTransferParams = handoff.kvTransferParams;
     const detached = this.kv.detach(req.requestId);
-    if (handoff.delayFree) this.heldForSend.set(req.requestId, detached);
+    this.transfers.dropLoad(req.requestId);
+    if (handoff.delayFree) this.transfers.hold(req.requestId, detached);
     else if (status === 'FINISHED_ABORTED' && !this.mutations.deferFreeOnAbort) this.kv.freeBlockIds(detached);
     else this.fence.defer(detached);
     if (wasQueued) this.finishedSinceLast.push(req.requestId);
@@ -493,6 +490,6 @@ export class Scheduler {
 
   /** Leak check: no request, nothing held, nothing pending → every page is back in the pool. */
   isQuiescent(): boolean {
-    return !this.hasUnfinishedRequests() && this.heldForSend.size === 0 && this.kv.numRequests() === 0 && this.fence.numPending === 0 && this.fence.inFlightSteps === 0;
+    return !this.hasUnfinishedRequests() && this.transfers.numHeld === 0 && this.kv.numRequests() === 0 && this.fence.numPending === 0 && this.fence.inFlightSteps === 0;
   }
 }
