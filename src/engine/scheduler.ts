@@ -33,6 +33,9 @@ import type { SchedulerConfig } from './scheduler_config.ts';
 export { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from './scheduler_config.ts';
 import { finishReasonOf, Request, type RequestStatus } from './request.ts';
 
+/** What one schedule() call builds up. */
+interface StepBuild { out: SchedulerOutput; epochs: Map<string, number>; budget: number } // prettier-ignore
+
 export class Scheduler {
   readonly requests = new Map<string, Request>();
   private waiting: Request[] = [];
@@ -108,68 +111,11 @@ export class Scheduler {
 
   schedule(): SchedulerOutput {
     const step = ++this.step;
-    const out = makeEmptySchedulerOutput(step);
-    const epochs = new Map<string, number>();
-    let budget = this.config.maxNumBatchedTokens;
-    const scheduled = new Set<string>();
-
-    // 1. Running requests.
-    let i = 0;
-    let blocked = false;
-    while (i < this.running.length && budget > 0) {
-      const req = defined(this.running[i], 'running request');
-      let numNew = req.numTokensWithPlaceholders - req.numComputedTokens;
-      if (numNew <= 0 || (req.numComputedTokens >= req.numTokens && !req.canSampleMore)) {
-        i++;
-        continue;
-      }
-      numNew = Math.min(numNew, budget);
-      const newBlocks = this.allocateOrPreempt(req, numNew);
-      if (newBlocks === null) break; // req itself was preempted; everything after it was too
-      if (newBlocks === 'wait') {
-        blocked = true;
-        i++;
-        continue;
-      }
-      const tokenIds = req.allTokenIds;
-      const end = req.numComputedTokens + numNew;
-      const known = end <= req.numTokens;
-      assert(known || numNew === 1, `a step past the known tokens computes exactly one (got ${numNew})`);
-      const data: CachedRequestData = {
-        requestId: req.requestId,
-        newBlockIds: newBlocks,
-        numComputedTokens: req.numComputedTokens,
-        newTokenIds: known ? tokenIds.slice(req.numComputedTokens, end) : [],
-        numOutputTokens: req.outputTokenIds.length + req.numOutputPlaceholders,
-      };
-      out.scheduledCachedReqs.push(data);
-      this.noteScheduled(out, req, numNew, epochs, scheduled);
-      budget -= numNew;
-      i++;
-    }
-
-    // 2. Waiting requests.
-    const skipped: Request[] = [];
+    const ctx: StepBuild = { out: makeEmptySchedulerOutput(step), epochs: new Map(), budget: this.config.maxNumBatchedTokens };
+    const blocked = this.scheduleRunning(ctx);
     // No admissions while a running request waits for pages: they would take the pages it waits for.
-    while (!blocked && this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
-      const req = defined(this.waiting.shift(), 'waiting request');
-      if (req.status === 'WAITING_FOR_REMOTE_KVS') {
-        if (!this.transfers.takeRecvFinished(req.requestId)) {
-          skipped.push(req);
-          continue;
-        }
-        this.resumeAfterAsyncLoad(req);
-      }
-      const admitted = this.admit(req, budget, out, epochs, scheduled);
-      if (admitted === 'no-pages') {
-        this.waiting.unshift(req);
-        break;
-      }
-      if (admitted === 'skip' || admitted === 'parked') skipped.push(req);
-      else if (typeof admitted === 'number') budget -= admitted;
-    }
-    this.waiting.unshift(...skipped);
-
+    if (!blocked) this.scheduleWaiting(ctx);
+    const out = ctx.out;
     // 3. Zeroing list, once, after admissions.
     out.newBlockIdsToZero = this.takeNewBlockIdsToZero();
     const before = out.newBlockIdsToZero?.length ?? 0;
@@ -185,7 +131,7 @@ export class Scheduler {
     this.finishedSinceLast = [];
     this.preemptedSinceLast = [];
     this.fence.scheduled(step);
-    this.inflight.set(step, epochs);
+    this.inflight.set(step, ctx.epochs);
 
     // 5. One step ahead: advance computed tokens and placeholders now.
     for (const [id, n] of Object.entries(out.numScheduledTokens)) {
@@ -196,12 +142,66 @@ export class Scheduler {
     return out;
   }
 
-  private noteScheduled(out: SchedulerOutput, req: Request, numNew: number, epochs: Map<string, number>, scheduled: Set<string>): void {
+  /** 1. Running requests (decode steps, prefill chunks). Returns true when one waits for pages. */
+  private scheduleRunning(ctx: StepBuild): boolean {
+    let blocked = false;
+    for (let i = 0; i < this.running.length && ctx.budget > 0; i++) {
+      const req = defined(this.running[i], 'running request');
+      let numNew = req.numTokensWithPlaceholders - req.numComputedTokens;
+      if (numNew <= 0 || (req.numComputedTokens >= req.numTokens && !req.canSampleMore)) continue;
+      numNew = Math.min(numNew, ctx.budget);
+      const newBlocks = this.allocateOrPreempt(req, numNew);
+      if (newBlocks === null) break; // req itself was preempted; everything after it was too
+      if (newBlocks === 'wait') {
+        blocked = true;
+        continue;
+      }
+      const end = req.numComputedTokens + numNew;
+      const known = end <= req.numTokens;
+      assert(known || numNew === 1, `a step past the known tokens computes exactly one (got ${numNew})`);
+      const data: CachedRequestData = {
+        requestId: req.requestId,
+        newBlockIds: newBlocks,
+        numComputedTokens: req.numComputedTokens,
+        newTokenIds: known ? req.allTokenIds.slice(req.numComputedTokens, end) : [],
+        numOutputTokens: req.outputTokenIds.length + req.numOutputPlaceholders,
+      };
+      ctx.out.scheduledCachedReqs.push(data);
+      this.noteScheduled(ctx, req, numNew);
+      ctx.budget -= numNew;
+    }
+    return blocked;
+  }
+
+  /** 2. Waiting requests in order, until the budget, the batch or the pages run out. */
+  private scheduleWaiting(ctx: StepBuild): void {
+    const skipped: Request[] = [];
+    while (this.waiting.length > 0 && ctx.budget > 0 && this.running.length < this.config.maxNumSeqs) {
+      const req = defined(this.waiting.shift(), 'waiting request');
+      if (req.status === 'WAITING_FOR_REMOTE_KVS') {
+        if (!this.transfers.takeRecvFinished(req.requestId)) {
+          skipped.push(req);
+          continue;
+        }
+        this.resumeAfterAsyncLoad(req);
+      }
+      const admitted = this.admit(req, ctx);
+      if (admitted === 'no-pages') {
+        this.waiting.unshift(req);
+        break;
+      }
+      if (admitted === 'skip' || admitted === 'parked') skipped.push(req);
+      else if (typeof admitted === 'number') ctx.budget -= admitted;
+    }
+    this.waiting.unshift(...skipped);
+  }
+
+  private noteScheduled(ctx: StepBuild, req: Request, numNew: number): void {
+    const out = ctx.out;
     out.numScheduledTokens[req.requestId] = numNew;
     out.totalNumScheduledTokens += numNew;
     out.sampleAfter[req.requestId] = req.numComputedTokens + numNew >= req.numTokensWithPlaceholders && req.canSampleMore;
-    epochs.set(req.requestId, req.epoch);
-    scheduled.add(req.requestId);
+    ctx.epochs.set(req.requestId, req.epoch);
   }
 
   /**
@@ -242,13 +242,8 @@ export class Scheduler {
   }
 
   /** Try to admit a waiting request; returns tokens scheduled, or why not. */
-  private admit(
-    req: Request,
-    budget: number,
-    out: SchedulerOutput,
-    epochs: Map<string, number>,
-    scheduled: Set<string>,
-  ): number | 'skip' | 'no-pages' | 'parked' | 'failed' {
+  private admit(req: Request, ctx: StepBuild): number | 'skip' | 'no-pages' | 'parked' | 'failed' {
+    const budget = ctx.budget;
     const tokens = this.tokensOf(req);
     let localBlocks: number[][] | undefined;
     let numLocal = req.numComputedTokens;
@@ -301,6 +296,12 @@ export class Scheduler {
       for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed)) this.skipZeroBlockIds.add(b);
       return 'parked';
     }
+    return this.startRunning(req, ctx, allBlocks, numComputed, numExternal, numNew);
+  }
+
+  /** An admitted request joins the batch this step (after a synchronous READ of numExternal tokens, if any). */
+  private startRunning(req: Request, ctx: StepBuild, allBlocks: number[][], numComputed: number, numExternal: number, numNew: number): number {
+    const out = ctx.out;
     req.status = 'RUNNING';
     req.numComputedTokens = numComputed;
     this.running.push(req);
@@ -318,7 +319,7 @@ export class Scheduler {
       out.hasSyncKvLoads = true;
       this.transfers.syncLoadStarted(req.requestId, out.step);
     }
-    this.noteScheduled(out, req, numNew, epochs, scheduled);
+    this.noteScheduled(ctx, req, numNew);
     return numNew;
   }
 
