@@ -96,7 +96,7 @@ export class SimProxy {
         this.clients.delete(r.spec.index);
         // An assertion is a crash of the run (the world reports it), never a request's failure.
         if (e instanceof AssertionFailure) return void (this.crashed ??= e);
-        this.finish(r, e instanceof LegFailure ? e.outcome : failure(isHandoffError(e) ? e.code : null, String(e)));
+        this.finish(r, e instanceof LegFailure ? e.outcome : failure(isHandoffError(e) ? e.code : null, e instanceof Error ? e.message : String(e)));
       },
     );
   }
