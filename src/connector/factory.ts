@@ -1,13 +1,17 @@
 /**
- * Builds a OneSidedConnector (scheduler side + worker side) and its transfer engine for an engine whose
- * device exists: the transfer engine registers the device's slabs, the race checker (if on) sees the
- * NIC's accesses, and the producer's kv_transfer_params advertise this engine's side-channel address.
+ * Builds a OneSidedConnector (scheduler side + worker side + PeerDirectory) and its transfer engine for
+ * an engine whose device exists: the transfer engine registers the device's slabs, the race checker (if
+ * on) sees the NIC's accesses, and the producer's kv_transfer_params advertise this engine's side-channel
+ * address. The slabs go to the transfer engine as views (`slabViews`); each backend takes what it needs:
+ * the sim engine works on the views, the inproc/tcp engines need the SharedArrayBuffers behind them
+ * (createTransferEngineOverViews, and createTransferEngine asserts it).
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
+import { createTransferEngine } from '../transfer/factory.ts';
 import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
@@ -40,17 +44,26 @@ export interface OneSidedConnector {
   close(): Promise<void>;
 }
 
-export type CreateTransferEngine = (opts: TransferEngineOptions) => Promise<TransferEngine>;
+/** A transfer engine's options as the connector knows them: the device's slabs as views. */
+export type ConnectorTransferOptions = Omit<TransferEngineOptions, 'slabs'> & { slabViews: Uint8Array[] };
+
+export type CreateTransferEngine = (opts: ConnectorTransferOptions) => Promise<TransferEngine>;
+
+/** The inproc/tcp path: those NICs share the slabs' SharedArrayBuffers (asserted by createTransferEngine). */
+export const createTransferEngineOverViews: CreateTransferEngine = ({ slabViews, ...rest }) => {
+  for (const [i, v] of slabViews.entries()) {
+    assert(v.byteOffset === 0 && v.byteLength === v.buffer.byteLength, `slab view ${i} must span its whole buffer`);
+  }
+  return createTransferEngine({ ...rest, slabs: slabViews.map((v) => v.buffer as SharedArrayBuffer) });
+};
 
 export function oneSidedConnectorFactory(
   config: OneSidedConfig,
   endpoint: TransferEndpointOptions,
-  createTransfer: CreateTransferEngine,
+  createTransfer: CreateTransferEngine = createTransferEngineOverViews,
   opts: { log?: Logger; onActivity?: () => void; allowedPeers?: PeerAllowList } = {},
 ): (ctx: ConnectorContext) => Promise<OneSidedConnector> {
   return async ({ device, kvConfig, env, numLookaheadTokens }) => {
-    const slabs = device.buffers as SharedArrayBuffer[];
-    assert(slabs.every((b) => b instanceof SharedArrayBuffer), 'a transfer engine needs SharedArrayBuffer slabs (threaded device)');
     const transfer = await createTransfer({
       backend: endpoint.backend,
       env,
@@ -60,7 +73,7 @@ export function oneSidedConnectorFactory(
       layout: { numSlabs: kvConfig.numSlabs, numBlocks: kvConfig.numBlocks, pageBytes: kvConfig.pageBytes },
       blockSizes: kvConfig.groups.map((g) => g.spec.blockSize),
       cacheHash: JSON.stringify(kvConfig.groups.map((g) => g.spec)),
-      slabs,
+      slabViews: device.slabs,
       ...(endpoint.host !== undefined ? { host: endpoint.host } : {}),
       ...(endpoint.port !== undefined ? { port: endpoint.port } : {}),
       ...(endpoint.dataPort !== undefined ? { dataPort: endpoint.dataPort } : {}),

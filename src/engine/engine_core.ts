@@ -9,6 +9,7 @@
  * holds pages for a peer it keeps taking (empty) steps at `idlePollMs` so releases and leases are seen.
  */
 import { assert, rethrowIfAssertion } from '../util/assert.ts';
+import type { ActivitySignal } from '../util/activity.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -22,6 +23,8 @@ import { validatePromptTokenIds, validateSampling } from './request_validation.t
 export interface EngineCoreOptions {
   asyncScheduling: boolean;
   idlePollMs: number;
+  /** Connector activity (transfer done, peer answered): wakes the loop. */
+  activity?: ActivitySignal;
 }
 
 export type OutputListener = (out: EngineOutput) => void;
@@ -34,6 +37,7 @@ export class EngineCore {
   private stopped = false;
   private loopDone: Promise<void> = Promise.resolve();
   private fatal: Error | null = null;
+  private unsubscribe: (() => void) | null = null;
   stats = { steps: 0, emptySteps: 0 };
 
   constructor(
@@ -67,6 +71,7 @@ export class EngineCore {
   start(): void {
     if (this.running) return;
     this.running = true;
+    this.unsubscribe = this.opts.activity?.subscribe(() => this.kick()) ?? null;
     // catch-ok: reports the crash to every listener, then re-throws it (the rejection crashes the process)
     this.loopDone = this.loop().catch((e: unknown) => {
       this.fatal = e instanceof Error ? e : new Error(String(e));
@@ -82,6 +87,7 @@ export class EngineCore {
   /** Stop after in-flight steps; resolves when the loop has exited. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.unsubscribe?.();
     this.kick();
     await this.loopDone.catch((e: unknown) => rethrowIfAssertion(e));
   }

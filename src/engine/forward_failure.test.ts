@@ -10,13 +10,13 @@ import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { FAILING_KERNELS_URL, FAIL_REQUEST_PREFIX, FAIL_STEP_PREFIX } from '../worker/kernels_testkit.ts';
-import { LLMEngine, type EngineConfig, type GenerateRequest } from './llm_engine.ts';
+import { LLMEngine, type EngineCreateConfig, type GenerateRequest } from './llm_engine.ts';
 import { simDevice, threadedDevice } from './devices.ts';
 import { fakeRun, makeRequest, makeScheduler } from './scheduler_testkit.ts';
 
 const prompt = (n: number, base: number): number[] => Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
 
-function config(kind: 'threaded' | 'sim'): EngineConfig {
+function config(kind: 'threaded' | 'sim'): EngineCreateConfig {
   return {
     preset: 'dsv4-mini',
     modelSeed: 1,

@@ -7,10 +7,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
-import { LLMEngine, type EngineConfig } from './llm_engine.ts';
+import { LLMEngine, type EngineCreateConfig } from './llm_engine.ts';
 import { simDevice, threadedDevice } from './devices.ts';
 
-function config(preset: ModelPreset, kind: 'threaded' | 'sim', over: Partial<EngineConfig> = {}): EngineConfig {
+function config(preset: ModelPreset, kind: 'threaded' | 'sim', over: Partial<EngineCreateConfig> = {}): EngineCreateConfig {
   return {
     preset,
     modelSeed: 1,

@@ -4,6 +4,7 @@
  * loop. `generate()` streams a request's outputs; the servers, `handoff ab` and the tests use it.
  */
 import { assert } from '../util/assert.ts';
+import type { ActivitySignal } from '../util/activity.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
@@ -39,10 +40,31 @@ export interface EngineConfig {
   idlePollMs: number;
   /** A/B knob: extra stream time after each forward (see ModelRunner); omit in serving. */
   forwardPadMs?: number;
+}
+
+/** LLMEngine.create's config (tests): the device and an optional custom connector built by callbacks. */
+export interface EngineCreateConfig extends EngineConfig {
   /** Builds the device for this KV config (threaded or sim). */
   makeDevice: (kvConfig: KVCacheConfig) => Promise<Device>;
-  /** Builds the connector once the device exists (P/D); omitted for colocated serving. */
+  /** Builds the connector once the device exists; omitted for colocated serving. */
   makeConnector?: (ctx: { device: Device; kvConfig: KVCacheConfig; env: Env; numLookaheadTokens: number }) => Promise<ConnectorPair>;
+}
+
+/** What the composition root (build_instance.ts) has built before the engine exists. */
+export interface EngineParts {
+  kvConfig: KVCacheConfig;
+  device: Device;
+  connector: ConnectorPair | null;
+  /** Connector activity that wakes the engine loop. */
+  activity?: ActivitySignal;
+}
+
+export function kvCacheConfigOf(config: EngineConfig): KVCacheConfig {
+  return makeKVCacheConfig(presetKVGroups(config.preset), config.numBlocks);
+}
+
+export function schedulerConfigOf(config: EngineConfig): SchedulerConfig {
+  return { ...DEFAULT_SCHEDULER_CONFIG, eosTokenId: EOS_TOKEN_ID, ...config.scheduler };
 }
 
 export interface GenerateRequest {
@@ -65,18 +87,33 @@ export class LLMEngine {
     private readonly env: Env,
   ) {}
 
-  static async create(config: EngineConfig, env: Env, log?: Logger): Promise<LLMEngine> {
-    const kvConfig = makeKVCacheConfig(presetKVGroups(config.preset), config.numBlocks);
+  /**
+   * Unit tests' shortcut (a custom connector, no transfer engine). Servers and the simulator build
+   * instances with buildInstance (build_instance.ts), the one composition root.
+   */
+  static async create(config: EngineCreateConfig, env: Env, log?: Logger): Promise<LLMEngine> {
+    const kvConfig = kvCacheConfigOf(config);
     const device = await config.makeDevice(kvConfig);
+    const numLookaheadTokens = schedulerConfigOf(config).numLookaheadTokens;
+    const connector = config.makeConnector ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens }) : null;
+    return LLMEngine.fromParts(config, { kvConfig, device, connector }, env, log);
+  }
+
+  /** Scheduler, runner and engine loop over a device and connector that already exist. */
+  static fromParts(config: EngineConfig, parts: EngineParts, env: Env, log?: Logger): LLMEngine {
+    const { kvConfig, device, connector } = parts;
     assert(device.numBlocks === kvConfig.numBlocks && device.pageBytes === kvConfig.pageBytes, 'device geometry must match the KV config');
-    const schedCfg: SchedulerConfig = { ...DEFAULT_SCHEDULER_CONFIG, eosTokenId: EOS_TOKEN_ID, ...config.scheduler };
+    const schedCfg = schedulerConfigOf(config);
     const kv = new KVCacheManager(kvConfig, { enableCaching: schedCfg.enablePrefixCaching });
-    const connector = config.makeConnector
-      ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens: schedCfg.numLookaheadTokens })
-      : null;
     const scheduler = new Scheduler(schedCfg, kv, connector?.scheduler ?? new NullConnector(), env);
     const runner = new ModelRunner(device, kvConfig, connector?.worker ?? null, config.forwardPadMs ?? 0);
-    const core = new EngineCore(scheduler, runner, env, { asyncScheduling: config.asyncScheduling, idlePollMs: config.idlePollMs }, log);
+    const core = new EngineCore(
+      scheduler,
+      runner,
+      env,
+      { asyncScheduling: config.asyncScheduling, idlePollMs: config.idlePollMs, ...(parts.activity ? { activity: parts.activity } : {}) },
+      log,
+    );
     core.start();
     return new LLMEngine(config, kvConfig, device, kv, scheduler, runner, core, connector, env);
   }

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { NullConnector } from '../connector/base.ts';
 import { simDevice } from './devices.ts';
-import { LLMEngine, type EngineConfig, type GenerateRequest } from './llm_engine.ts';
+import { LLMEngine, type EngineCreateConfig, type GenerateRequest } from './llm_engine.ts';
 
 /** A colocated "connector" that drops the zero list: what a missing zeroing looks like. */
 class DropZeroing extends NullConnector {
@@ -20,7 +20,7 @@ class DropZeroing extends NullConnector {
 }
 
 const env = new RealEnv(6);
-const cfg = (numBlocks: number, dropZeroing: boolean): EngineConfig => ({
+const cfg = (numBlocks: number, dropZeroing: boolean): EngineCreateConfig => ({
   preset: 'dsv4-mini',
   modelSeed: 5,
   numBlocks,

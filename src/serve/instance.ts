@@ -1,6 +1,7 @@
 /**
  * startInstance: one serving instance from plain options: an engine on the threaded device, the
- * OneSidedConnector with its transfer engine for prefill/decode (tcp between processes), and the
+ * OneSidedConnector with its transfer engine for prefill/decode (tcp between processes), both built by
+ * buildInstance (engine/build_instance.ts, the composition root the simulator uses too), and the
  * InstanceServer in front. `--role` sets the default kv_role of `--kv-transfer-config`; a colocated
  * instance (`both`) runs without a connector unless a config asks for one.
  */
@@ -11,12 +12,12 @@ import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
 import type { TransferBackend } from '../transfer/types.ts';
-import { createTransferEngine } from '../transfer/factory.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
-import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/factory.ts';
+import type { OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
-import { LLMEngine, type EngineConfig } from '../engine/llm_engine.ts';
+import { buildInstance } from '../engine/build_instance.ts';
+import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
 import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
@@ -116,42 +117,38 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   checkCapacity(opts.preset, opts.numBlocks, maxModelLen);
   if (transferConfig && opts.device !== 'threaded') throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
   const engineId = `${opts.role}-${hexId(env, 6)}`;
-  // Filled in by LLMEngine.create (the connector is built once the device exists).
-  const built: { connector: OneSidedConnector | null; engine: LLMEngine | null } = { connector: null, engine: null };
-  const config: EngineConfig = {
-    preset: opts.preset,
-    modelSeed: opts.modelSeed,
-    numBlocks: opts.numBlocks,
-    asyncScheduling: true,
-    scheduler,
-    idlePollMs: 5,
-    makeDevice:
-      opts.device === 'threaded'
-        ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
-        : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck, ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }) }),
-  };
-  if (transferConfig) {
-    const make = oneSidedConnectorFactory(
-      transferConfig,
-      {
-        backend: opts.transferBackend,
-        engineId,
-        modelName: opts.preset,
-        preset: opts.preset,
-        host: opts.transferHost,
-        port: opts.transferPort,
-        dataPort: opts.transferDataPort,
-        ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
+  const built = await buildInstance(
+    {
+      preset: opts.preset,
+      modelSeed: opts.modelSeed,
+      numBlocks: opts.numBlocks,
+      asyncScheduling: true,
+      scheduler,
+      idlePollMs: 5,
+      makeDevice:
+        opts.device === 'threaded'
+          ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
+          : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck, ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }) }),
+      connector: transferConfig && {
+        config: transferConfig,
+        endpoint: {
+          backend: opts.transferBackend,
+          engineId,
+          modelName: opts.preset,
+          preset: opts.preset,
+          host: opts.transferHost,
+          port: opts.transferPort,
+          dataPort: opts.transferDataPort,
+          ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
+        },
+        ...(opts.kvPeers ? { allowedPeers: opts.kvPeers } : {}),
       },
-      createTransferEngine,
-      { ...(log ? { log } : {}), onActivity: () => built.engine?.core.kick(), ...(opts.kvPeers ? { allowedPeers: opts.kvPeers } : {}) },
-    );
-    config.makeConnector = async (ctx) => (built.connector = await make(ctx));
-  }
-  const e = await LLMEngine.create(config, env, log);
-  built.engine = e;
+    },
+    env,
+    log,
+  );
+  const { engine: e, connector } = built;
   const lifecycle = opts.raceCheck ? attachLifecycleOracle(e, engineId, (v) => log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`)) : null;
-  const connector = built.connector;
   const addr = connector?.transfer.address() ?? null;
   const ports = connector?.transfer.ports() ?? null;
   const info: InstanceInfo = {

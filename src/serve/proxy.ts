@@ -5,6 +5,8 @@
  *                    └─(READ: 2nd)──> decode   (original body + those params) ──> streamed back as is
  *              WRITE: both at once with one transfer_id; decode learns prefill's side channel from
  *              prefill's /handoff/info (fetched by the health checks).
+ *              The flow itself (order, params, which error is the answer) is pdFlow (pd_flow.ts), the
+ *              same function the simulator runs; this file supplies the two HTTP legs.
  *
  * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
  * ones are skipped. Errors of either side reach the client as one OpenAI error JSON with the upstream's
@@ -26,7 +28,8 @@ import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseApiRequestAsync } from './openai_request.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
-import { decodeBodyRead, decodeBodyWrite, prefillBody } from './proxy_flow.ts';
+import { pdFlow } from './pd_flow.ts';
+import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
 import { callUpstream, upstreamError } from './upstream.ts';
 
@@ -212,36 +215,16 @@ export class Proxy {
       await parseApiRequestAsync(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen }, (text) => this.tokenizer.encode(text));
     }
     const transferId = `xfer-${hexId(this.env, 16)}`;
-    if (this.opts.mode === 'read') {
-      const pre = await this.prefillCall(p, path, prefillBody(body, transferId), headers, client.signal);
-      if (client.signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
-      await this.decodeCall(d, path, decodeBodyRead(body, pre['kv_transfer_params']), headers, client.signal, res);
-    } else {
-      const decodeBody = decodeBodyWrite(body, p.info, transferId);
-      const pAbort = new AbortController();
-      const dAbort = new AbortController();
-      client.signal.addEventListener('abort', () => (pAbort.abort(), dAbort.abort()), { once: true });
-      // A prefill failure aborts decode (it would wait for KV that never comes) and is the answer;
-      // a decode failure aborts prefill (its pages are not needed) and is the answer.
-      const failed: { prefill: HandoffError | null } = { prefill: null };
-      const pre = this.prefillCall(p, path, prefillBody(body, transferId), headers, pAbort.signal).then(
-        () => undefined,
-        (e: unknown) => {
-          if (pAbort.signal.aborted) return;
-          failed.prefill = toHandoffError(e, this.log);
-          dAbort.abort();
+    await pdFlow<void>(
+      {
+        prefill: async (ask, signal) => {
+          const answer = await this.prefillCall(p, path, prefillBody(body, ask), headers, signal);
+          return { kvTransferParams: answer['kv_transfer_params'] };
         },
-      );
-      try {
-        await this.decodeCall(d, path, decodeBody, headers, dAbort.signal, res);
-      } catch (e) {
-        rethrowIfAssertion(e);
-        if (!failed.prefill) pAbort.abort();
-        await pre;
-        throw client.signal.aborted ? e : (failed.prefill ?? e);
-      }
-      await pre;
-    }
+        decode: (params, signal) => this.decodeCall(d, path, decodeBody(body, params), headers, signal, res),
+      },
+      { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client.signal },
+    );
     this.metrics.count('ok');
   }
 

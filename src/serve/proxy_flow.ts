@@ -1,49 +1,27 @@
 /**
- * The request bodies of the P/D flows (plain functions; the proxy sends them). Field names are vLLM's,
- * so a vLLM proxy and ours drive the same servers the same way (reference spec §6.2):
- *
- *   READ   prefill: body + stream=false, max_tokens=1, max_completion_tokens=1,
- *                   kv_transfer_params {do_remote_decode: true, do_remote_prefill: false, transfer_id}
- *          decode:  the ORIGINAL body + prefill's returned kv_transfer_params (do_remote_prefill: true)
- *   WRITE  both at once, one transfer_id; decode also gets prefill's engine id and side channel
- *          (from its GET /handoff/info) so it can tell prefill where to write.
+ * The HTTP request bodies of the P/D legs: pdFlow (pd_flow.ts) decides what each side is asked; these
+ * put it into an OpenAI request body, with vLLM's field names so a vLLM proxy and ours drive the same
+ * servers the same way (reference spec §6.2). Prefill answers once (stream off, 1 token); decode gets
+ * the ORIGINAL body plus the params pdFlow built.
  */
-import { HandoffError } from '../util/errors.ts';
 import type { InstanceInfo } from './instance_server.ts';
+import type { PrefillAsk, PrefillIdentity, TransferParams } from './pd_flow.ts';
 
 type Body = Record<string, unknown>;
 
-export function prefillBody(body: Body, transferId: string): Body {
-  const out: Body = { ...body, stream: false, max_tokens: 1, max_completion_tokens: 1 };
+export function prefillBody(body: Body, ask: PrefillAsk): Body {
+  const out: Body = { ...body, stream: false, max_tokens: ask.maxTokens, max_completion_tokens: ask.maxTokens };
   delete out['stream_options'];
-  out['kv_transfer_params'] = { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId };
+  out['kv_transfer_params'] = ask.kvTransferParams;
   return out;
 }
 
-/** READ: decode loads what prefill computed; the params come back from prefill unchanged but for the flags. */
-export function decodeBodyRead(body: Body, prefillParams: unknown): Body {
-  if (prefillParams === null || typeof prefillParams !== 'object' || Array.isArray(prefillParams)) {
-    throw new HandoffError('TRANSFER_FAILED', 'prefill answered without kv_transfer_params');
-  }
-  return { ...body, kv_transfer_params: { ...(prefillParams as Body), do_remote_prefill: true, do_remote_decode: false } };
+export function decodeBody(body: Body, params: TransferParams): Body {
+  return { ...body, kv_transfer_params: params };
 }
 
-export function decodeBodyWrite(body: Body, prefill: InstanceInfo | null, transferId: string): Body {
-  if (prefill?.engine_id == null || prefill.side_channel_host == null || prefill.side_channel_port == null) {
-    throw new HandoffError('PEER_UNAVAILABLE', 'the prefill instance has not published its engine id and side channel (/handoff/info)');
-  }
-  if (prefill.transfer_mode !== 'write') {
-    throw new HandoffError('PEER_INCOMPATIBLE', `the prefill instance runs in ${String(prefill.transfer_mode)} mode; the proxy is in WRITE mode`);
-  }
-  return {
-    ...body,
-    kv_transfer_params: {
-      do_remote_prefill: true,
-      do_remote_decode: false,
-      remote_engine_id: prefill.engine_id,
-      remote_host: prefill.side_channel_host,
-      remote_port: prefill.side_channel_port,
-      transfer_id: transferId,
-    },
-  };
+/** Prefill's identity from its GET /handoff/info (null: a server without it, e.g. vLLM). */
+export function prefillIdentityOf(info: InstanceInfo | null): PrefillIdentity | null {
+  if (info === null) return null;
+  return { engineId: info.engine_id, sideChannelHost: info.side_channel_host, sideChannelPort: info.side_channel_port, transferMode: info.transfer_mode };
 }

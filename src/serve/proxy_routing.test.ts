@@ -8,7 +8,8 @@ import fc from 'fast-check';
 import { HandoffError } from '../util/errors.ts';
 import { InstancePool } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
-import { decodeBodyRead, decodeBodyWrite, prefillBody } from './proxy_flow.ts';
+import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
+import { decodeParamsRead, decodeParamsWrite, prefillAsk } from './pd_flow.ts';
 
 const urls = ['http://a:1', 'http://b:1', 'http://c:1'];
 
@@ -60,15 +61,15 @@ test('property: least loaded never picks a member busier than another healthy on
 
 test('READ bodies: prefill computes one token and holds its pages; decode gets the original body and the returned params', () => {
   const body = { model: 'm', prompt: 'p', max_tokens: 30, stream: true, stream_options: { include_usage: true }, seed: 3 };
-  const pre = prefillBody(body, 'xfer-1');
+  const pre = prefillBody(body, prefillAsk('xfer-1'));
   assert.deepEqual(pre, { model: 'm', prompt: 'p', max_tokens: 1, max_completion_tokens: 1, stream: false, seed: 3, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, transfer_id: 'xfer-1' } });
   const returned = { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'prefill-1', remote_block_ids: [[1, 2]], remote_host: 'h', remote_port: 5, transfer_id: 'xfer-1', grant: 'ab' };
-  const dec = decodeBodyRead(body, returned);
+  const dec = decodeBody(body, decodeParamsRead(returned));
   assert.equal(dec['max_tokens'], 30);
   assert.equal(dec['stream'], true);
   assert.deepEqual(dec['kv_transfer_params'], returned);
   assert.equal(body.max_tokens, 30, 'the original body is not modified');
-  assert.throws(() => decodeBodyRead(body, null), (e: unknown) => e instanceof HandoffError && e.code === 'TRANSFER_FAILED');
+  assert.throws(() => decodeParamsRead(null), (e: unknown) => e instanceof HandoffError && e.code === 'TRANSFER_FAILED');
 });
 
 test('WRITE bodies: decode names the prefill engine and its side channel, with the same transfer id', () => {
@@ -76,8 +77,8 @@ test('WRITE bodies: decode names the prefill engine and its side channel, with t
     engine_id: 'prefill-9', role: 'prefill', model: 'dsv4-mini', preset: 'dsv4-mini', kv_role: 'kv_producer', transfer_mode: 'write',
     side_channel_host: '127.0.0.1', side_channel_port: 4000, data_port: 4001, max_model_len: 1024, num_pages: 10,
   };
-  const dec = decodeBodyWrite({ prompt: 'p' }, info, 'xfer-2');
+  const dec = decodeBody({ prompt: 'p' }, decodeParamsWrite(prefillIdentityOf(info), 'xfer-2'));
   assert.deepEqual(dec['kv_transfer_params'], { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'prefill-9', remote_host: '127.0.0.1', remote_port: 4000, transfer_id: 'xfer-2' });
-  assert.throws(() => decodeBodyWrite({}, null, 'x'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE');
-  assert.throws(() => decodeBodyWrite({}, { ...info, transfer_mode: 'read' }, 'x'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_INCOMPATIBLE');
+  assert.throws(() => decodeParamsWrite(prefillIdentityOf(null), 'x'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE');
+  assert.throws(() => decodeParamsWrite(prefillIdentityOf({ ...info, transfer_mode: 'read' }), 'x'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_INCOMPATIBLE');
 });

@@ -19,7 +19,8 @@ import { TransferEngineCore } from '../transfer/transfer_engine.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
 import { threadedDevice } from '../engine/devices.ts';
-import { LLMEngine, type GenerateRequest, type GenerateResult } from '../engine/llm_engine.ts';
+import { buildInstance } from '../engine/build_instance.ts';
+import type { GenerateRequest, GenerateResult } from '../engine/llm_engine.ts';
 import { PdPair } from './pd_pair.ts';
 import { realTrace, type RealRequest } from './real_trace.ts';
 import type { SimTrace } from './trace.ts';
@@ -104,7 +105,7 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   const common = { preset: opts.preset, modelSeed: opts.seed, numBlocks, scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 } };
 
   // Reference: colocated, requests one at a time (batch invariance makes this the ground truth).
-  const colo = await LLMEngine.create({ ...common, asyncScheduling: true, idlePollMs: 2, makeDevice: threadedDevice(opts.preset, opts.seed) }, env);
+  const { engine: colo } = await buildInstance({ ...common, asyncScheduling: true, idlePollMs: 2, makeDevice: threadedDevice(opts.preset, opts.seed), connector: null }, env);
   const reference: GenerateResult[] = [];
   try {
     for (const p of prompts) reference.push(await colo.generate(p));

@@ -3,11 +3,10 @@
  * and OneSidedConnector) on a sim device whose ops run only when the explorer says so, a `sim`
  * transfer engine on the world's fabric, and the instrumentation the oracles need: every op enqueued
  * on the compute stream and every page taken from or returned to the pool is reported (observed,
- * never changed).
- *
- * The connector is assembled like connector/factory.ts does, because that factory requires
- * SharedArrayBuffer slabs (a threaded device) and the sim device's slabs are plain memory.
+ * never changed). Built by buildInstance, the composition root the servers use, with the sim device
+ * and a sim transfer engine injected.
  */
+import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { SimDevice } from '../device/sim.ts';
 import type { OpSubmission } from '../device/types.ts';
@@ -17,11 +16,9 @@ import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import type { SimFabric } from '../transfer/sim_fabric.ts';
 import { SimTransferEngine } from '../transfer/sim.ts';
 import type { OneSidedConfig } from '../connector/config.ts';
-import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
-import { PeerDirectory } from '../connector/peer_directory.ts';
-import { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
+import { buildInstance } from '../engine/build_instance.ts';
 import { simDevice } from '../engine/devices.ts';
-import { LLMEngine, type ConnectorPair } from '../engine/llm_engine.ts';
+import type { LLMEngine } from '../engine/llm_engine.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
 import { PageLifecycle, type LifecycleViolation } from '../kv/page_lifecycle.ts';
 
@@ -77,7 +74,7 @@ export class SimInstance {
   static async create(spec: InstanceSpec, env: Env, fabric: SimFabric, observer: InstanceObserver, onViolation: (v: LifecycleViolation) => void): Promise<SimInstance> {
     const inst = new SimInstance(spec, observer);
     const makeDevice = simDevice(spec.preset, spec.modelSeed, { raceCheck: true, autoRun: false });
-    inst.engine = await LLMEngine.create(
+    const built = await buildInstance(
       {
         preset: spec.preset,
         modelSeed: spec.modelSeed,
@@ -85,53 +82,32 @@ export class SimInstance {
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,
+        // The oracles watch the stream from its first op: instrument the device before anything uses it.
         makeDevice: async (kv) => {
+          const device = await makeDevice(kv);
+          inst.device = device;
           inst.kvConfig = kv;
-          inst.device = await makeDevice(kv);
           inst.lifecycle = new PageLifecycle(spec.name, kv.numBlocks, kv.pageBytes, kv.needsKvCacheZeroing, attentionSlabs(kv), onViolation);
           inst.watchStream();
-          return inst.device;
+          return device;
         },
-        makeConnector: async (ctx) => inst.makeConnector(ctx.kvConfig, ctx.env, ctx.numLookaheadTokens, fabric),
+        connector: {
+          config: { ...spec.connector, role: spec.role },
+          endpoint: { backend: 'sim', engineId: inst.engineId, modelName: spec.preset, preset: spec.preset },
+          // The world's fabric, where the explorer decides when each NIC work request completes.
+          createTransfer: async ({ backend: _backend, ...o }) =>
+            new SimTransferEngine({ ...o, fabric, notifyTimeoutMs: spec.notifyTimeoutMs, handshakeTimeoutMs: spec.notifyTimeoutMs }),
+          allowedPeers: ['*'],
+        },
       },
       env,
     );
+    inst.engine = built.engine;
+    const transfer = built.connector?.transfer;
+    assert(transfer instanceof SimTransferEngine, 'a sim instance runs on a sim transfer engine');
+    inst.transfer = transfer;
     inst.watchPool();
     return inst;
-  }
-
-  private makeConnector(kvConfig: KVCacheConfig, env: Env, numLookaheadTokens: number, fabric: SimFabric): ConnectorPair {
-    const { spec } = this;
-    this.transfer = new SimTransferEngine({
-      env,
-      fabric,
-      engineId: this.engineId,
-      modelName: spec.preset,
-      preset: spec.preset,
-      layout: { numSlabs: kvConfig.numSlabs, numBlocks: kvConfig.numBlocks, pageBytes: kvConfig.pageBytes },
-      blockSizes: kvConfig.groups.map((g) => g.spec.blockSize),
-      cacheHash: JSON.stringify(kvConfig.groups.map((g) => g.spec)),
-      slabViews: this.device.slabs,
-      notifyTimeoutMs: spec.notifyTimeoutMs,
-      handshakeTimeoutMs: spec.notifyTimeoutMs,
-    });
-    this.transfer.attachRaceChecker(this.device.raceChecker);
-    const addr = this.transfer.address();
-    const config = { ...spec.connector, role: spec.role };
-    const transfer = this.transfer;
-    const kick = (): void => this.engine?.core.kick();
-    const peers = new PeerDirectory((p) => transfer.handshake(p), env, ['*'], kick);
-    const endpoint = { engineId: this.engineId, host: addr.host, port: addr.port };
-    const scheduler = new OneSidedConnectorScheduler(config, kvConfig, env, endpoint, transfer, numLookaheadTokens, peers);
-    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, this.device, scheduler.transferGroupIds, env, peers, undefined, kick);
-    return {
-      scheduler,
-      worker,
-      close: async () => {
-        worker.close();
-        await this.transfer.close();
-      },
-    };
   }
 
   /** Report every op enqueued on the compute stream (zero, forward, copy) to the lifecycle and the world. */

@@ -1,17 +1,20 @@
 /**
  * A prefill and a decode engine in one process with real threads (threaded devices, inproc transfer
- * engine whose NIC is a worker thread), wired like a 1P1D deployment: the proxy's READ flow is two
- * calls, prefill with max_tokens 1 + do_remote_decode, then decode with the returned params.
+ * engine whose NIC is a worker thread), wired like a 1P1D deployment: each built by buildInstance (the
+ * servers' composition root), the requests driven by pdFlow (the proxy's flow) with two in-process legs.
  */
+import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { hexId } from '../util/ids.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { createTransferEngine } from '../transfer/index.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
-import { oneSidedConnectorFactory, type OneSidedConnector } from '../connector/factory.ts';
+import type { OneSidedConnector } from '../connector/factory.ts';
 import type { KVTransferParams } from '../connector/params.ts';
+import { buildInstance, type BuiltInstance } from '../engine/build_instance.ts';
 import { threadedDevice } from '../engine/devices.ts';
-import { LLMEngine, type EngineConfig, type GenerateRequest, type GenerateResult } from '../engine/llm_engine.ts';
+import type { Device } from '../device/types.ts';
+import type { EngineConfig, GenerateRequest, GenerateResult, LLMEngine } from '../engine/llm_engine.ts';
+import { pdFlow, type PdLegs, type PdMode } from '../serve/pd_flow.ts';
 
 export interface PdPairOptions {
   preset: ModelPreset;
@@ -31,81 +34,81 @@ export interface PdPairOptions {
 
 export class PdPair {
   private constructor(
-    readonly prefill: LLMEngine,
-    readonly decode: LLMEngine,
+    private readonly prefillSide: BuiltInstance<Device>,
+    private readonly decodeSide: BuiltInstance<Device>,
     private readonly env: Env,
   ) {}
 
   static async create(o: PdPairOptions, env: Env): Promise<PdPair> {
-    const base = {
-      preset: o.preset,
-      modelSeed: o.modelSeed,
-      numBlocks: o.numBlocks,
-      asyncScheduling: true,
-      scheduler: o.scheduler ?? {},
-      idlePollMs: 2,
-    };
-    const mk = (role: 'producer' | 'consumer', cfg: Partial<OneSidedConfig>, raceCheck: boolean) => {
-      let engine: LLMEngine | null = null;
-      const config: EngineConfig = {
-        ...base,
-        ...(role === 'consumer' && o.decodeForwardPadMs ? { forwardPadMs: o.decodeForwardPadMs } : {}),
-        makeDevice: threadedDevice(o.preset, o.modelSeed, raceCheck),
-        makeConnector: oneSidedConnectorFactory(
-          { ...DEFAULT_ONE_SIDED_CONFIG, ...cfg, role },
-          { backend: 'inproc', engineId: `${o.name}-${role}`, modelName: o.preset, preset: o.preset },
-          createTransferEngine,
-          { onActivity: () => engine?.core.kick() },
-        ),
-      };
-      return LLMEngine.create(config, env).then((e) => (engine = e));
-    };
-    const prefill = await mk('producer', { mode: o.decode.mode ?? 'read', ...o.prefill }, false);
-    const decode = await mk('consumer', o.decode, o.raceCheck);
+    const build = (role: 'producer' | 'consumer', cfg: Partial<OneSidedConfig>, raceCheck: boolean) =>
+      buildInstance(
+        {
+          preset: o.preset,
+          modelSeed: o.modelSeed,
+          numBlocks: o.numBlocks,
+          asyncScheduling: true,
+          scheduler: o.scheduler ?? {},
+          idlePollMs: 2,
+          ...(role === 'consumer' && o.decodeForwardPadMs ? { forwardPadMs: o.decodeForwardPadMs } : {}),
+          makeDevice: threadedDevice(o.preset, o.modelSeed, raceCheck),
+          connector: {
+            config: { ...DEFAULT_ONE_SIDED_CONFIG, ...cfg, role },
+            endpoint: { backend: 'inproc', engineId: `${o.name}-${role}`, modelName: o.preset, preset: o.preset },
+          },
+        },
+        env,
+      );
+    const prefill = await build('producer', { mode: o.decode.mode ?? 'read', ...o.prefill }, false);
+    const decode = await build('consumer', o.decode, o.raceCheck);
     return new PdPair(prefill, decode, env);
   }
 
-  /** The proxy's WRITE flow: both at once; prefill pushes into decode's pages when its forward is done. */
-  async generateWrite(g: GenerateRequest): Promise<GenerateResult> {
-    const transferId = `xfer-${hexId(this.env, 8)}`;
-    const conn = this.prefillConnector.transfer;
-    const addr = conn.address();
-    const [, result] = await Promise.all([
-      this.prefill.generate({
-        promptTokenIds: g.promptTokenIds,
-        sampling: { ...g.sampling, maxTokens: 1 },
-        kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
-      }),
-      this.decode.generate({
-        ...g,
-        kvTransferParams: { do_remote_prefill: true, remote_engine_id: conn.engineId, remote_host: addr.host, remote_port: addr.port, transfer_id: transferId },
-      }),
-    ]);
-    return result;
+  get prefill(): LLMEngine {
+    return this.prefillSide.engine;
+  }
+  get decode(): LLMEngine {
+    return this.decodeSide.engine;
   }
 
-  /** The proxy's READ flow; returns decode's result (and prefill's params for inspection). */
-  async generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
-    const transferId = `xfer-${hexId(this.env, 8)}`;
-    const pre = await this.prefill.generate({
-      promptTokenIds: g.promptTokenIds,
-      sampling: { ...g.sampling, maxTokens: 1 },
-      kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
-    });
-    const params = (pre.kvTransferParams ?? {}) as KVTransferParams;
-    const result = await this.decode.generate({ ...g, kvTransferParams: params }, onToken);
-    return { ...result, prefillParams: params };
+  /** The proxy's WRITE flow: both at once; prefill pushes into decode's pages when its forward is done. */
+  generateWrite(g: GenerateRequest): Promise<GenerateResult> {
+    return this.run('write', g).then(({ prefillParams: _p, ...result }) => result);
+  }
+
+  /** The proxy's READ flow; returns decode's result (and the params decode got, for inspection). */
+  generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
+    return this.run('read', g, onToken);
+  }
+
+  private run(mode: PdMode, g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
+    const legs: PdLegs<GenerateResult & { prefillParams: KVTransferParams }> = {
+      prefill: (ask) =>
+        this.prefill.generate({ promptTokenIds: g.promptTokenIds, sampling: { ...g.sampling, maxTokens: ask.maxTokens }, kvTransferParams: ask.kvTransferParams }),
+      decode: async (params) => ({ ...(await this.decode.generate({ ...g, kvTransferParams: params }, onToken)), prefillParams: params as KVTransferParams }),
+    };
+    const addr = this.prefillConnector.transfer.address();
+    const identity = { engineId: this.prefillConnector.transfer.engineId, sideChannelHost: addr.host, sideChannelPort: addr.port, transferMode: this.prefillMode };
+    return pdFlow(legs, { mode, transferId: `xfer-${hexId(this.env, 8)}`, prefill: identity });
+  }
+
+  private get prefillMode(): string {
+    return this.prefillConnector.scheduler.config.mode;
   }
 
   get decodeConnector(): OneSidedConnector {
-    return this.decode.connector as unknown as OneSidedConnector;
+    return connectorOf(this.decodeSide);
   }
   get prefillConnector(): OneSidedConnector {
-    return this.prefill.connector as unknown as OneSidedConnector;
+    return connectorOf(this.prefillSide);
   }
 
   async close(): Promise<void> {
     await this.decode.close();
     await this.prefill.close();
   }
+}
+
+function connectorOf(side: BuiltInstance<Device>): OneSidedConnector {
+  assert(side.connector !== null, 'every instance of a P/D pair has a connector');
+  return side.connector;
 }

@@ -1,14 +1,16 @@
 /**
- * The P/D proxy's flow inside the simulated world (what src/serve's proxy does over HTTP):
+ * The P/D proxy inside the simulated world: the same pdFlow (serve/pd_flow.ts) as the HTTP proxy, with
+ * legs that submit to the simulated engines instead of POSTing:
  *   READ:  prefill with max_tokens 1 + do_remote_decode, then decode with the params prefill returned;
  *   WRITE: both at once; decode names the prefill engine, prefill pushes when its forward is done.
  * Each request ends exactly once: success (tokens + logits hashes), or a typed failure. A prefill
  * that died fails the requests it held with PEER_UNAVAILABLE, like a dropped connection.
  */
-import { rethrowIfAssertion } from '../util/assert.ts';
+import { AssertionFailure, rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { EngineOutput } from '../engine/output.ts';
 import type { SamplingParamsData } from '../worker/scheduler_output.ts';
+import { pdFlow, type PdLegs } from '../serve/pd_flow.ts';
 import type { SimInstance } from './instance.ts';
 
 export interface SimRequestSpec {
@@ -70,30 +72,69 @@ export class SimProxy {
     return this.requests.every((r) => r.phase === 'done');
   }
 
-  /** The request arrives at the proxy. */
+  /** The request arrives at the proxy and goes through pdFlow, the HTTP proxy's flow, with two engine legs. */
   arrive(r: ProxyRequest): void {
     r.startMs = this.nowMs();
     this.onEvent(r, 'arrive');
     if (!this.prefill.alive) return this.finish(r, failure('PEER_UNAVAILABLE', 'prefill instance is down'));
     r.phase = 'prefill';
-    const prefillParams = { do_remote_decode: true, do_remote_prefill: false, transfer_id: r.transferId };
-    this.submit(this.prefill, r, this.prefillId(r), { ...r.spec.sampling, maxTokens: 1 }, prefillParams, (out) => {
-      if (this.mode === 'write') return; // decode's result is the answer
-      if (!out.ok) return this.finish(r, out);
-      r.phase = 'decode';
-      this.onEvent(r, 'decode');
-      const params = this.lastParams.get(r.spec.index) ?? {};
-      this.submit(this.decode, r, this.decodeId(r), r.spec.sampling, params, (res) => this.finish(r, res));
-    });
-    if (this.mode === 'write' && r.phase === 'prefill') {
-      r.phase = 'decode';
-      const addr = this.prefill.transfer.address();
-      const params = { do_remote_prefill: true, remote_engine_id: this.prefill.engineId, remote_host: addr.host, remote_port: addr.port, transfer_id: r.transferId };
-      this.submit(this.decode, r, this.decodeId(r), r.spec.sampling, params, (res) => this.finish(r, res));
-    }
+    const client = new AbortController();
+    this.clients.set(r.spec.index, client);
+    const addr = this.prefill.transfer.address();
+    const identity = { engineId: this.prefill.engineId, sideChannelHost: addr.host, sideChannelPort: addr.port, transferMode: this.prefill.spec.connector.mode };
+    const legs: PdLegs<RequestOutcome> = {
+      prefill: (ask, signal) => this.leg(this.prefill, r, this.prefillId(r), { ...r.spec.sampling, maxTokens: ask.maxTokens }, ask.kvTransferParams, signal),
+      decode: (params, signal) => {
+        r.phase = 'decode';
+        if (this.mode === 'read') this.onEvent(r, 'decode');
+        return this.leg(this.decode, r, this.decodeId(r), r.spec.sampling, params, signal).then((o) => o.outcome);
+      },
+    };
+    pdFlow(legs, { mode: this.mode, transferId: r.transferId, prefill: identity, signal: client.signal }).then(
+      (outcome) => this.finish(r, outcome),
+      (e: unknown) => {
+        this.clients.delete(r.spec.index);
+        // An assertion is a crash of the run (the world reports it), never a request's failure.
+        if (e instanceof AssertionFailure) return void (this.crashed ??= e);
+        this.finish(r, e instanceof LegFailure ? e.outcome : failure(isHandoffError(e) ? e.code : null, e instanceof Error ? e.message : String(e)));
+      },
+    );
   }
 
-  private readonly lastParams = new Map<number, Record<string, unknown>>();
+  /** An assertion that failed inside a request's flow (the world turns it into a 'crash' violation). */
+  crashed: AssertionFailure | null = null;
+  private readonly clients = new Map<number, AbortController>();
+  /** Prefill legs in flight: a prefill that dies fails them like a dropped connection. */
+  private readonly prefillLegs = new Map<string, (e: LegFailure) => void>();
+
+  /** One side of the flow: submit to `inst`; resolves on success, rejects with the failure's outcome. */
+  private leg(
+    inst: SimInstance,
+    r: ProxyRequest,
+    requestId: string,
+    sampling: SimRequestSpec['sampling'],
+    params: Record<string, unknown>,
+    signal: AbortSignal,
+  ): Promise<{ outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }> {
+    let pending = true;
+    let resolve!: (v: { outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }) => void;
+    let reject!: (e: LegFailure) => void;
+    const p = new Promise<{ outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }>((res, rej) => ((resolve = res), (reject = rej)));
+    const settle = (outcome: RequestOutcome, kvTransferParams: Record<string, unknown> | null): void => {
+      if (!pending) return;
+      pending = false;
+      this.prefillLegs.delete(requestId);
+      if (outcome.ok) resolve({ outcome, kvTransferParams });
+      else reject(new LegFailure(outcome));
+    };
+    if (inst === this.prefill) this.prefillLegs.set(requestId, (e) => settle(e.outcome, null));
+    signal.addEventListener('abort', () => {
+      if (pending && inst.alive) inst.engine.abort(requestId);
+    }, { once: true });
+    // Submitted synchronously (an assertion here throws out of arrive, as the world expects).
+    this.submit(inst, r, requestId, sampling, params, settle);
+    return p;
+  }
 
   private submit(
     inst: SimInstance,
@@ -101,7 +142,7 @@ export class SimProxy {
     requestId: string,
     sampling: SimRequestSpec['sampling'],
     params: Record<string, unknown>,
-    done: (o: RequestOutcome) => void,
+    done: (o: RequestOutcome, kvTransferParams: Record<string, unknown> | null) => void,
   ): void {
     const tokens: number[] = [];
     const hashes: Array<string | null> = [];
@@ -112,39 +153,45 @@ export class SimProxy {
         hashes.push(...o.logitsHashes);
         nan ||= o.nanLogits;
         if (o.finishReason === null) return;
-        if (o.kvTransferParams) this.lastParams.set(r.spec.index, o.kvTransferParams);
-        if (o.finishReason === 'abort') return done(failure('REQUEST_ABORTED', `${requestId} aborted`, 'abort'));
+        if (o.finishReason === 'abort') return done(failure('REQUEST_ABORTED', `${requestId} aborted`, 'abort'), null);
         if (o.finishReason === 'error') {
           const e = o.error;
-          return done(failure(isHandoffError(e) ? e.code : null, e ? e.message : `${requestId} failed without an error`));
+          return done(failure(isHandoffError(e) ? e.code : null, e ? e.message : `${requestId} failed without an error`), null);
         }
-        done({ ok: true, tokenIds: tokens, logitsHashes: hashes, nanLogits: nan, finishReason: o.finishReason, errorCode: null, errorMessage: null, numExternalTokens: o.numExternalTokens });
+        const ok = { ok: true, tokenIds: tokens, logitsHashes: hashes, nanLogits: nan, finishReason: o.finishReason, errorCode: null, errorMessage: null, numExternalTokens: o.numExternalTokens };
+        done(ok, o.kvTransferParams);
       });
     } catch (e) {
       rethrowIfAssertion(e);
-      done(failure(isHandoffError(e) ? e.code : null, String(e)));
+      done(failure(isHandoffError(e) ? e.code : null, String(e)), null);
     }
   }
 
   private finish(r: ProxyRequest, outcome: RequestOutcome): void {
     if (r.phase === 'done') return;
+    this.clients.delete(r.spec.index);
     r.phase = 'done';
     r.outcome = outcome;
     r.endMs = this.nowMs();
     this.onEvent(r, outcome.ok ? 'done' : `failed ${outcome.errorCode ?? 'untyped'}`);
   }
 
-  /** The client gave up: abort wherever the request is now. */
+  /** The client gave up: pdFlow aborts wherever the request is now. */
   abort(r: ProxyRequest): void {
-    if (r.phase === 'prefill' && this.prefill.alive) this.prefill.engine.abort(this.prefillId(r));
-    if (r.phase === 'decode') this.decode.engine.abort(this.decodeId(r));
-    if (r.phase === 'decode' && this.mode === 'write' && this.prefill.alive) this.prefill.engine.abort(this.prefillId(r));
-    if (r.phase === 'pending') this.finish(r, failure('REQUEST_ABORTED', 'aborted before it arrived', 'abort'));
+    if (r.phase === 'pending') return this.finish(r, failure('REQUEST_ABORTED', 'aborted before it arrived', 'abort'));
+    this.clients.get(r.spec.index)?.abort();
   }
 
   /** The prefill instance died: requests waiting on it fail like a dropped connection. */
   prefillDied(): void {
     const err = new HandoffError('PEER_UNAVAILABLE', 'prefill instance died');
-    for (const r of this.requests) if (r.phase === 'prefill') this.finish(r, failure(err.code, err.message));
+    for (const fail of [...this.prefillLegs.values()]) fail(new LegFailure(failure(err.code, err.message)));
+  }
+}
+
+/** A leg that ended without success; its outcome is the request's (typed or untyped) failure. */
+class LegFailure extends Error {
+  constructor(readonly outcome: RequestOutcome) {
+    super(outcome.errorMessage ?? 'failed');
   }
 }

@@ -7,7 +7,7 @@
 import { SimEnv } from '../util/env.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { simDevice } from '../engine/devices.ts';
-import { LLMEngine } from '../engine/llm_engine.ts';
+import { buildInstance } from '../engine/build_instance.ts';
 import type { SimRequestSpec } from './proxy.ts';
 
 export interface ReferenceResult {
@@ -50,7 +50,7 @@ export async function colocatedReference(preset: ModelPreset, modelSeed: number,
   if (missing.length > 0) {
     const env = new SimEnv(0);
     const longest = Math.max(...missing.map((r) => r.promptTokenIds.length + r.sampling.maxTokens));
-    const engine = await LLMEngine.create(
+    const { engine } = await buildInstance(
       {
         preset,
         modelSeed,
@@ -59,6 +59,7 @@ export async function colocatedReference(preset: ModelPreset, modelSeed: number,
         scheduler: { maxModelLen: Math.max(1024, longest) },
         idlePollMs: 2,
         makeDevice: simDevice(preset, modelSeed, { autoRun: true }),
+        connector: null,
       },
       env,
     );

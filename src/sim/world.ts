@@ -263,6 +263,8 @@ export class SimWorld {
       const crashed = inst.engine.core.crashed;
       if (inst.alive && crashed !== null && !this.violations.some((v) => v.oracle === 'crash')) this.violate('crash', `${inst.name}: engine loop crashed: ${crashed.message}`);
     }
+    const flowCrash = this.proxy.crashed;
+    if (flowCrash !== null && !this.violations.some((v) => v.oracle === 'crash')) this.violate('crash', `proxy flow: assertion failed: ${flowCrash.message}`);
   }
 
   /** Run to the end (every request finished and both instances quiescent) or the first violation. */
