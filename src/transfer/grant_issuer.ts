@@ -1,13 +1,13 @@
 /**
  * The issuing side of grants, on the engine thread: random tokens, an expiry timer per grant, and
- * revocation (explicit, on expiry, on the peer's release / write_done). Every change is posted to
- * the NIC thread, whose GrantTable is what actually admits or refuses requests.
+ * revocation (explicit, on expiry, on the peer's release / write_done). Every change goes to the NIC
+ * (thread or sim), whose GrantTable is what actually admits or refuses requests.
  */
 import { assert } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
-import type { NicHost } from './nic_host.ts';
+import type { GrantEnd, Nic } from './nic.ts';
 import type { Grant, GrantRequest } from './types.ts';
 import { sameToken, type ReleaseOutcome } from './grant_table.ts';
 
@@ -26,7 +26,7 @@ export class GrantIssuer {
 
   constructor(
     private readonly env: Env,
-    private readonly nic: NicHost,
+    private readonly nic: Nic,
     private readonly numBlocks: number,
   ) {}
 
@@ -43,8 +43,7 @@ export class GrantIssuer {
       peerEngineId: req.peerEngineId,
       timer: this.env.setTimer(req.ttlMs, () => {
         if (this.grants.get(req.transferId) !== record) return;
-        this.grants.delete(req.transferId);
-        this.nic.send({ t: 'revoke', transferId: req.transferId });
+        this.end(req.transferId, 'expired');
         this.expired++;
       }),
     };
@@ -54,12 +53,17 @@ export class GrantIssuer {
     return { token, transferId: req.transferId, expiresAtMs: this.env.nowMs() + req.ttlMs };
   }
 
+  /** True when a live grant was revoked. */
   revoke(transferId: string): boolean {
+    return this.end(transferId, 'revoked');
+  }
+
+  private end(transferId: string, why: GrantEnd): boolean {
     const g = this.grants.get(transferId);
     if (g === undefined) return false;
     g.timer.cancel();
     this.grants.delete(transferId);
-    this.nic.send({ t: 'revoke', transferId });
+    this.nic.revokeGrant(transferId, why);
     return true;
   }
 
@@ -68,7 +72,7 @@ export class GrantIssuer {
     const g = this.grants.get(transferId);
     if (g === undefined) return 'no-grant';
     if ((g.peerEngineId !== null && g.peerEngineId !== peerEngineId) || !sameToken(g.token, token)) return 'refused';
-    this.revoke(transferId);
+    this.end(transferId, 'released');
     return 'released';
   }
 

@@ -22,9 +22,15 @@ function sameSecret(a: string | undefined, b: string | undefined): boolean {
   return x.length === y.length && timingSafeEqual(x, y);
 }
 
-export class InprocTransferEngine extends TransferEngineCore {
+export class InprocTransferEngine extends TransferEngineCore<NicHost> {
   readonly backend = 'inproc' as const;
   private readonly linked = new Set<string>();
+  private readonly slabs: SharedArrayBuffer[];
+
+  private constructor(opts: TransferEngineOptions, nic: NicHost) {
+    super(opts, nic);
+    this.slabs = opts.slabs;
+  }
 
   static async create(opts: TransferEngineOptions): Promise<InprocTransferEngine> {
     if (registry.has(opts.engineId)) throw new HandoffError('BAD_CONFIG', `inproc engine ${opts.engineId} already exists`);

@@ -10,6 +10,7 @@ import type { OpLabel, PageAccess } from '../device/types.ts';
 import { assert } from '../util/assert.ts';
 import { HandoffError, listenFailed, type ErrorCode } from '../util/errors.ts';
 import {
+  COUNTER,
   COUNTER_INTS,
   CQ_FREE,
   CQ_INTS_PER_SLOT,
@@ -19,6 +20,8 @@ import {
   type NicEvent,
   type NicInit,
 } from './nic_messages.ts';
+import type { GrantEnd, Nic, NicStats, NicWorkRequest } from './nic.ts';
+import { packRanges } from './ranges.ts';
 import type { SlabLayout } from './types.ts';
 
 export interface NicHostOptions {
@@ -34,7 +37,7 @@ export interface NicHostOptions {
 
 const CLOSE_GRACE_MS = 2000;
 
-export class NicHost {
+export class NicHost implements Nic {
   private readonly cq: Int32Array;
   private readonly counters: Int32Array;
   private readonly freeSlots: number[] = [];
@@ -95,6 +98,25 @@ export class NicHost {
   send(cmd: NicCommand, transfer?: Transferable[]): void {
     if (this.closing !== null) return;
     this.control.postMessage(cmd, transfer);
+  }
+
+  post(wr: NicWorkRequest): void {
+    const { label: _label, checkerWrId: _checkerWrId, ranges, ...rest } = wr;
+    this.send({ t: 'post', wr: { ...rest, ranges: packRanges(ranges) } });
+  }
+
+  abort(wrId: number): void {
+    this.send({ t: 'abort', wrId });
+  }
+
+  observed(_wrId: number): void {}
+
+  revokeGrant(transferId: string, _why: GrantEnd): void {
+    this.send({ t: 'revoke', transferId });
+  }
+
+  stats(): NicStats {
+    return { grantsRefused: this.counter(COUNTER.grantsRefused), badFrames: this.counter(COUNTER.badFrames) };
   }
 
   /** Post a grant whose expiry is `ttlMs` from now, in a clock every thread shares. */
@@ -199,7 +221,7 @@ export class WorkRequestLog {
   private readonly records: WorkRequestRecord[] = [];
   dropped = 0;
 
-  constructor(private readonly nic: NicHost) {}
+  constructor(private readonly nic: Pick<Nic, 'nowEpochMs'>) {}
 
   posted(r: Omit<WorkRequestRecord, 'postedMs' | 'doneMs' | 'state' | 'blockIds'>, footprint: readonly PageAccess[]): WorkRequestRecord | null {
     if (this.records.length >= WORK_LOG_MAX) {

@@ -23,7 +23,7 @@ function isWildcard(host: string): boolean {
   return host === '0.0.0.0' || host === '::' || host === '';
 }
 
-export class TcpTransferEngine extends TransferEngineCore {
+export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   readonly backend = 'tcp' as const;
   private readonly server: net.Server;
   private readonly bindHost: string;

@@ -1,8 +1,9 @@
 /**
  * What every backend shares on the engine thread: grant issuance (token, expiry timer, revocation),
  * posting work requests (validation, coalescing, faults, race-checker hooks), completion tracking
- * (poll/wait/abort), notifications and stats. A backend adds the side channel (handshake, notify
- * transport) and starts the NIC thread.
+ * (poll/wait/abort), notifications (drop faults, timeout) and stats. A backend adds the side channel
+ * (handshake, notify transport) and its NIC (nic.ts): the thread NIC (inproc, tcp) or the simulator's
+ * fabric (sim).
  *
  * Handle lifecycle: pending -> done | failed, exactly once. The race checker's nicObserved is called
  * once, when the host first sees the terminal state through poll() or wait().
@@ -15,9 +16,10 @@ import { HandoffError, isHandoffError, type ErrorCode } from '../util/errors.ts'
 import { createLogger, type Logger } from '../util/log.ts';
 import { GrantIssuer } from './grant_issuer.ts';
 import { buildMetadata } from './metadata.ts';
-import { WorkRequestLog, type NicHost, type WorkRequestRecord } from './nic_host.ts';
-import { COUNTER, CQ_DONE, CQ_FAILED, type NicEvent } from './nic_messages.ts';
-import { coalesceRanges, disjoint, localSide, packRanges, totalBytes } from './ranges.ts';
+import type { Nic } from './nic.ts';
+import { WorkRequestLog, type WorkRequestRecord } from './nic_host.ts';
+import { CQ_DONE, CQ_FAILED, type NicEvent } from './nic_messages.ts';
+import { coalesceRanges, disjoint, localSide, totalBytes } from './ranges.ts';
 import {
   NOTIFICATION_TYPES,
   type EngineMetadata,
@@ -53,14 +55,15 @@ interface HandleState {
 
 type HostCounters = Omit<TransferStats, 'grantsRefused' | 'badFrames' | 'grantsIssued' | 'grantsExpired'>;
 
-export abstract class TransferEngineCore implements TransferEngine {
+/** What the core takes from TransferEngineOptions (the registered slabs belong to the NIC). */
+export type TransferEngineCoreOptions = Omit<TransferEngineOptions, 'backend' | 'slabs'>;
+
+export abstract class TransferEngineCore<N extends Nic = Nic> implements TransferEngine {
   abstract readonly backend: TransferBackend;
   readonly engineId: string;
   readonly metadata: EngineMetadata;
   protected readonly env: Env;
-  protected readonly log: Logger;
   protected readonly layout: SlabLayout;
-  protected readonly slabs: SharedArrayBuffer[];
   protected readonly secret: string | undefined;
   protected readonly faults: Required<TransferFaults>;
   protected readonly notifyTimeoutMs: number;
@@ -87,20 +90,20 @@ export abstract class TransferEngineCore implements TransferEngine {
   private readonly handlers = new Set<NotificationHandler>();
   private readonly abortWaiters = new Map<number, Array<() => void>>();
   private nextWrId = 1;
+  private logger: Logger | null = null;
+  private closed = false;
   private closing: Promise<void> | null = null;
   private workLog: WorkRequestLog | null = null;
 
   protected constructor(
-    opts: TransferEngineOptions,
-    protected readonly nic: NicHost,
+    opts: TransferEngineCoreOptions,
+    protected readonly nic: N,
   ) {
     this.engineId = opts.engineId;
     this.env = opts.env;
     this.layout = opts.layout;
-    this.slabs = opts.slabs;
     this.secret = opts.sideChannelSecret;
     this.metadata = buildMetadata(opts);
-    this.log = createLogger(`transfer:${opts.engineId}`);
     const f = opts.faults ?? {};
     this.faults = { readErrorRate: f.readErrorRate ?? 0, readDelayMs: f.readDelayMs ?? 0, dropNotificationRate: f.dropNotificationRate ?? 0 };
     this.notifyTimeoutMs = opts.notifyTimeoutMs ?? 5000;
@@ -118,10 +121,16 @@ export abstract class TransferEngineCore implements TransferEngine {
   protected abstract handshakeImpl(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata>;
   /** Deliver to the peer and resolve when it acknowledged. */
   protected abstract sendNotification(peerEngineId: string, n: Notification): Promise<void>;
-  protected abstract closeTransport(): Promise<void>;
+  /** Void when the transport closes at once (sim). */
+  protected abstract closeTransport(): Promise<void> | void;
 
   get isClosed(): boolean {
-    return this.closing !== null;
+    return this.closed;
+  }
+
+  /** Created on first use: the simulator builds thousands of engines that never log. */
+  protected get log(): Logger {
+    return (this.logger ??= createLogger(`transfer:${this.engineId}`));
   }
 
   attachRaceChecker(rc: RaceCheckerLike | null): void {
@@ -195,19 +204,18 @@ export abstract class TransferEngineCore implements TransferEngine {
     st.slot = slot;
     this.inflight.set(handle.id, st);
     const faulty = kind === 'read' && this.faults.readErrorRate > 0 && this.env.rng.next() < this.faults.readErrorRate;
-    this.nic.send({
-      t: 'post',
-      wr: {
-        wrId: handle.id,
-        slot,
-        kind,
-        peerEngineId: req.peerEngineId,
-        transferId: req.transferId,
-        grantToken: req.grantToken,
-        ranges: packRanges(ranges),
-        delayMs: kind === 'read' ? this.faults.readDelayMs : 0,
-        failWith: faulty ? 'TRANSFER_FAILED' : null,
-      },
+    this.nic.post({
+      wrId: handle.id,
+      slot,
+      kind,
+      peerEngineId: req.peerEngineId,
+      transferId: req.transferId,
+      grantToken: req.grantToken,
+      ranges,
+      label: req.label,
+      checkerWrId: st.rcId,
+      delayMs: kind === 'read' ? this.faults.readDelayMs : 0,
+      failWith: faulty ? 'TRANSFER_FAILED' : null,
     });
     return handle;
   }
@@ -255,9 +263,14 @@ export abstract class TransferEngineCore implements TransferEngine {
   }
 
   private observe(st: HandleState): void {
-    if (st.observed || st.state === 'pending') return;
+    if (st.state !== 'pending') this.markObserved(st);
+  }
+
+  private markObserved(st: HandleState): void {
+    if (st.observed) return;
     st.observed = true;
     if (st.rc !== null && st.rcId !== null) st.rc.nicObserved(st.rcId);
+    this.nic.observed(st.handle.id);
   }
 
   poll(handle: TransferHandle): PollResult {
@@ -280,17 +293,16 @@ export abstract class TransferEngineCore implements TransferEngine {
       this.refresh(st);
       if (st.state !== 'pending' || st.slot === null) continue;
       const id = st.handle.id;
-      waits.push(new Promise((resolve) => this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve])));
-      this.nic.send({ t: 'abort', wrId: id });
+      const aborted = new Promise<void>((resolve) => this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve]));
+      this.nic.abort(id);
+      // A synchronous NIC (sim) stopped it at once: the host knows now, in this step.
+      if (st.state !== 'pending') this.markObserved(st);
+      else waits.push(aborted);
     }
-    await Promise.all(waits);
+    if (waits.length > 0) await Promise.all(waits);
     // The host now knows the NIC will not touch these pages again: that orders every access the work
     // request made (or would have made) before whatever the host does next, e.g. re-zeroing the pages.
-    for (const st of sts) {
-      if (st.observed) continue;
-      st.observed = true;
-      if (st.rc !== null && st.rcId !== null) st.rc.nicObserved(st.rcId);
-    }
+    for (const st of sts) this.markObserved(st);
   }
 
   // ---- notifications ----
@@ -355,20 +367,22 @@ export abstract class TransferEngineCore implements TransferEngine {
   }
 
   stats(): TransferStats {
-    return {
-      ...this.counters,
-      grantsIssued: this.grants.issued,
-      grantsExpired: this.grants.expired,
-      grantsRefused: this.nic.counter(COUNTER.grantsRefused),
-      badFrames: this.nic.counter(COUNTER.badFrames),
-    };
+    return { ...this.counters, grantsIssued: this.grants.issued, grantsExpired: this.grants.expired, ...this.nic.stats() };
   }
 
+  /**
+   * Close (in the simulator: kill). A backend and NIC that close synchronously (sim) are closed before
+   * this returns, so nothing of the engine moves after the step that killed it.
+   */
   close(): Promise<void> {
-    this.closing ??= (async () => {
+    if (this.closing !== null) return this.closing;
+    this.closed = true;
+    this.closing = (async () => {
       this.grants.clear();
-      await this.closeTransport();
-      await this.nic.close();
+      const transport = this.closeTransport();
+      if (transport !== undefined) await transport;
+      const nic = this.nic.close();
+      if (nic !== undefined) await nic;
       for (const st of [...this.inflight.values()]) this.finish(st, 'PEER_UNAVAILABLE', 'engine closed');
       for (const ws of this.abortWaiters.values()) for (const w of ws) w();
       this.abortWaiters.clear();
