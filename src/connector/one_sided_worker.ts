@@ -17,7 +17,7 @@ import type { Logger } from '../util/log.ts';
 import type { Device, PageAccess } from '../device/types.ts';
 import { slabTransferRanges } from '../kv/layout.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine, TransferHandle, TransferRange } from '../transfer/types.ts';
+import type { TransferEngine, TransferHandle, TransferRange } from '../transfer/core/types.ts';
 import type { ConnectorWorkerHooks, LoadResult } from '../worker/hooks.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { alignReadBlocks } from './alignment.ts';
