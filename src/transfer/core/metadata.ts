@@ -3,8 +3,9 @@
  * only when a page means the same bytes on both sides (same model, preset, slab count, page size,
  * block sizes and cache specs). numBlocks may differ: each side checks offsets against its own.
  */
-import { createHash } from 'node:crypto';
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
+import { HandoffError } from '../../util/errors.ts';
 import type { KVCacheConfig } from '../../kv/spec.ts';
 import type { EngineMetadata, SlabLayout } from './types.ts';
 
@@ -67,4 +68,23 @@ export function compatibilityProblem(local: EngineMetadata, remote: EngineMetada
   }
   if (diffs.length === 0 && remote.compatHash !== local.compatHash) diffs.push('KV cache specs differ (compatibility hash mismatch)');
   return diffs.length === 0 ? null : `peer ${remote.engineId} is incompatible: ${diffs.join('; ')}`;
+}
+
+function sameSecret(a: string | undefined, b: string | undefined): boolean {
+  if (a === undefined || b === undefined) return a === b;
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+/**
+ * A handshake between two engines of one process (inproc, sim): the side-channel secrets must match
+ * (compared in constant time) and each side must accept the other's metadata. Null when admitted;
+ * otherwise the error the initiator throws (and the remote counts a refused handshake).
+ */
+export function localHandshakeRefusal(local: { secret: string | undefined; metadata: EngineMetadata }, remote: { secret: string | undefined; metadata: EngineMetadata }): HandoffError | null {
+  const remoteId = remote.metadata.engineId;
+  if (!sameSecret(local.secret, remote.secret)) return new HandoffError('UNAUTHORIZED', `handshake with ${remoteId} refused: side channel secret mismatch`);
+  const problem = compatibilityProblem(local.metadata, remote.metadata) ?? compatibilityProblem(remote.metadata, local.metadata);
+  return problem === null ? null : new HandoffError('PEER_INCOMPATIBLE', problem);
 }

@@ -8,7 +8,7 @@
  *     when the explorer runs them.
  *
  *   core --post/abort/grant/revokeGrant--> NIC --(moves bytes, checks the serving side's grants)
- *   core <--onEvent: cq (completion), aborted------+   slotState(): the completion queue, read directly
+ *   core <--onCompletion: cq, aborted--------------+   slotState(): the completion queue, read directly
  *
  * Side-channel traffic (handshake, notifications) belongs to the backend, which links peers to its NIC
  * its own way. A NIC may answer synchronously (the sim NIC emits `cq` and `aborted` inside post/abort);
@@ -16,8 +16,16 @@
  */
 import type { OpLabel } from '../../device/types.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-import type { NicEvent } from '../nic/nic_messages.ts';
 import type { TransferRange } from './types.ts';
+
+/** Completion-queue slot states (the thread NIC keeps them in a SharedArrayBuffer read with Atomics). */
+export const CQ_FREE = 0;
+export const CQ_PENDING = 1;
+export const CQ_DONE = 2;
+export const CQ_FAILED = 3;
+
+/** What a NIC tells the core: a work request ended, or an abort took effect. */
+export type NicCompletionEvent = { t: 'cq'; wrId: number; code: ErrorCode | null; message: string } | { t: 'aborted'; wrId: number };
 
 /** One posted READ or WRITE, ranges coalesced. */
 export interface NicWorkRequest {
@@ -54,7 +62,7 @@ export interface Nic {
   /** A free slot marked pending, or null when slotsMax work requests are in flight. */
   allocSlot(): number | null;
   freeSlot(slot: number): void;
-  /** CQ_PENDING, CQ_DONE or CQ_FAILED (nic_messages.ts), with the error code when failed. */
+  /** CQ_PENDING, CQ_DONE or CQ_FAILED (above), with the error code when failed. */
   slotState(slot: number): { state: number; code: ErrorCode };
   post(wr: NicWorkRequest): void;
   /** Stop work request `wrId`; the NIC answers with `aborted` once it will not touch memory for it. */
@@ -64,7 +72,8 @@ export interface Nic {
   /** Admit `peerEngineId` (null: any holder of the token) to `blockIds` until `ttlMs` from now. */
   grant(transferId: string, token: string, peerEngineId: string | null, blockIds: number[], ttlMs: number): void;
   revokeGrant(transferId: string, why: GrantEnd): void;
-  onEvent(fn: (ev: NicEvent) => void): () => void;
+  /** Completions and aborts, in the order the NIC produced them. */
+  onCompletion(fn: (ev: NicCompletionEvent) => void): () => void;
   stats(): NicStats;
   /** The NIC's clock for the work-request log: epoch ms (thread NIC) or virtual ms (sim NIC). */
   nowEpochMs(): number;

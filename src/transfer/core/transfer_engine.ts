@@ -16,9 +16,8 @@ import { HandoffError, isHandoffError, type ErrorCode } from '../../util/errors.
 import { createLogger, type Logger } from '../../util/log.ts';
 import { GrantIssuer } from './grant_issuer.ts';
 import { buildMetadata } from './metadata.ts';
-import type { Nic } from './nic.ts';
+import { CQ_DONE, CQ_FAILED, type Nic, type NicCompletionEvent } from './nic.ts';
 import { WorkRequestLog, type WorkRequestRecord } from './work_log.ts';
-import { CQ_DONE, CQ_FAILED, type NicEvent } from '../nic/nic_messages.ts';
 import { coalesceRanges, disjoint, localSide, totalBytes } from './ranges.ts';
 import {
   NOTIFICATION_TYPES,
@@ -109,7 +108,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     this.notifyTimeoutMs = opts.notifyTimeoutMs ?? 5000;
     this.handshakeTimeoutMs = opts.handshakeTimeoutMs ?? 5000;
     this.grants = new GrantIssuer(opts.env, nic, opts.layout.numBlocks);
-    nic.onEvent((ev) => this.onNicEvent(ev));
+    nic.onCompletion((ev) => this.onNicEvent(ev));
   }
 
   abstract address(): PeerAddress;
@@ -234,7 +233,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     if (st.log !== null) this.workLog?.finished(st.log, code === null ? 'done' : 'failed');
   }
 
-  private onNicEvent(ev: NicEvent): void {
+  private onNicEvent(ev: NicCompletionEvent): void {
     if (ev.t === 'cq') {
       const st = this.inflight.get(ev.wrId);
       if (st) this.finish(st, ev.code, ev.message);

@@ -5,22 +5,14 @@
  * is NIC thread to NIC thread (nic_inproc.ts); notifications are delivered on a later timer turn.
  */
 import { MessageChannel } from 'node:worker_threads';
-import { timingSafeEqual } from 'node:crypto';
 import { HandoffError } from '../../util/errors.ts';
-import { compatibilityProblem } from '../core/metadata.ts';
+import { localHandshakeRefusal } from '../core/metadata.ts';
 import { NicHost } from '../nic/nic_host.ts';
 import { TransferEngineCore } from '../core/transfer_engine.ts';
 import type { EngineMetadata, Notification, PeerAddress, TransferEngineOptions } from '../core/types.ts';
 
 const registry = new Map<string, InprocTransferEngine>();
 const SCHEME = 'inproc://';
-
-function sameSecret(a: string | undefined, b: string | undefined): boolean {
-  if (a === undefined || b === undefined) return a === b;
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
-}
 
 export class InprocTransferEngine extends TransferEngineCore<NicHost> {
   readonly backend = 'inproc' as const;
@@ -65,14 +57,10 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
     if (!peer.host.startsWith(SCHEME)) throw new HandoffError('PEER_UNAVAILABLE', `${peer.host} is not an inproc address`);
     const remote = registry.get(peer.host.slice(SCHEME.length));
     if (remote === undefined || remote.isClosed) throw new HandoffError('PEER_UNAVAILABLE', `no inproc engine at ${peer.host}`);
-    if (!sameSecret(this.secret, remote.secret)) {
+    const refusal = localHandshakeRefusal({ secret: this.secret, metadata: this.metadata }, { secret: remote.secret, metadata: remote.metadata });
+    if (refusal !== null) {
       remote.counters.handshakesRefused++;
-      throw new HandoffError('UNAUTHORIZED', `handshake with ${remote.engineId} refused: side channel secret mismatch`);
-    }
-    const problem = compatibilityProblem(this.metadata, remote.metadata) ?? compatibilityProblem(remote.metadata, this.metadata);
-    if (problem !== null) {
-      remote.counters.handshakesRefused++;
-      throw new HandoffError('PEER_INCOMPATIBLE', problem);
+      throw refusal;
     }
     if (!this.linked.has(remote.engineId) || !remote.linked.has(this.engineId)) {
       const { port1, port2 } = new MessageChannel();

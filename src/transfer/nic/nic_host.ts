@@ -19,7 +19,7 @@ import {
   type NicEvent,
   type NicInit,
 } from './nic_messages.ts';
-import type { GrantEnd, Nic, NicStats, NicWorkRequest } from '../core/nic.ts';
+import type { GrantEnd, Nic, NicCompletionEvent, NicStats, NicWorkRequest } from '../core/nic.ts';
 import { packRanges } from '../core/ranges.ts';
 import type { SlabLayout } from '../core/types.ts';
 
@@ -132,6 +132,12 @@ export class NicHost implements Nic {
   onEvent(fn: (ev: NicEvent) => void): () => void {
     this.listeners.add(fn);
     return () => this.listeners.delete(fn);
+  }
+
+  onCompletion(fn: (ev: NicCompletionEvent) => void): () => void {
+    return this.onEvent((ev) => {
+      if (ev.t === 'cq' || ev.t === 'aborted') fn(ev);
+    });
   }
 
   /** Post `cmd` and resolve with the first event `pick` accepts. */

@@ -8,14 +8,13 @@
  */
 import type { MessagePort } from 'node:worker_threads';
 import { ERROR_CODES, type ErrorCode } from '../../util/errors.ts';
+import type { NicCompletionEvent } from '../core/nic.ts';
 import type { SlabLayout } from '../core/types.ts';
+
+export { CQ_DONE, CQ_FAILED, CQ_FREE, CQ_PENDING } from '../core/nic.ts';
 
 /** Completion queue: Int32Array of 2 ints per slot: [state, error code index]. */
 export const CQ_INTS_PER_SLOT = 2;
-export const CQ_FREE = 0;
-export const CQ_PENDING = 1;
-export const CQ_DONE = 2;
-export const CQ_FAILED = 3;
 
 /** Counters the NIC thread increments with Atomics (Int32Array indexes). */
 export const COUNTER = { grantsRefused: 0, readsServed: 1, writesAccepted: 2, badFrames: 3 } as const;
@@ -78,8 +77,7 @@ export type NicCommand =
 
 export type NicEvent =
   | { t: 'ready'; dataPort: number }
-  | { t: 'cq'; wrId: number; code: ErrorCode | null; message: string }
-  | { t: 'aborted'; wrId: number }
+  | NicCompletionEvent
   | { t: 'rawPort'; port: number }
   | { t: 'rawDone'; bytes: number }
   | { t: 'closed' };

@@ -9,10 +9,9 @@
  * Same contract as inproc/tcp (testing/conformance.ts), and the same grant, notify and timeout code (the
  * core's). Addresses are `sim://<engineId>`; engines find each other through their fabric.
  */
-import { timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
 import { HandoffError } from '../../util/errors.ts';
-import { compatibilityProblem } from '../core/metadata.ts';
+import { localHandshakeRefusal } from '../core/metadata.ts';
 import { SimFabric, type FabricItem } from './sim_fabric.ts';
 import { SimNic } from './sim_nic.ts';
 import { TransferEngineCore, type TransferEngineCoreOptions } from '../core/transfer_engine.ts';
@@ -28,13 +27,6 @@ function registryOf(f: SimFabric): Map<string, SimTransferEngine> {
   let r = registries.get(f);
   if (r === undefined) registries.set(f, (r = new Map()));
   return r;
-}
-
-function sameSecret(a: string | undefined, b: string | undefined): boolean {
-  if (a === undefined || b === undefined) return a === b;
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
 }
 
 export interface SimTransferEngineOptions extends TransferEngineCoreOptions {
@@ -107,14 +99,10 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
     const remote = registryOf(this.fabric).get(to);
     if (this.isClosed) throw new HandoffError('PEER_UNAVAILABLE', 'engine is closed');
     if (remote === undefined || remote.isClosed) throw new HandoffError('PEER_UNAVAILABLE', `no sim engine ${to}`);
-    if (!sameSecret(this.secret, remote.secret)) {
+    const refusal = localHandshakeRefusal({ secret: this.secret, metadata: this.metadata }, { secret: remote.secret, metadata: remote.metadata });
+    if (refusal !== null) {
       remote.counters.handshakesRefused++;
-      throw new HandoffError('UNAUTHORIZED', `handshake with ${to} refused: side channel secret mismatch`);
-    }
-    const problem = compatibilityProblem(this.metadata, remote.metadata) ?? compatibilityProblem(remote.metadata, this.metadata);
-    if (problem !== null) {
-      remote.counters.handshakesRefused++;
-      throw new HandoffError('PEER_INCOMPATIBLE', problem);
+      throw refusal;
     }
     this.peers.set(remote.engineId, remote.metadata);
     remote.peers.set(this.engineId, this.metadata);

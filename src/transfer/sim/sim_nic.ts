@@ -15,8 +15,7 @@ import { assert } from '../../util/assert.ts';
 import type { Env } from '../../util/env.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 import { GrantTable, type GrantDecision, type GrantQuery } from '../core/grant_table.ts';
-import type { GrantEnd, Nic, NicStats, NicWorkRequest } from '../core/nic.ts';
-import { CQ_PENDING, type NicEvent } from '../nic/nic_messages.ts';
+import { CQ_PENDING, type GrantEnd, type Nic, type NicCompletionEvent, type NicStats, type NicWorkRequest } from '../core/nic.ts';
 import { localSide, remoteSide, totalBytes } from '../core/ranges.ts';
 import type { FabricFault, FabricItem, SimFabric } from './sim_fabric.ts';
 import type { SlabLayout } from '../core/types.ts';
@@ -50,7 +49,7 @@ export class SimNic implements Nic {
   private readonly pending = new Map<number, Pending>();
   /** Fabric item of each settled work request the host has not observed yet. */
   private readonly unobserved = new Map<number, number>();
-  private readonly listeners = new Set<(ev: NicEvent) => void>();
+  private readonly listeners = new Set<(ev: NicCompletionEvent) => void>();
   private slotsInUse = 0;
   private nextSlot = 0;
   private refused = 0;
@@ -166,12 +165,12 @@ export class SimNic implements Nic {
     return d;
   }
 
-  onEvent(fn: (ev: NicEvent) => void): () => void {
+  onCompletion(fn: (ev: NicCompletionEvent) => void): () => void {
     this.listeners.add(fn);
     return () => this.listeners.delete(fn);
   }
 
-  private emit(ev: NicEvent): void {
+  private emit(ev: NicCompletionEvent): void {
     for (const fn of [...this.listeners]) fn(ev);
   }
 
