@@ -12,7 +12,7 @@ import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import { createTransferEngine } from '../transfer/factory.ts';
-import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/types.ts';
+import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
 import { OneSidedConnectorWorker } from './one_sided_worker.ts';

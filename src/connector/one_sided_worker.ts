@@ -15,7 +15,7 @@ import type { Logger } from '../util/log.ts';
 import { mutationsFor } from '../util/mutants.ts';
 import type { Device } from '../device/types.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine } from '../transfer/types.ts';
+import type { TransferEngine } from '../transfer/core/types.ts';
 import type { ConnectorWorkerHooks, LoadResult } from '../worker/hooks.ts';
 import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';

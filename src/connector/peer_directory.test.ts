@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import type { EngineMetadata, PeerAddress } from '../transfer/types.ts';
+import type { EngineMetadata, PeerAddress } from '../transfer/core/types.ts';
 import { FAILED_RETRY_MS, PEERS_MAX, PeerDirectory, parsePeerAllowList, peerAllowed } from './peer_directory.ts';
 
 /** A handshake whose outcome the test decides. */

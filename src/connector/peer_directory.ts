@@ -17,7 +17,7 @@
  */
 import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
-import type { PeerAddress, EngineMetadata } from '../transfer/types.ts';
+import type { PeerAddress, EngineMetadata } from '../transfer/core/types.ts';
 
 export type PeerStatus =
   | { state: 'connecting' }

@@ -13,7 +13,7 @@
 import type { HandoffError } from '../util/errors.ts';
 import { isHandoffError } from '../util/errors.ts';
 import { rethrowIfAssertion } from '../util/assert.ts';
-import type { TransferHandle } from '../transfer/types.ts';
+import type { TransferHandle } from '../transfer/core/types.ts';
 import type { LoadResult } from '../worker/hooks.ts';
 import type { RecvReqMeta } from '../worker/connector_metadata.ts';
 import { TransferTable } from './transfer_table.ts';

@@ -11,7 +11,7 @@ import type { Mutations } from '../util/mutants.ts';
 import type { Device, PageAccess } from '../device/types.ts';
 import { slabTransferRanges } from '../kv/layout.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine, TransferRange } from '../transfer/types.ts';
+import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import type { PeerDirectory } from './peer_directory.ts';
 

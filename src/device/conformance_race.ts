@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { letDevicesRun, page, withDevice, type DeviceFactory } from './conformance_support.ts';
-import { RaceChecker } from './race_checker.ts';
+import { RaceChecker } from './race/race_checker.ts';
 import type { Device, OpSubmission, PageAccess } from './types.ts';
 
 const READ_LABEL = { what: 'READ', requestIds: ['req-1'], step: 7 };

@@ -6,7 +6,7 @@
  * an edge for the race checker, and the internal `EventSource`, which executors use to release a
  * stream-side wait without pretending the host observed anything.
  */
-import type { RaceChecker } from './race_checker.ts';
+import type { RaceChecker } from './race/race_checker.ts';
 import { observed } from './observed_promise.ts';
 import type { DeviceEvent } from './types.ts';
 

@@ -15,7 +15,7 @@ import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkKernels, findKernel, isKernelModule, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
 import { checkGeometry, copyPages, zeroPages } from './page_ops.ts';
-import { RaceChecker } from './race_checker.ts';
+import { RaceChecker } from './race/race_checker.ts';
 import { SimStream } from './sim_stream.ts';
 import type { StreamContext } from './stream_base.ts';
 import type { Device, DeviceOptions, KernelFn, KernelModule, OpLabel, StreamOp } from './types.ts';

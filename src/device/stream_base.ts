@@ -12,7 +12,7 @@ import { Deferred } from './deferred.ts';
 import { eventSource, makeDeviceEvent, type EventSource } from './device_event.ts';
 import { observed } from './observed_promise.ts';
 import { opFootprint, validateOp, type SlabGeometry } from './page_ops.ts';
-import type { RaceChecker } from './race_checker.ts';
+import type { RaceChecker } from './race/race_checker.ts';
 import type { DeviceEvent, OpSubmission, OpTicket, Stream, StreamObserver } from './types.ts';
 
 /** What every stream of one device shares. */

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { registerDeviceConformance } from './conformance.ts';
 import { TEST_GEOMETRY } from './conformance_support.ts';
-import type { RaceChecker } from './race_checker.ts';
+import type { RaceChecker } from './race/race_checker.ts';
 import { createThreadedDevice, deviceTimeline } from './threaded.ts';
 
 registerDeviceConformance('threaded', (opts) => createThreadedDevice(opts));

@@ -14,7 +14,7 @@ import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkGeometry } from './page_ops.ts';
-import type { RaceChecker } from './race_checker.ts';
+import type { RaceChecker } from './race/race_checker.ts';
 import type { StreamContext } from './stream_base.ts';
 import { epochNowMs, type FromThread, type ThreadInit } from './threaded_protocol.ts';
 import { ThreadedStream } from './threaded_stream.ts';

@@ -9,7 +9,7 @@
  * the thread reads no clock. Bounded: past OPS_MAX ops nothing more is logged (counted in `dropped`).
  */
 import { assert } from '../util/assert.ts';
-import { RaceChecker } from './race_checker.ts';
+import { RaceChecker } from './race/race_checker.ts';
 import { epochNowMs } from './threaded_protocol.ts';
 import type { OpLabel, OpSubmission, PageAccess } from './types.ts';
 

@@ -5,13 +5,13 @@
  * InstanceServer in front. `--role` sets the default kv_role of `--kv-transfer-config`; a colocated
  * instance (`both`) runs without a connector unless a config asks for one.
  */
-import type { RaceChecker } from '../device/race_checker.ts';
+import type { RaceChecker } from '../device/race/race_checker.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
-import type { TransferBackend } from '../transfer/types.ts';
+import type { TransferBackend } from '../transfer/core/types.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
 import type { OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';

@@ -5,7 +5,7 @@
  * Cumulative engine stats are exposed as counters that advance by the difference since the last scrape.
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { TransferStats } from '../transfer/types.ts';
+import type { TransferStats } from '../transfer/core/types.ts';
 
 /** Everything read from the engine at scrape time (plain data). */
 export interface InstanceStatsSnapshot {

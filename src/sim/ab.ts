@@ -13,9 +13,9 @@
 import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { isHandoffError } from '../util/errors.ts';
-import type { RaceChecker } from '../device/race_checker.ts';
+import type { RaceChecker } from '../device/race/race_checker.ts';
 import { deviceTimeline } from '../device/threaded.ts';
-import { TransferEngineCore } from '../transfer/transfer_engine.ts';
+import { TransferEngineCore } from '../transfer/core/transfer_engine.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
 import { threadedDevice } from '../engine/devices.ts';

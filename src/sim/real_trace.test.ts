@@ -9,9 +9,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import type { RaceReport } from '../device/race_report.ts';
+import type { RaceReport } from '../device/race/race_report.ts';
 import type { TimedOp } from '../device/threaded_timeline.ts';
-import type { WorkRequestRecord } from '../transfer/nic_host.ts';
+import type { WorkRequestRecord } from '../transfer/core/work_log.ts';
 import { runAb, AB_VARIANTS } from './ab.ts';
 import { realTrace } from './real_trace.ts';
 import { toChromeTrace, type SimTrace } from './trace.ts';

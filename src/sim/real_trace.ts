@@ -14,9 +14,9 @@
  * carry: both slices are highlighted and joined, as in simulated traces.
  */
 import { assert } from '../util/assert.ts';
-import type { RaceReport } from '../device/race_report.ts';
+import type { RaceReport } from '../device/race/race_report.ts';
 import type { TimedOp } from '../device/threaded_timeline.ts';
-import type { WorkRequestRecord } from '../transfer/nic_host.ts';
+import type { WorkRequestRecord } from '../transfer/core/work_log.ts';
 import { TraceRecorder, type SimTrace } from './trace.ts';
 
 /** One request as the client side of the run saw it (epoch ms on the same clock). */

@@ -13,10 +13,10 @@
 import { AssertionFailure } from '../util/assert.ts';
 import { SimEnv } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { formatRace, type RaceReport } from '../device/race_report.ts';
+import { formatRace, type RaceReport } from '../device/race/race_report.ts';
 import type { KVCacheBlock } from '../kv/block_pool.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { SimFabric, type FabricFault, type FabricItem } from '../transfer/sim_fabric.ts';
+import { SimFabric, type FabricFault, type FabricItem } from '../transfer/sim/sim_fabric.ts';
 import { Buggify } from './buggify.ts';
 import { forwardCostMs, nicCostMs, zeroCostMs, COST } from './cost_model.ts';
 import { createExplorer, type ChoiceInfo, type Explorer, type ExplorerOptions, type Strategy } from './explorer.ts';

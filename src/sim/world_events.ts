@@ -8,9 +8,9 @@
  *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it);
  *   - records NIC slices and maps race-checker work-request ids to them for the trace.
  */
-import type { RaceReport } from '../device/race_report.ts';
-import type { WireRange } from '../transfer/ranges.ts';
-import type { FabricEvent, FabricItem } from '../transfer/sim_fabric.ts';
+import type { RaceReport } from '../device/race/race_report.ts';
+import type { WireRange } from '../transfer/core/ranges.ts';
+import type { FabricEvent, FabricItem } from '../transfer/sim/sim_fabric.ts';
 import { SIM_TRANSFER_TIMEOUT_MS } from './scenarios.ts';
 import type { SimWorld } from './world.ts';
 

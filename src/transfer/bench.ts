@@ -9,9 +9,9 @@ import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { hexId } from '../util/ids.ts';
 import { createTransferEngine } from './factory.ts';
-import { coalesceRanges } from './ranges.ts';
-import { TcpTransferEngine } from './tcp.ts';
-import type { TransferBackend, TransferEngine, TransferRange } from './types.ts';
+import { coalesceRanges } from './core/ranges.ts';
+import { TcpTransferEngine } from './tcp/tcp.ts';
+import type { TransferBackend, TransferEngine, TransferRange } from './core/types.ts';
 
 export interface BenchOptions {
   backend: TransferBackend;

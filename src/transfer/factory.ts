@@ -3,10 +3,10 @@
  * against the layout, then starts the chosen backend (its NIC thread and, for tcp, its listeners).
  */
 import { assert } from '../util/assert.ts';
-import { InprocTransferEngine } from './inproc.ts';
-import { SimTransferEngine } from './sim.ts';
-import { TcpTransferEngine } from './tcp.ts';
-import type { TransferEngine, TransferEngineOptions } from './types.ts';
+import { InprocTransferEngine } from './inproc/inproc.ts';
+import { SimTransferEngine } from './sim/sim.ts';
+import { TcpTransferEngine } from './tcp/tcp.ts';
+import type { TransferEngine, TransferEngineOptions } from './core/types.ts';
 
 export async function createTransferEngine(opts: TransferEngineOptions): Promise<TransferEngine> {
   const { numSlabs, numBlocks, pageBytes } = opts.layout;

@@ -1,4 +1,4 @@
 /** The transfer layer's entry points for the layers above. */
 export { createTransferEngine } from './factory.ts';
-export { layoutFromKvConfig } from './metadata.ts';
-export type * from './types.ts';
+export { layoutFromKvConfig } from './core/metadata.ts';
+export type * from './core/types.ts';

@@ -1,0 +1,203 @@
+/**
+ * The transfer engine's contract: registered KV slabs, grants, one-sided READ/WRITE work requests,
+ * and a side channel for handshakes and notifications. Every backend (inproc, tcp, sim) implements
+ * `TransferEngine` and passes the same conformance suite (testing/conformance.ts).
+ *
+ *   consumer host --postRead--> consumer NIC --READ--> serving NIC (checks the grant, reads its slabs)
+ *        ^  poll/wait                 |  writes the bytes straight into the consumer's SharedArrayBuffers
+ *        +---- completion queue <-----+  (never waits for the compute stream, like an RDMA NIC)
+ *
+ * Everything here is plain, serialisable data except the engine itself.
+ */
+import type { OpLabel, PageAccess, RaceCheckerLike } from '../../device/types.ts';
+import type { Env } from '../../util/env.ts';
+import type { HandoffError } from '../../util/errors.ts';
+
+export type TransferBackend = 'inproc' | 'tcp' | 'sim';
+
+/** Where a peer's side channel listens. inproc: `{ host: 'inproc://<engineId>', port: 0 }`. */
+export interface PeerAddress {
+  host: string;
+  port: number;
+}
+
+/** Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. */
+export interface SlabLayout {
+  numSlabs: number;
+  numBlocks: number;
+  pageBytes: number;
+}
+
+/** What peers exchange at handshake. Peers are compatible when everything but numBlocks agrees. */
+export interface EngineMetadata {
+  engineId: string;
+  modelName: string;
+  preset: string;
+  layout: SlabLayout & { blockSizes: number[] };
+  /** sha256 over model, preset, numSlabs, pageBytes, blockSizes and the caller's cacheHash. */
+  compatHash: string;
+}
+
+export interface GrantRequest {
+  transferId: string;
+  /** The only engine allowed to use the grant; null = any engine that holds the token. */
+  peerEngineId: string | null;
+  /** Pages (in every slab) the grant covers. */
+  blockIds: number[];
+  ttlMs: number;
+}
+
+export interface Grant {
+  /** Hex of 16 random bytes from env.secureRandomBytes. */
+  token: string;
+  transferId: string;
+  /** In env.nowMs() time. */
+  expiresAtMs: number;
+}
+
+/** One byte range: `local*` in this engine's slab, `remote*` in the peer's slab, same slab index. */
+export interface TransferRange {
+  slab: number;
+  localOffset: number;
+  remoteOffset: number;
+  length: number;
+}
+
+/**
+ * A READ (remote -> local) or WRITE (local -> remote). The grant was issued by the side whose pages
+ * are the remote ones: the producer for a READ, the consumer (destination) for a WRITE.
+ */
+export interface TransferRequest {
+  peerEngineId: string;
+  transferId: string;
+  grantToken: string;
+  ranges: TransferRange[];
+  label: OpLabel;
+  /** Local pages this work request touches (READ: written; WRITE: read), for the race checker. */
+  footprint: PageAccess[];
+}
+
+/** Returned by postRead/postWrite. Plain data; the engine keeps the state. */
+export interface TransferHandle {
+  readonly id: number;
+  readonly kind: 'read' | 'write';
+  readonly peerEngineId: string;
+  readonly transferId: string;
+  readonly bytes: number;
+  /** Work request descriptors after coalescing contiguous ranges. */
+  readonly descriptors: number;
+}
+
+export type PollResult = { state: 'pending' } | { state: 'done' } | { state: 'failed'; error: HandoffError };
+
+export const NOTIFICATION_TYPES = ['release', 'write_done', 'remote_blocks'] as const;
+export type NotificationType = (typeof NOTIFICATION_TYPES)[number];
+
+export interface Notification {
+  type: NotificationType;
+  transferId: string;
+  /** Plain JSON data (e.g. remote_blocks: { blockIds }). */
+  payload?: Record<string, unknown>;
+}
+
+export type NotificationHandler = (fromEngineId: string, notification: Notification) => void;
+
+export interface TransferStats {
+  bytesRead: number;
+  bytesWritten: number;
+  readsPosted: number;
+  readsFailed: number;
+  writesPosted: number;
+  writesFailed: number;
+  /** Work request descriptors posted after coalescing (vLLM's num_descriptors). */
+  descriptorsPosted: number;
+  grantsIssued: number;
+  /** READs/WRITEs this engine's NIC refused with GRANT_DENIED. */
+  grantsRefused: number;
+  grantsExpired: number;
+  handshakesRefused: number;
+  notificationsSent: number;
+  notificationsFailed: number;
+  /** release / write_done notifications refused: wrong peer or wrong grant token for a live grant. */
+  releasesRefused: number;
+  /** Data-plane connections closed because of malformed frames (tcp). */
+  badFrames: number;
+}
+
+/** Test-only fault switch; off unless configured. Decisions use env.rng. */
+export interface TransferFaults {
+  /** Probability that a posted READ fails with TRANSFER_FAILED (nothing is moved). */
+  readErrorRate?: number;
+  /** The NIC starts each READ this much later (a slow NIC). */
+  readDelayMs?: number;
+  /** Probability that an outgoing notification is lost; notify() then rejects with TIMEOUT. */
+  dropNotificationRate?: number;
+}
+
+export interface TransferEngineOptions {
+  backend: TransferBackend;
+  env: Env;
+  engineId: string;
+  modelName: string;
+  preset: string;
+  layout: SlabLayout;
+  /** Block size (tokens per page) per KV cache group. */
+  blockSizes: number[];
+  /** Extra compatibility input, e.g. a hash of the cache group specs. */
+  cacheHash?: string;
+  /** The registered regions: one SharedArrayBuffer per slab, numBlocks * pageBytes long. */
+  slabs: SharedArrayBuffer[];
+  /** tcp: interface to bind (default 127.0.0.1). */
+  host?: string;
+  /** tcp: side-channel port (0 = pick a free one). */
+  port?: number;
+  /** tcp: data-plane port served by the NIC thread (0 = pick a free one). */
+  dataPort?: number;
+  /** When set, handshakes must prove knowledge of it (HMAC challenge, both directions). */
+  sideChannelSecret?: string;
+  faults?: TransferFaults;
+  /** Work requests in flight at once (completion queue slots). Default 1024. */
+  inflightMax?: number;
+  /** notify() rejects with TIMEOUT when the peer has not acknowledged by then. Default 5000. */
+  notifyTimeoutMs?: number;
+  /** handshake() rejects with PEER_UNAVAILABLE when it has not completed by then. Default 5000. */
+  handshakeTimeoutMs?: number;
+  /** tcp: payload bytes per DATA frame. Default 1 MiB. */
+  dataFrameBytes?: number;
+}
+
+export interface TransferEngine {
+  readonly backend: TransferBackend;
+  readonly engineId: string;
+  readonly metadata: EngineMetadata;
+  /** The address peers pass to handshake(). */
+  address(): PeerAddress;
+  /** Bound ports (tcp); zeros for inproc. */
+  ports(): { sideChannel: number; data: number };
+  attachRaceChecker(rc: RaceCheckerLike | null): void;
+
+  issueGrant(req: GrantRequest): Grant;
+  /** True when a live grant was revoked. */
+  revokeGrant(transferId: string): boolean;
+
+  /** Metadata exchange, once per peer; PEER_INCOMPATIBLE, UNAUTHORIZED or PEER_UNAVAILABLE on failure. */
+  handshake(peer: PeerAddress): Promise<EngineMetadata>;
+  postRead(req: TransferRequest): TransferHandle;
+  postWrite(req: TransferRequest): TransferHandle;
+  poll(handle: TransferHandle): PollResult;
+  /**
+   * Resolves when every handle is done; rejects with the first failure's error, or on timeout with
+   * KV_READ_TIMEOUT (TIMEOUT when only WRITEs are pending). A timeout does not stop the NIC: use abort().
+   */
+  wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void>;
+  /** Resolves once the NIC will not touch memory for these work requests any more (each ends done or failed). */
+  abort(handles: readonly TransferHandle[]): Promise<void>;
+
+  /** Resolves when the peer acknowledged delivery; rejects with PEER_UNAVAILABLE or TIMEOUT. */
+  notify(peerEngineId: string, notification: Notification): Promise<void>;
+  /** Returns an unsubscribe function. Handler exceptions are logged, never rethrown. */
+  onNotification(handler: NotificationHandler): () => void;
+
+  stats(): TransferStats;
+  close(): Promise<void>;
+}

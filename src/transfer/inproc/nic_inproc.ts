@@ -1,0 +1,126 @@
+/**
+ * inproc data plane: a MessagePort between two NIC threads of one process, each holding the other's
+ * SharedArrayBuffer slabs (handed over once, at handshake). The NIC of the engine that owns the grant
+ * checks it and does the copy: the producer's NIC for a READ, the destination's NIC for a WRITE.
+ *
+ *   consumer NIC --{read}--> producer NIC: check grant, copy producer slab -> consumer slab --{done}--> consumer NIC
+ *
+ * Messages on a port are FIFO, so once a peer answers {aborted} it will not copy for that request.
+ */
+import type { MessagePort } from 'node:worker_threads';
+import { COUNTER, asErrorCode, type WorkRequest } from '../nic/nic_messages.ts';
+import type { NicContext } from '../nic/nic_worker.ts';
+import { remoteSide, unpackRanges } from '../core/ranges.ts';
+
+type LinkMessage =
+  /** ranges packed as [slab, requester's offset, server's offset, length]*n (packRanges). */
+  | { t: 'read' | 'write'; reqId: number; transferId: string; token: string; ranges: Float64Array }
+  | { t: 'done'; reqId: number }
+  | { t: 'error'; reqId: number; code: string; message: string }
+  | { t: 'abort'; reqId: number }
+  | { t: 'aborted'; reqId: number };
+
+export class InprocLink {
+  private readonly peerSlabs: Uint8Array[];
+  private readonly outstanding = new Set<number>();
+  private readonly aborting = new Map<number, () => void>();
+  private readonly closeHandlers: Array<() => void> = [];
+  private closed = false;
+
+  constructor(
+    private readonly ctx: NicContext,
+    private readonly peerEngineId: string,
+    private readonly port: MessagePort,
+    peerSlabs: SharedArrayBuffer[],
+  ) {
+    this.peerSlabs = peerSlabs.map((b) => new Uint8Array(b));
+    port.on('message', (m: LinkMessage) => this.onMessage(m));
+    port.on('close', () => this.close(`peer ${peerEngineId} closed its link`));
+  }
+
+  onClose(fn: () => void): void {
+    this.closeHandlers.push(fn);
+  }
+
+  post(wr: WorkRequest): void {
+    if (this.closed) {
+      this.ctx.complete(wr.wrId, 'PEER_UNAVAILABLE', `link to peer ${this.peerEngineId} is closed`);
+      return;
+    }
+    this.outstanding.add(wr.wrId);
+    this.send({ t: wr.kind, reqId: wr.wrId, transferId: wr.transferId, token: wr.grantToken, ranges: wr.ranges });
+  }
+
+  /** `ack` runs once the peer can no longer copy for this request. */
+  abort(wrId: number, ack: () => void): void {
+    if (this.closed || !this.outstanding.has(wrId)) return ack();
+    this.aborting.set(wrId, ack);
+    this.send({ t: 'abort', reqId: wrId });
+  }
+
+  close(reason: string): void {
+    if (this.closed) return;
+    this.closed = true;
+    for (const wrId of this.outstanding) this.ctx.complete(wrId, 'PEER_UNAVAILABLE', reason);
+    this.outstanding.clear();
+    for (const ack of this.aborting.values()) ack();
+    this.aborting.clear();
+    this.port.close();
+    for (const fn of this.closeHandlers) fn();
+  }
+
+  private send(m: LinkMessage): void {
+    this.port.postMessage(m);
+  }
+
+  private onMessage(m: LinkMessage): void {
+    if (this.closed) return;
+    switch (m.t) {
+      case 'read':
+      case 'write':
+        this.serve(m);
+        return;
+      case 'done':
+      case 'error':
+        if (!this.outstanding.delete(m.reqId)) return;
+        if (m.t === 'done') this.ctx.complete(m.reqId, null, '');
+        else this.ctx.complete(m.reqId, asErrorCode(m.code), m.message);
+        return;
+      case 'abort':
+        this.send({ t: 'aborted', reqId: m.reqId });
+        return;
+      case 'aborted': {
+        const ack = this.aborting.get(m.reqId);
+        this.aborting.delete(m.reqId);
+        this.outstanding.delete(m.reqId);
+        ack?.();
+        return;
+      }
+    }
+  }
+
+  /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy. */
+  private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): void {
+    const ranges = unpackRanges(m.ranges);
+    const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, remoteSide(ranges));
+    if (!d.ok) {
+      this.send({ t: 'error', reqId: m.reqId, code: 'GRANT_DENIED', message: `grant denied by ${this.ctx.engineId}: ${d.reason}` });
+      return;
+    }
+    for (const r of ranges) {
+      const theirs = this.peerSlabs[r.slab];
+      if (theirs === undefined || !Number.isSafeInteger(r.localOffset) || r.localOffset < 0 || r.localOffset + r.length > theirs.length) {
+        this.send({ t: 'error', reqId: m.reqId, code: 'BAD_TRANSFER_PARAMS', message: `peer range outside its own slab ${r.slab}` });
+        return;
+      }
+    }
+    for (const r of ranges) {
+      const ours = this.ctx.slabs[r.slab] as Uint8Array;
+      const theirs = this.peerSlabs[r.slab] as Uint8Array;
+      if (m.t === 'read') theirs.set(ours.subarray(r.remoteOffset, r.remoteOffset + r.length), r.localOffset);
+      else ours.set(theirs.subarray(r.localOffset, r.localOffset + r.length), r.remoteOffset);
+    }
+    this.ctx.count(m.t === 'read' ? COUNTER.readsServed : COUNTER.writesAccepted);
+    this.send({ t: 'done', reqId: m.reqId });
+  }
+}
