@@ -55,43 +55,72 @@ async function timed(env: Env, runs: number, fn: () => Promise<void> | void, pre
   return Math.max(median(ms), 1e-3);
 }
 
+interface BenchSide {
+  engine: TransferEngine;
+  slabs: Uint8Array[];
+}
+
+/** One side of the bench: an engine over fresh slabs (the producer's filled with a pattern). */
+async function benchSide(o: BenchOptions, side: string, fill: boolean): Promise<BenchSide> {
+  const layout = { numSlabs: NUM_SLABS, numBlocks: o.pages + 1, pageBytes: o.pageBytes };
+  const buffers = Array.from({ length: NUM_SLABS }, () => new SharedArrayBuffer(layout.numBlocks * o.pageBytes));
+  if (fill) for (const [i, b] of buffers.entries()) new Uint32Array(b).forEach((_, j, a) => (a[j] = (j * 2654435761 + i) >>> 0));
+  const engine = await createTransferEngine({
+    backend: o.backend,
+    env: o.env,
+    engineId: `bench-${side}-${hexId(o.env, 4)}`,
+    modelName: 'bench',
+    preset: 'bench',
+    layout,
+    blockSizes: [16],
+    slabs: buffers,
+  });
+  return { engine, slabs: buffers.map((b) => new Uint8Array(b)) };
+}
+
+/** Page i of every slab → page i (or a shuffled page with `scatter`) on the reader. */
+function benchRanges(o: BenchOptions, blocks: number[]): TransferRange[] {
+  const local = [...blocks];
+  if (o.scatter) {
+    for (let i = local.length - 1; i > 0; i--) {
+      const j = o.env.rng.int(i + 1);
+      [local[i], local[j]] = [local[j] as number, local[i] as number];
+    }
+  }
+  const ranges: TransferRange[] = [];
+  for (let slab = 0; slab < NUM_SLABS; slab++) {
+    blocks.forEach((b, i) => ranges.push({ slab, remoteOffset: b * o.pageBytes, localOffset: (local[i] as number) * o.pageBytes, length: o.pageBytes }));
+  }
+  return ranges;
+}
+
+/** The baseline measured in the same run: memcpy of the same ranges (inproc) or a raw socket stream (tcp). */
+async function baselineMs(o: BenchOptions, P: BenchSide, D: BenchSide, ranges: TransferRange[], bytes: number, repeats: number): Promise<number> {
+  if (o.backend === 'inproc') {
+    const merged = coalesceRanges(ranges);
+    return timed(o.env, repeats, () => {
+      for (const r of merged) {
+        const src = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
+        (D.slabs[r.slab] as Uint8Array).set(src, r.localOffset);
+      }
+    });
+  }
+  assert(D.engine instanceof TcpTransferEngine && P.engine instanceof TcpTransferEngine, 'tcp bench needs tcp engines');
+  const [from, to] = [P.engine, D.engine];
+  return timed(o.env, repeats, async () => {
+    await to.rawStreamMs(from, bytes, RAW_CHUNK_BYTES);
+  });
+}
+
 export async function benchTransfer(o: BenchOptions): Promise<BenchResult> {
   assert(Number.isInteger(o.pages) && o.pages > 0, 'pages must be a positive integer');
   assert(Number.isInteger(o.pageBytes) && o.pageBytes > 0, 'pageBytes must be a positive integer');
   const repeats = o.repeats ?? 5;
-  const layout = { numSlabs: NUM_SLABS, numBlocks: o.pages + 1, pageBytes: o.pageBytes };
-  const slabBytes = layout.numBlocks * o.pageBytes;
-  const mk = (side: string, fill: boolean) => {
-    const buffers = Array.from({ length: NUM_SLABS }, () => new SharedArrayBuffer(slabBytes));
-    if (fill) for (const [i, b] of buffers.entries()) new Uint32Array(b).forEach((_, j, a) => (a[j] = (j * 2654435761 + i) >>> 0));
-    const engine = createTransferEngine({
-      backend: o.backend,
-      env: o.env,
-      engineId: `bench-${side}-${hexId(o.env, 4)}`,
-      modelName: 'bench',
-      preset: 'bench',
-      layout,
-      blockSizes: [16],
-      slabs: buffers,
-    });
-    return engine.then((e) => ({ engine: e, slabs: buffers.map((b) => new Uint8Array(b)) }));
-  };
-  const [P, D] = await Promise.all([mk('P', true), mk('D', false)]);
-  const engines: TransferEngine[] = [P.engine, D.engine];
+  const [P, D] = await Promise.all([benchSide(o, 'P', true), benchSide(o, 'D', false)]);
   try {
     await D.engine.handshake(P.engine.address());
     const blocks = Array.from({ length: o.pages }, (_, i) => i + 1);
-    const local = [...blocks];
-    if (o.scatter) {
-      for (let i = local.length - 1; i > 0; i--) {
-        const j = o.env.rng.int(i + 1);
-        [local[i], local[j]] = [local[j] as number, local[i] as number];
-      }
-    }
-    const ranges: TransferRange[] = [];
-    for (let slab = 0; slab < NUM_SLABS; slab++) {
-      blocks.forEach((b, i) => ranges.push({ slab, remoteOffset: b * o.pageBytes, localOffset: (local[i] as number) * o.pageBytes, length: o.pageBytes }));
-    }
+    const ranges = benchRanges(o, blocks);
     const bytes = ranges.length * o.pageBytes;
     const { token } = P.engine.issueGrant({ transferId: 'bench', peerEngineId: D.engine.engineId, blockIds: blocks, ttlMs: 3_600_000 });
     const verify = (): void => {
@@ -112,26 +141,11 @@ export async function benchTransfer(o: BenchOptions): Promise<BenchResult> {
       () => D.slabs.forEach((s) => s.fill(0)),
       verify,
     );
-    let baselineMs: number;
-    if (o.backend === 'inproc') {
-      const merged = coalesceRanges(ranges);
-      baselineMs = await timed(o.env, repeats, () => {
-        for (const r of merged) {
-          const src = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
-          (D.slabs[r.slab] as Uint8Array).set(src, r.localOffset);
-        }
-      });
-    } else {
-      assert(D.engine instanceof TcpTransferEngine && P.engine instanceof TcpTransferEngine, 'tcp bench needs tcp engines');
-      const [from, to] = [P.engine, D.engine];
-      baselineMs = await timed(o.env, repeats, async () => {
-        await to.rawStreamMs(from, bytes, RAW_CHUNK_BYTES);
-      });
-    }
+    const base = await baselineMs(o, P, D, ranges, bytes, repeats);
     const gbps = bytes / (readMs / 1000) / 1e9;
-    const baselineGbps = bytes / (baselineMs / 1000) / 1e9;
+    const baselineGbps = bytes / (base / 1000) / 1e9;
     return { backend: o.backend, pageBytes: o.pageBytes, bytes, gbps, baselineGbps, ratio: gbps / baselineGbps };
   } finally {
-    await Promise.all(engines.map((e) => e.close()));
+    await Promise.all([P.engine.close(), D.engine.close()]);
   }
 }
