@@ -7,12 +7,14 @@
  * - Size: no source file over 500 lines.
  * - Error discipline: no catch in production code swallows an AssertionFailure (CONVENTIONS.md §4):
  *   each one re-throws what it does not own, or says why not in a `// catch-ok:` comment.
+ * - Function size: no production function over 70 lines, so each one fits on a screen.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import ts from 'typescript';
 
 const SRC = dirname(fileURLToPath(import.meta.url));
 
@@ -107,6 +109,52 @@ export function catchViolations(file: string, text: string): string[] {
   return out;
 }
 
+/** Longest function body we accept, in lines from its first line to its last (TigerBeetle's limit). */
+const FUNCTION_LINES_MAX = 70;
+
+
+/**
+ * A test-suite kit is one function that registers a suite's tests (`test(...)` calls in a row) so that
+ * every backend runs the same suite: splitting it would scatter one suite over helpers without making
+ * any test clearer. Production code has no such excuse.
+ */
+function isSuiteKit(file: string): boolean {
+  return /(^|\/)conformance[^/]*\.ts$|_testkit\.ts$/.test(file);
+}
+
+/**
+ * Every function with a body — declarations, methods, constructors, accessors, arrow functions and
+ * function expressions — longer than FUNCTION_LINES_MAX, as `file:line: name is N lines`.
+ * Length = end line − start line + 1, the start being the function's own first line (after leading comments).
+ */
+export function longFunctions(file: string, text: string): string[] {
+  if (!isProduction(file) || isSuiteKit(file)) return [];
+  const source = ts.createSourceFile(file, text, ts.ScriptTarget.Latest, true);
+  const lineOf = (pos: number): number => source.getLineAndCharacterOfPosition(pos).line + 1;
+  const out: string[] = [];
+  const visit = (node: ts.Node): void => {
+    if (ts.isFunctionLike(node) && 'body' in node && node.body !== undefined) {
+      const start = lineOf(node.getStart(source));
+      const lines = lineOf(node.getEnd()) - start + 1;
+      if (lines > FUNCTION_LINES_MAX) out.push(`${file}:${start}: ${functionName(node)} is ${lines} lines`);
+    }
+    ts.forEachChild(node, visit);
+  };
+  visit(source);
+  return out;
+}
+
+function functionName(node: ts.Node): string {
+  const named = node as ts.Node & { name?: ts.Node };
+  if (named.name !== undefined) return named.name.getText();
+  if (ts.isConstructorDeclaration(node)) return 'constructor';
+  const parent = node.parent;
+  if (ts.isVariableDeclaration(parent) || ts.isPropertyAssignment(parent) || ts.isPropertyDeclaration(parent)) {
+    return parent.name.getText();
+  }
+  return '(anonymous)';
+}
+
 test('tidy: the rule checkers themselves catch what they must (a checker that cannot fail proves nothing)', () => {
   assert.equal(determinismViolations('kv/x.ts', 'const t = Date.now();').length, 1);
   assert.equal(determinismViolations('kv/x.ts', '// Date.now() in a comment').length, 0);
@@ -129,6 +177,20 @@ test('tidy: the rule checkers themselves catch what they must (a checker that ca
   assert.equal(catchViolations('serve/x.ts', '// a catch (e) in a comment is no catch').length, 0);
   assert.equal(catchViolations('serve/x.test.ts', '} catch (e) {\n  log(e);').length, 0);
   assert.equal(catchViolations('transfer/testing/conformance.ts', '} catch (e) {\n  log(e);').length, 0);
+  const body = (n: number): string => Array.from({ length: n - 2 }, (_, i) => `  f(${i});`).join('\n');
+  assert.deepEqual(longFunctions('kv/x.ts', `// c\nfunction big() {\n${body(71)}\n}`), ['kv/x.ts:2: big is 71 lines']);
+  assert.equal(longFunctions('kv/x.ts', `function ok() {\n${body(70)}\n}`).length, 0);
+  assert.deepEqual(longFunctions('kv/x.ts', `const g = () => {\n${body(71)}\n};`), ['kv/x.ts:1: g is 71 lines']);
+  assert.deepEqual(longFunctions('kv/x.ts', `class C {\n  m() {\n${body(71)}\n  }\n}`), ['kv/x.ts:2: m is 71 lines']);
+  assert.deepEqual(longFunctions('kv/x.ts', `class C {\n  constructor() {\n${body(71)}\n  }\n}`), [
+    'kv/x.ts:2: constructor is 71 lines',
+  ]);
+  assert.deepEqual(longFunctions('kv/x.ts', `class C {\n  get v() {\n${body(71)}\n  }\n}`), ['kv/x.ts:2: v is 71 lines']);
+  assert.deepEqual(longFunctions('kv/x.ts', `run(function () {\n${body(71)}\n});`), ['kv/x.ts:1: (anonymous) is 71 lines']);
+  assert.equal(longFunctions('kv/x.ts', `interface I {\n${body(80)}\n}`).length, 0);
+  assert.equal(longFunctions('kv/x.test.ts', `function big() {\n${body(71)}\n}`).length, 0);
+  assert.equal(longFunctions('device/conformance_race.ts', `function big() {\n${body(71)}\n}`).length, 0);
+  assert.equal(longFunctions('engine/scheduler_testkit.ts', `function big() {\n${body(71)}\n}`).length, 0);
 });
 
 test('tidy: no clock, timer, thread or Math.random outside env.ts and the real backends', () => {
@@ -152,6 +214,11 @@ test('tidy: no source file over 500 lines', () => {
     .filter(({ n }) => n > 500)
     .map(({ f, n }) => `${f}: ${n} lines`);
   assert.deepEqual(long, []);
+});
+
+test(`tidy: no production function over ${FUNCTION_LINES_MAX} lines`, () => {
+  const bad = sources.flatMap((f) => longFunctions(f, readFileSync(join(SRC, f), 'utf8')));
+  assert.deepEqual(bad, [], `functions over ${FUNCTION_LINES_MAX} lines (split them into named helpers):\n${bad.join('\n')}`);
 });
 
 test('tidy: every folder of src/ is a known layer', () => {

@@ -11,8 +11,8 @@ import { isModelPreset, type ModelPreset } from '../kv/presets.ts';
 import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
-import { runAb, AB_VARIANTS, type AbVariant } from '../sim/ab.ts';
-import { abVerdict } from '../sim/ab_gate.ts';
+import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
+import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
 import { writeTrace } from '../sim/trace_export.ts';
 
 function preset(name: string): ModelPreset {
@@ -39,7 +39,17 @@ function abVariants(list: string): AbVariant[] {
   });
 }
 
+/** `handoff ab` and `handoff bench …`; returns the `bench` command so callers can add subcommands. */
 export function registerCoreCommands(program: Command): Command {
+  registerAb(program);
+  const bench = program.command('bench').description('benchmarks, as ratios against a baseline measured in the same run');
+  registerBenchTransfer(bench);
+  registerBenchModel(bench);
+  registerBenchSched(bench);
+  return bench;
+}
+
+function registerAb(program: Command): void {
   program
     .command('ab')
     .description('end-to-end A/B of the zeroing-vs-READ race: colocated reference vs 1P1D per zeroing variant (real threads)')
@@ -52,71 +62,83 @@ export function registerCoreCommands(program: Command): Command {
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
     .option('--trace <base>', "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)")
     .option('--json', 'print one JSON object')
-    .action(async (o: Record<string, string | boolean>) => {
-      const env = new RealEnv(int('seed', String(o['seed']), 0, 2 ** 31));
-      const requests = int('requests', String(o['requests']), 1, 1000);
-      const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
-      const traceBase = o['trace'] === undefined ? null : String(o['trace']);
-      if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0) throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
-      const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' }, cliProgress.Presets.shades_classic);
-      bar.start(requests * variants.length, 0, { variant: 'reference' });
-      let base = 0;
-      let last = '';
-      const report = await runAb(
-        {
-          preset: preset(String(o['model'])),
-          requests,
-          maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
-          seed: int('seed', String(o['seed']), 0, 2 ** 31),
-          arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
-          forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
-          variants,
-          trace: traceBase !== null,
-          onProgress: (variant, done) => {
-            if (variant !== last) {
-              if (last !== '') base += requests;
-              last = variant;
-            }
-            bar.update(base + done, { variant });
-          },
-        },
-        env,
-      );
-      bar.stop();
-      for (const v of report.variants) {
-        if (traceBase === null || v.trace === null) continue;
-        const stem = traceBase.replace(/\.(json|html)$/, '');
-        const files = writeTrace(v.trace, report.variants.length === 1 ? stem : `${stem}-${v.name}`);
-        // With --json, stdout carries only the JSON object.
-        (o['json'] ? process.stderr : process.stdout).write(`trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`);
-      }
-      const verdict = abVerdict(
-        report.variants.map((r) => {
-          const def = variants.find((x) => x.name === r.name);
-          assert(def !== undefined, `A/B result for unknown variant ${r.name}`);
-          return { ...r, zeroExclusion: def.zeroExclusion };
-        }),
-      );
-      if (!verdict.ok) process.exitCode = 1;
-      if (o['json']) {
-        const gate = { ok: verdict.ok, gating: verdict.gating, failures: verdict.failures };
-        out(JSON.stringify({ ...report, gate, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
-        if (!verdict.ok) process.stderr.write(`handoff ab: ${verdict.summary}\n`);
-        return;
-      }
-      out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
-      const fast = report.variants.find((v) => v.name === 'all-read-groups');
-      for (const v of report.variants) {
-        const ratio = fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
-        out(
-          `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
-            `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
-        );
-      }
-      out(verdict.summary);
-    });
+    .action(runAbCommand);
+}
 
-  const bench = program.command('bench').description('benchmarks, as ratios against a baseline measured in the same run');
+async function runAbCommand(o: Record<string, string | boolean>): Promise<void> {
+  const env = new RealEnv(int('seed', String(o['seed']), 0, 2 ** 31));
+  const requests = int('requests', String(o['requests']), 1, 1000);
+  const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
+  const traceBase = o['trace'] === undefined ? null : String(o['trace']);
+  if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0) throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
+  const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' }, cliProgress.Presets.shades_classic);
+  bar.start(requests * variants.length, 0, { variant: 'reference' });
+  let base = 0;
+  let last = '';
+  const report = await runAb(
+    {
+      preset: preset(String(o['model'])),
+      requests,
+      maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
+      seed: int('seed', String(o['seed']), 0, 2 ** 31),
+      arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
+      forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
+      variants,
+      trace: traceBase !== null,
+      onProgress: (variant, done) => {
+        if (variant !== last) {
+          if (last !== '') base += requests;
+          last = variant;
+        }
+        bar.update(base + done, { variant });
+      },
+    },
+    env,
+  );
+  bar.stop();
+  if (traceBase !== null) writeAbTraces(report, traceBase, Boolean(o['json']));
+  const verdict = abVerdict(
+    report.variants.map((r) => {
+      const def = variants.find((x) => x.name === r.name);
+      assert(def !== undefined, `A/B result for unknown variant ${r.name}`);
+      return { ...r, zeroExclusion: def.zeroExclusion };
+    }),
+  );
+  if (!verdict.ok) process.exitCode = 1;
+  if (o['json']) printAbJson(report, verdict);
+  else printAbTable(report, verdict);
+}
+
+function writeAbTraces(report: AbReport, traceBase: string, json: boolean): void {
+  for (const v of report.variants) {
+    if (v.trace === null) continue;
+    const stem = traceBase.replace(/\.(json|html)$/, '');
+    const files = writeTrace(v.trace, report.variants.length === 1 ? stem : `${stem}-${v.name}`);
+    // With --json, stdout carries only the JSON object.
+    (json ? process.stderr : process.stdout).write(`trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`);
+  }
+}
+
+function printAbJson(report: AbReport, verdict: AbVerdict): void {
+  const gate = { ok: verdict.ok, gating: verdict.gating, failures: verdict.failures };
+  out(JSON.stringify({ ...report, gate, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
+  if (!verdict.ok) process.stderr.write(`handoff ab: ${verdict.summary}\n`);
+}
+
+function printAbTable(report: AbReport, verdict: AbVerdict): void {
+  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
+  const fast = report.variants.find((v) => v.name === 'all-read-groups');
+  for (const v of report.variants) {
+    const ratio = fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
+    out(
+      `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
+        `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
+    );
+  }
+  out(verdict.summary);
+}
+
+function registerBenchTransfer(bench: Command): void {
   bench
     .command('transfer')
     .description('move pages through the transfer engine vs memcpy (inproc) or a raw socket (tcp)')
@@ -131,6 +153,9 @@ export function registerCoreCommands(program: Command): Command {
       if (o['json']) out(JSON.stringify(r));
       else out(`transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`);
     });
+}
+
+function registerBenchModel(bench: Command): void {
   bench
     .command('model')
     .description('forward throughput vs a plain TS matmul roofline measured in the same run')
@@ -142,6 +167,9 @@ export function registerCoreCommands(program: Command): Command {
       if (o['json']) out(JSON.stringify(r));
       else out(`model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`);
     });
+}
+
+function registerBenchSched(bench: Command): void {
   bench
     .command('sched')
     .description('schedule() + buildConnectorMeta per step at 64 and 256 running requests, as a fraction of a model step')
@@ -157,5 +185,4 @@ export function registerCoreCommands(program: Command): Command {
               `(${r.modelStepMs.toFixed(1)} ms), ${(100 * r.fractionOfTokenStep).toFixed(1)}% of one request's decode token (${r.tokenStepMs.toFixed(2)} ms)`,
           );
     });
-  return bench;
 }

@@ -16,7 +16,7 @@ import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.
 import type { OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
-import { buildInstance } from '../engine/build_instance.ts';
+import { buildInstance, type InstanceConnectorOptions } from '../engine/build_instance.ts';
 import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -129,41 +129,14 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
         opts.device === 'threaded'
           ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
           : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck, ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }) }),
-      connector: transferConfig && {
-        config: transferConfig,
-        endpoint: {
-          backend: opts.transferBackend,
-          engineId,
-          modelName: opts.preset,
-          preset: opts.preset,
-          host: opts.transferHost,
-          port: opts.transferPort,
-          dataPort: opts.transferDataPort,
-          ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
-        },
-        ...(opts.kvPeers ? { allowedPeers: opts.kvPeers } : {}),
-      },
+      connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },
     env,
     log,
   );
   const { engine: e, connector } = built;
   const lifecycle = opts.raceCheck ? attachLifecycleOracle(e, engineId, (v) => log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`)) : null;
-  const addr = connector?.transfer.address() ?? null;
-  const ports = connector?.transfer.ports() ?? null;
-  const info: InstanceInfo = {
-    engine_id: connector ? engineId : null,
-    role: opts.role,
-    model: opts.preset,
-    preset: opts.preset,
-    kv_role: transferConfig ? ROLE_TO_KV_ROLE[opts.role] : null,
-    transfer_mode: transferConfig?.mode ?? null,
-    side_channel_host: addr?.host ?? null,
-    side_channel_port: addr?.port ?? null,
-    data_port: ports?.data ?? null,
-    max_model_len: maxModelLen,
-    num_pages: opts.numBlocks - 1,
-  };
+  const info = instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen);
   const readStats = (): InstanceStatsSnapshot => ({ ...snapshot(e, connector), lifecycleViolations: lifecycle?.violations() ?? null });
   const served = { submit: e.submit.bind(e), abort: e.abort.bind(e), get crashed() { return e.core.crashed; } };
   const server = new InstanceServer(served, { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info }, env, readStats, log);
@@ -184,6 +157,49 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       await server.close();
       await e.close();
     },
+  };
+}
+
+/** The connector of a P/D instance: its transfer endpoint and the producers it may contact. */
+function connectorOptions(opts: InstanceOptions, config: OneSidedConfig, engineId: string): InstanceConnectorOptions {
+  return {
+    config,
+    endpoint: {
+      backend: opts.transferBackend,
+      engineId,
+      modelName: opts.preset,
+      preset: opts.preset,
+      host: opts.transferHost,
+      port: opts.transferPort,
+      dataPort: opts.transferDataPort,
+      ...(opts.sideChannelSecret !== null ? { sideChannelSecret: opts.sideChannelSecret } : {}),
+    },
+    ...(opts.kvPeers ? { allowedPeers: opts.kvPeers } : {}),
+  };
+}
+
+/** What GET /handoff/info reports: role, model, and where a peer reaches this instance's transfer engine. */
+function instanceInfo(
+  opts: InstanceOptions,
+  transferConfig: OneSidedConfig | null,
+  engineId: string | null,
+  connector: OneSidedConnector | null,
+  maxModelLen: number,
+): InstanceInfo {
+  const addr = connector?.transfer.address() ?? null;
+  const ports = connector?.transfer.ports() ?? null;
+  return {
+    engine_id: engineId,
+    role: opts.role,
+    model: opts.preset,
+    preset: opts.preset,
+    kv_role: transferConfig ? ROLE_TO_KV_ROLE[opts.role] : null,
+    transfer_mode: transferConfig?.mode ?? null,
+    side_channel_host: addr?.host ?? null,
+    side_channel_port: addr?.port ?? null,
+    data_port: ports?.data ?? null,
+    max_model_len: maxModelLen,
+    num_pages: opts.numBlocks - 1,
   };
 }
 

@@ -101,10 +101,29 @@ const sameRun = (a: GenerateResult, b: GenerateResult): boolean =>
 
 export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   const prompts = abPrompts(opts.requests, opts.seed, env).map((p) => ({ ...p, sampling: { ...p.sampling, maxTokens: opts.maxTokens } }));
-  const numBlocks = 64 + opts.requests * Math.ceil((128 + opts.maxTokens) / 16) * 2;
-  const common = { preset: opts.preset, modelSeed: opts.seed, numBlocks, scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 } };
+  const common = instanceCommon(opts);
+  const reference = await referenceRuns(prompts, common, opts, env);
+  const variants: AbVariantResult[] = [];
+  for (const v of opts.variants ?? AB_VARIANTS) variants.push(await runVariant(v, { opts, common, prompts, reference }, env));
+  return { model: opts.preset, requests: opts.requests, variants };
+}
 
-  // Reference: colocated, requests one at a time (batch invariance makes this the ground truth).
+/** Instance settings shared by the reference and every variant's pair. */
+function instanceCommon(opts: AbOptions) {
+  const numBlocks = 64 + opts.requests * Math.ceil((128 + opts.maxTokens) / 16) * 2;
+  return { preset: opts.preset, modelSeed: opts.seed, numBlocks, scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 } };
+}
+
+/** What every variant's run shares: the options, the instance settings, the prompts and their reference. */
+interface AbRun {
+  opts: AbOptions;
+  common: ReturnType<typeof instanceCommon>;
+  prompts: GenerateRequest[];
+  reference: GenerateResult[];
+}
+
+/** Reference: colocated, requests one at a time (batch invariance makes this the ground truth). */
+async function referenceRuns(prompts: GenerateRequest[], common: AbRun['common'], opts: AbOptions, env: Env): Promise<GenerateResult[]> {
   const { engine: colo } = await buildInstance({ ...common, asyncScheduling: true, idlePollMs: 2, makeDevice: threadedDevice(opts.preset, opts.seed), connector: null }, env);
   const reference: GenerateResult[] = [];
   try {
@@ -112,87 +131,110 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   } finally {
     await colo.close();
   }
+  return reference;
+}
 
-  const variants: AbVariantResult[] = [];
-  for (const v of opts.variants ?? AB_VARIANTS) {
-    const pair = await PdPair.create(
-      {
-        ...common,
-        decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' },
-        raceCheck: true,
-        name: `ab-${v.name}`,
-        ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
-      },
-      env,
-    );
-    try {
-      const timeline = opts.trace === true ? deviceTimeline(pair.decode.device) : null;
-      const transfer = pair.decodeConnector.transfer;
-      const nicLog = opts.trace === true && transfer instanceof TransferEngineCore ? transfer : null;
-      assert(opts.trace !== true || (timeline !== null && nicLog !== null), 'a traced A/B needs a threaded decode device and a NIC-thread transfer engine');
-      timeline?.startTimeline();
-      nicLog?.startWorkLog();
-      const traced: RealRequest[] = [];
-      const itls: number[] = [];
-      let done = 0;
-      let errors = 0;
-      const t0 = env.nowMs();
-      const results = await Promise.all(
-        prompts.map(async (p, i) => {
-          await env.sleep(i * opts.arrivalGapMs);
-          const startMs = timeline?.timelineNowMs() ?? 0;
-          let outcome = 'ok';
-          let last: number | null = null;
-          try {
-            const r = await pair.generate(p, (t) => {
-              if (last !== null) itls.push(t - last);
-              last = t;
-            });
-            if (!sameRun(r, reference[i] as GenerateResult)) outcome = 'mismatch';
-            return r;
-          } catch (e) {
-            rethrowIfAssertion(e);
-            errors++;
-            outcome = `failed ${isHandoffError(e) ? e.code : 'untyped'}`;
-            return null;
-          } finally {
-            if (timeline !== null) traced.push({ index: i, startMs, endMs: timeline.timelineNowMs(), outcome });
-            opts.onProgress?.(v.name, ++done, prompts.length);
-          }
-        }),
-      );
-      const elapsedMs = env.nowMs() - t0;
-      const matched = results.filter((r, i) => r !== null && sameRun(r, reference[i] as GenerateResult)).length;
-      const races = (pair.decode.device.raceChecker as RaceChecker | null)?.races() ?? [];
-      const tokens = results.reduce((s, r) => s + (r?.tokenIds.length ?? 0), 0);
-      variants.push({
-        name: v.name,
-        exactMatch: matched,
-        mismatchedRequests: prompts.length - matched,
-        races: races.length,
-        tokensPerSec: tokens / (elapsedMs / 1000),
-        itlMsP50: p50(itls),
-        errors,
-        nanRequests: results.filter((r) => r?.nanLogits).length,
-        pagesZeroed: pair.decode.scheduler.stats.pagesZeroListed,
-        pagesExcludedFromZeroing: pair.decode.scheduler.stats.pagesExcludedFromZeroing,
-        hostSyncWaits: pair.decodeConnector.worker.stats.hostSyncWaits,
-        sampleRace: races[0] ? JSON.stringify(races[0]).slice(0, 400) : null,
-        trace:
-          timeline === null || nicLog === null
-            ? null
-            : realTrace({
-                title: `handoff ab ${v.name}: decode instance of ${opts.preset}, ${prompts.length} requests, real threads (NIC completion times as the host observed them)`,
-                process: 'D',
-                ops: timeline.timeline(),
-                workRequests: nicLog.workLogEntries(),
-                requests: traced.sort((a, b) => a.index - b.index),
-                races,
-              }),
-      });
-    } finally {
-      await pair.close();
-    }
+/** One variant: a fresh 1P1D pair serves every prompt with staggered, overlapping arrivals. */
+async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariantResult> {
+  const { opts, common } = run;
+  const pair = await PdPair.create(
+    {
+      ...common,
+      decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' },
+      raceCheck: true,
+      name: `ab-${v.name}`,
+      ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
+    },
+    env,
+  );
+  try {
+    const timeline = opts.trace === true ? deviceTimeline(pair.decode.device) : null;
+    const transfer = pair.decodeConnector.transfer;
+    const nicLog = opts.trace === true && transfer instanceof TransferEngineCore ? transfer : null;
+    assert(opts.trace !== true || (timeline !== null && nicLog !== null), 'a traced A/B needs a threaded decode device and a NIC-thread transfer engine');
+    timeline?.startTimeline();
+    nicLog?.startWorkLog();
+    const served = await serveStaggered(v, pair, timeline, run, env);
+    const races = (pair.decode.device.raceChecker as RaceChecker | null)?.races() ?? [];
+    const trace =
+      timeline === null || nicLog === null
+        ? null
+        : realTrace({
+            title: `handoff ab ${v.name}: decode instance of ${opts.preset}, ${run.prompts.length} requests, real threads (NIC completion times as the host observed them)`,
+            process: 'D',
+            ops: timeline.timeline(),
+            workRequests: nicLog.workLogEntries(),
+            requests: served.traced.sort((a, b) => a.index - b.index),
+            races,
+          });
+    return variantResult(v, pair, served, races, trace, run);
+  } finally {
+    await pair.close();
   }
-  return { model: opts.preset, requests: opts.requests, variants };
+}
+
+/** What serving the prompts on one pair observed. */
+interface Served {
+  results: (GenerateResult | null)[];
+  itls: number[];
+  errors: number;
+  traced: RealRequest[];
+  elapsedMs: number;
+}
+
+/** Arrivals `arrivalGapMs` apart, all concurrent; each outcome compared with the reference. */
+async function serveStaggered(v: AbVariant, pair: PdPair, timeline: ReturnType<typeof deviceTimeline> | null, run: AbRun, env: Env): Promise<Served> {
+  const { opts, prompts, reference } = run;
+  const traced: RealRequest[] = [];
+  const itls: number[] = [];
+  let done = 0;
+  let errors = 0;
+  const t0 = env.nowMs();
+  const results = await Promise.all(
+    prompts.map(async (p, i) => {
+      await env.sleep(i * opts.arrivalGapMs);
+      const startMs = timeline?.timelineNowMs() ?? 0;
+      let outcome = 'ok';
+      let last: number | null = null;
+      try {
+        const r = await pair.generate(p, (t) => {
+          if (last !== null) itls.push(t - last);
+          last = t;
+        });
+        if (!sameRun(r, reference[i] as GenerateResult)) outcome = 'mismatch';
+        return r;
+      } catch (e) {
+        rethrowIfAssertion(e);
+        errors++;
+        outcome = `failed ${isHandoffError(e) ? e.code : 'untyped'}`;
+        return null;
+      } finally {
+        if (timeline !== null) traced.push({ index: i, startMs, endMs: timeline.timelineNowMs(), outcome });
+        opts.onProgress?.(v.name, ++done, prompts.length);
+      }
+    }),
+  );
+  return { results, itls, errors, traced, elapsedMs: env.nowMs() - t0 };
+}
+
+function variantResult(v: AbVariant, pair: PdPair, served: Served, races: ReturnType<RaceChecker['races']>, trace: SimTrace | null, run: AbRun): AbVariantResult {
+  const { results, itls, errors, elapsedMs } = served;
+  const { prompts, reference } = run;
+  const matched = results.filter((r, i) => r !== null && sameRun(r, reference[i] as GenerateResult)).length;
+  const tokens = results.reduce((s, r) => s + (r?.tokenIds.length ?? 0), 0);
+  return {
+    name: v.name,
+    exactMatch: matched,
+    mismatchedRequests: prompts.length - matched,
+    races: races.length,
+    tokensPerSec: tokens / (elapsedMs / 1000),
+    itlMsP50: p50(itls),
+    errors,
+    nanRequests: results.filter((r) => r?.nanLogits).length,
+    pagesZeroed: pair.decode.scheduler.stats.pagesZeroListed,
+    pagesExcludedFromZeroing: pair.decode.scheduler.stats.pagesExcludedFromZeroing,
+    hostSyncWaits: pair.decodeConnector.worker.stats.hostSyncWaits,
+    sampleRace: races[0] ? JSON.stringify(races[0]).slice(0, 400) : null,
+    trace,
+  };
 }

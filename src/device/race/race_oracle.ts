@@ -84,38 +84,48 @@ function conflict(x: PageAccess, y: PageAccess): boolean {
 
 /** Run `cmds` through a RaceChecker and the oracle; assert they agree. */
 export function runAgainstOracle(cmds: Command[]): void {
-  const c = new RaceChecker();
-  STREAMS.forEach((s) => c.addStream(s));
-  const g = new Graph();
-  const streamLast = STREAMS.map(() => -1);
-  const ops: Array<{ id: number; node: number }> = [];
-  const wrs: Array<{ id: number; node: number }> = [];
-  const events: Array<{ id: number; node: number }> = [];
-  const accessors: Accessor[] = [];
-  let hostAccesses = 0;
-  const onStream = (s: number, n: number): void => {
-    if (streamLast[s]! >= 0) g.edge(streamLast[s]!, n);
-    streamLast[s] = n;
-  };
-  for (const cmd of cmds) {
+  const r = new Replay();
+  for (const cmd of cmds) r.apply(cmd);
+  const got = checkedReports(r);
+  assert.deepEqual([...got].sort(), [...expectedRaces(r)].sort());
+}
+
+/** The same program fed to the checker and recorded as the oracle's graph, command by command. */
+class Replay {
+  readonly c = new RaceChecker();
+  readonly g = new Graph();
+  readonly accessors: Accessor[] = [];
+  private readonly streamLast = STREAMS.map(() => -1);
+  private readonly ops: Array<{ id: number; node: number }> = [];
+  private readonly wrs: Array<{ id: number; node: number }> = [];
+  private readonly events: Array<{ id: number; node: number }> = [];
+  private hostAccesses = 0;
+
+  constructor() {
+    STREAMS.forEach((s) => this.c.addStream(s));
+  }
+
+  /** A command that names an op, event or work request when there is none yet is skipped. */
+  apply(cmd: Command): void {
+    const { c, g, ops, wrs, events, accessors } = this;
     if (cmd.k === 'enqueue') {
       const o = g.node();
       g.edge(g.hostNode(), o);
-      onStream(cmd.stream, o);
+      this.onStream(cmd.stream, o);
       const id = c.hostEnqueue(STREAMS[cmd.stream]!, { what: 'op' }, cmd.acc);
       ops.push({ id, node: o });
       accessors.push({ node: o, key: `op${id}`, acc: cmd.acc });
     } else if (cmd.k === 'record') {
       const e = g.node();
       g.edge(g.hostNode(), e);
-      if (streamLast[cmd.stream]! >= 0) g.edge(streamLast[cmd.stream]!, e);
+      if (this.streamLast[cmd.stream]! >= 0) g.edge(this.streamLast[cmd.stream]!, e);
       events.push({ id: c.recordEvent(STREAMS[cmd.stream]!), node: e });
     } else if (cmd.k === 'streamWait' && events.length > 0) {
       const ev = events[cmd.ev % events.length]!;
       const wNode = g.node();
       g.edge(g.hostNode(), wNode);
       g.edge(ev.node, wNode);
-      onStream(cmd.stream, wNode);
+      this.onStream(cmd.stream, wNode);
       c.streamWaitEvent(STREAMS[cmd.stream]!, ev.id);
     } else if (cmd.k === 'hostWaitOp' && ops.length > 0) {
       const op = ops[cmd.op % ops.length]!;
@@ -143,10 +153,18 @@ export function runAgainstOracle(cmds: Command[]): void {
     } else if (cmd.k === 'host') {
       const h = g.hostNode();
       c.hostReadPages({ what: 'host' }, cmd.acc);
-      accessors.push({ node: h, key: `host${++hostAccesses}`, acc: cmd.acc });
+      accessors.push({ node: h, key: `host${++this.hostAccesses}`, acc: cmd.acc });
     }
   }
-  const byKey = new Map(accessors.map((a, i) => [a.key, { ...a, order: i }]));
+
+  private onStream(s: number, n: number): void {
+    if (this.streamLast[s]! >= 0) this.g.edge(this.streamLast[s]!, n);
+    this.streamLast[s] = n;
+  }
+}
+
+/** The oracle's answer: `later|slab|block` for every access unordered after a conflicting earlier one. */
+function expectedRaces({ g, accessors }: Replay): Set<string> {
   const expected = new Set<string>();
   accessors.forEach((later, j) => {
     for (let i = 0; i < j; i++) {
@@ -155,6 +173,12 @@ export function runAgainstOracle(cmds: Command[]): void {
       for (const x of earlier.acc) for (const y of later.acc) if (conflict(x, y)) expected.add(`${later.key}|${y.slab}|${y.block}`);
     }
   });
+  return expected;
+}
+
+/** The checker's reports as `later|slab|block`, each checked to name a real, correctly ordered race. */
+function checkedReports({ c, g, accessors }: Replay): Set<string> {
+  const byKey = new Map(accessors.map((a, i) => [a.key, { ...a, order: i }]));
   const got = new Set<string>();
   for (const rep of c.races()) {
     const a = byKey.get(`${rep.a.source}${rep.a.id}`);
@@ -164,5 +188,5 @@ export function runAgainstOracle(cmds: Command[]): void {
     assert.ok(!g.reaches(a.node, b.node), `reported pair ${a.key} -> ${b.key} is ordered`);
     got.add(`${b.key}|${rep.slab}|${rep.block}`);
   }
-  assert.deepEqual([...got].sort(), [...expected].sort());
+  return got;
 }
