@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 shopt -s globstar nullglob
 echo "== type check"
 npx tsc -p tsconfig.json
+echo "== format check (prettier)"
+npx prettier --check "src/**/*.{ts,mjs}" "test/**/*.ts" "bin/*.mjs" > /dev/null || { npx prettier --check "src/**/*.{ts,mjs}" "test/**/*.ts" "bin/*.mjs"; echo "run: npm run format" >&2; exit 1; }
 files=(src/**/*.test.ts test/**/*.test.ts)
 if [ "${#files[@]}" -eq 0 ]; then
   echo "no test files found" >&2

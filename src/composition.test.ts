@@ -23,7 +23,10 @@ function walk(dir: string): string[] {
 const sources = walk(SRC)
   .map((p) => relative(SRC, p).split('\\').join('/'))
   .filter((f) => !f.endsWith('.test.ts') && !f.endsWith('_testkit.ts'));
-const code = (f: string): string => readFileSync(join(SRC, f), 'utf8').replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:'"`])\/\/.*$/gm, '$1');
+const code = (f: string): string =>
+  readFileSync(join(SRC, f), 'utf8')
+    .replace(/\/\*[\s\S]*?\*\//g, '')
+    .replace(/(^|[^:'"`])\/\/.*$/gm, '$1');
 
 /** Who may assemble what: the builder and the connector factory (plus one benchmark of the bare scheduler). */
 const ASSEMBLY: Array<{ pattern: RegExp; allowed: string[] }> = [
@@ -45,7 +48,8 @@ test('composition: nobody but the builder and the connector factory assembles an
   const bad: string[] = [];
   for (const f of sources) {
     const text = code(f);
-    for (const { pattern, allowed } of ASSEMBLY) if (pattern.test(text) && !allowed.includes(f)) bad.push(`${f}: ${pattern.source}`);
+    for (const { pattern, allowed } of ASSEMBLY)
+      if (pattern.test(text) && !allowed.includes(f)) bad.push(`${f}: ${pattern.source}`);
   }
   assert.deepEqual(bad, []);
 });
@@ -56,7 +60,8 @@ test('composition: no mutable engine holder patched after construction (the Acti
 });
 
 test('composition: the HTTP proxy, the sim proxy and the P/D pair run the one pdFlow; nobody else writes the flow', () => {
-  for (const f of ['serve/proxy.ts', 'sim/proxy.ts', 'sim/pd_pair.ts']) assert.ok(/\bpdFlow\s*(<[^>]*>)?\(/.test(code(f)), `${f} calls pdFlow`);
+  for (const f of ['serve/proxy.ts', 'sim/proxy.ts', 'sim/pd_pair.ts'])
+    assert.ok(/\bpdFlow\s*(<[^>]*>)?\(/.test(code(f)), `${f} calls pdFlow`);
   // The prefill ask (do_remote_decode: true) and the WRITE decode params are written only in pd_flow.ts.
   const writers = sources.filter((f) => /do_remote_decode:\s*true/.test(code(f)));
   assert.deepEqual(writers, ['serve/pd_flow.ts']);
@@ -66,7 +71,8 @@ test('composition: the HTTP proxy, the sim proxy and the P/D pair run the one pd
 });
 
 test('composition: the checks above can fail (each pattern catches a hand-wired copy)', () => {
-  const handWired = 'const e = await LLMEngine.create(cfg, env); const w = new OneSidedConnectorWorker(a); x = { do_remote_decode: true };';
+  const handWired =
+    'const e = await LLMEngine.create(cfg, env); const w = new OneSidedConnectorWorker(a); x = { do_remote_decode: true };';
   assert.ok(ASSEMBLY[0]?.pattern.test(handWired));
   assert.ok(ASSEMBLY[2]?.pattern.test(handWired));
   assert.ok(/do_remote_decode:\s*true/.test(handWired));

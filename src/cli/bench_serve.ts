@@ -22,10 +22,13 @@ type Target = 'pd' | 'colocated';
 
 /** Add `serve` under the `bench` command (created if nobody registered it). */
 export function registerBenchServe(program: Command): void {
-  const bench = program.commands.find((c) => c.name() === 'bench') ?? program.command('bench').description('benchmarks');
+  const bench =
+    program.commands.find((c) => c.name() === 'bench') ?? program.command('bench').description('benchmarks');
   bench
     .command('serve')
-    .description('load generator like `vllm bench serve`: TTFT/ITL p50/p99, tokens/s, errors; P/D vs colocated side by side')
+    .description(
+      'load generator like `vllm bench serve`: TTFT/ITL p50/p99, tokens/s, errors; P/D vs colocated side by side',
+    )
     .option('--url <url>', 'a running server or proxy (else servers are started)')
     .option('--target <t>', 'pd | colocated: start that deployment (default without --url: both)')
     .option('--model <preset>', 'model preset of the servers it starts', 'dsv4-mini')
@@ -43,7 +46,8 @@ export function registerBenchServe(program: Command): void {
       const env = new RealEnv();
       const preset = presetFlag(o['model']);
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
-      if (o['concurrency'] !== undefined && o['rate'] !== undefined) throw new HandoffError('BAD_CONFIG', 'pass --concurrency or --rate, not both');
+      if (o['concurrency'] !== undefined && o['rate'] !== undefined)
+        throw new HandoffError('BAD_CONFIG', 'pass --concurrency or --rate, not both');
       const spec: Omit<LoadSpec, 'url'> = {
         model: preset,
         requests: intFlag('requests', o['requests'], 1, 100_000),
@@ -59,24 +63,45 @@ export function registerBenchServe(program: Command): void {
       const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
       const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
-      if (o['json'] && url === null && target === null) throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
+      if (o['json'] && url === null && target === null)
+        throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
-        withProgress(label, spec.requests, (tick) => runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result));
+        withProgress(label, spec.requests, (tick) =>
+          runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result),
+        );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       const started = { preset, mode, numBlocks, apiKey: spec.apiKey };
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Array<{ label: string; r: BenchServeResult }> = [];
-      for (const t of targets) rows.push({ label: t === 'pd' ? `P/D (${mode})` : 'colocated', r: await onStarted(t, started, env, (u) => run(u, t, preset)) });
+      for (const t of targets)
+        rows.push({
+          label: t === 'pd' ? `P/D (${mode})` : 'colocated',
+          r: await onStarted(t, started, env, (u) => run(u, t, preset)),
+        });
       print(o, rows);
     });
 }
 
-async function onStarted<T>(t: Target, s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null }, env: Env, fn: (url: string) => Promise<T>): Promise<T> {
-  const common = { preset: s.preset, mode: s.mode, host: '127.0.0.1', serveArgs: ['--num-blocks', s.numBlocks], apiKey: s.apiKey };
+async function onStarted<T>(
+  t: Target,
+  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null },
+  env: Env,
+  fn: (url: string) => Promise<T>,
+): Promise<T> {
+  const common = {
+    preset: s.preset,
+    mode: s.mode,
+    host: '127.0.0.1',
+    serveArgs: ['--num-blocks', s.numBlocks],
+    apiKey: s.apiKey,
+  };
   const logLevel = process.env['HANDOFF_LOG_LEVEL'] ?? 'warn';
   if (t === 'pd') {
-    const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('bench', logLevel), childLogLevel: logLevel }, env);
+    const cluster = await startLocalCluster(
+      { ...common, proxyPort: 0, log: createLogger('bench', logLevel), childLogLevel: logLevel },
+      env,
+    );
     try {
       return await fn(cluster.proxyUrl);
     } finally {
@@ -91,9 +116,17 @@ async function onStarted<T>(t: Target, s: { preset: ModelPreset; mode: 'read' | 
   }
 }
 
-async function withProgress<T>(label: string, total: number, fn: (tick: (done: number) => void) => Promise<T>): Promise<T> {
+async function withProgress<T>(
+  label: string,
+  total: number,
+  fn: (tick: (done: number) => void) => Promise<T>,
+): Promise<T> {
   const bar = new cliProgress.SingleBar(
-    { stream: process.stderr, noTTYOutput: !process.stderr.isTTY, format: `${label.padEnd(10)} [{bar}] {value}/{total} requests` },
+    {
+      stream: process.stderr,
+      noTTYOutput: !process.stderr.isTTY,
+      format: `${label.padEnd(10)} [{bar}] {value}/{total} requests`,
+    },
     cliProgress.Presets.shades_classic,
   );
   bar.start(total, 0);
@@ -107,7 +140,9 @@ async function withProgress<T>(label: string, total: number, fn: (tick: (done: n
 function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): void {
   const out = (s: string): void => void process.stdout.write(`${s}\n`);
   if (o['json']) {
-    const { requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors } = (rows[0] as { r: BenchServeResult }).r;
+    const { requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors } = (
+      rows[0] as { r: BenchServeResult }
+    ).r;
     out(JSON.stringify({ requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors }));
     return;
   }

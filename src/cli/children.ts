@@ -75,12 +75,21 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
       let ready: Record<string, unknown>;
       try {
         ready = JSON.parse(out.slice(0, nl)) as Record<string, unknown>;
-      // catch-ok: only JSON.parse runs in the try: a child that printed something else failed to start
+        // catch-ok: only JSON.parse runs in the try: a child that printed something else failed to start
       } catch {
         fail(`printed '${out.slice(0, nl)}' instead of its JSON ready line`);
         return;
       }
-      resolve({ ready, url: String(ready['url']), pid: child.pid ?? -1, child, stop, get exited() { return exited; } });
+      resolve({
+        ready,
+        url: String(ready['url']),
+        pid: child.pid ?? -1,
+        child,
+        stop,
+        get exited() {
+          return exited;
+        },
+      });
     };
     child.stdout?.on('data', onData);
   });

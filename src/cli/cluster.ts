@@ -44,7 +44,10 @@ export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | '
   });
 }
 
-export function serveArgs(role: 'prefill' | 'decode' | 'both', o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'apiKey'>): string[] {
+export function serveArgs(
+  role: 'prefill' | 'decode' | 'both',
+  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'apiKey'>,
+): string[] {
   const args = ['serve', '--role', role, '--model', o.preset, '--host', o.host, '--port', '0', ...(o.serveArgs ?? [])];
   if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode));
   if (o.apiKey) args.push('--api-key', o.apiKey);
@@ -58,7 +61,9 @@ async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<v
     await proxy.checkHealth();
     if (proxy.healthy) return;
     if (env.nowMs() > deadline) {
-      const why = [...proxy.prefill.members, ...proxy.decode.members].map((m) => `${m.url}: ${m.lastError ?? 'ok'}`).join('; ');
+      const why = [...proxy.prefill.members, ...proxy.decode.members]
+        .map((m) => `${m.url}: ${m.lastError ?? 'ok'}`)
+        .join('; ');
       throw new HandoffError('PEER_UNAVAILABLE', `instances not healthy after ${timeoutMs} ms (${why})`);
     }
     await env.sleep(100);
@@ -81,7 +86,14 @@ export function checkPortFree(host: string, port: number): Promise<void> {
 export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<LocalCluster> {
   const timeout = o.readyTimeoutMs ?? 60_000;
   await checkPortFree(o.host, o.proxyPort);
-  const spawned = await Promise.allSettled((['prefill', 'decode'] as const).map((role) => spawnHandoff(serveArgs(role, o), env, { readyTimeoutMs: timeout, ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}) })));
+  const spawned = await Promise.allSettled(
+    (['prefill', 'decode'] as const).map((role) =>
+      spawnHandoff(serveArgs(role, o), env, {
+        readyTimeoutMs: timeout,
+        ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}),
+      }),
+    ),
+  );
   const started = spawned.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   try {
     const failure = spawned.find((r) => r.status === 'rejected');
@@ -89,7 +101,18 @@ export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<Lo
     const [prefill, decode] = started;
     const p = prefill as ChildServer;
     const d = decode as ChildServer;
-    const proxy = new Proxy({ ...DEFAULT_PROXY_OPTIONS, prefillUrls: [p.url], decodeUrls: [d.url], mode: o.mode, policy: o.policy ?? 'round-robin', apiKey: o.apiKey ?? null }, env, o.log);
+    const proxy = new Proxy(
+      {
+        ...DEFAULT_PROXY_OPTIONS,
+        prefillUrls: [p.url],
+        decodeUrls: [d.url],
+        mode: o.mode,
+        policy: o.policy ?? 'round-robin',
+        apiKey: o.apiKey ?? null,
+      },
+      env,
+      o.log,
+    );
     const port = await proxy.listen(o.proxyPort, o.host).catch(async (e: unknown) => {
       await proxy.close().catch((c: unknown) => rethrowIfAssertion(c));
       throw e;

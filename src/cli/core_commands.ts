@@ -16,13 +16,15 @@ import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
 import { writeTrace } from '../sim/trace_export.ts';
 
 function preset(name: string): ModelPreset {
-  if (!isModelPreset(name)) throw new HandoffError('BAD_CONFIG', `unknown model '${name}' (dsv4-mini, hybrid-mini, llama-mini)`);
+  if (!isModelPreset(name))
+    throw new HandoffError('BAD_CONFIG', `unknown model '${name}' (dsv4-mini, hybrid-mini, llama-mini)`);
   return name;
 }
 
 function int(name: string, v: string, min: number, max: number): number {
   const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max) throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${v}'`);
+  if (!Number.isInteger(n) || n < min || n > max)
+    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${v}'`);
   return n;
 }
 
@@ -30,11 +32,15 @@ const out = (s: string): void => void process.stdout.write(`${s}\n`);
 
 /** `--variant a,b`: the named A/B variants, in the order given. */
 function abVariants(list: string): AbVariant[] {
-  const names = list.split(',').map((n) => n.trim()).filter((n) => n.length > 0);
+  const names = list
+    .split(',')
+    .map((n) => n.trim())
+    .filter((n) => n.length > 0);
   if (names.length === 0) throw new HandoffError('BAD_CONFIG', '--variant needs at least one name');
   return [...new Set(names)].map((n) => {
     const v = AB_VARIANTS.find((x) => x.name === n);
-    if (v === undefined) throw new HandoffError('BAD_CONFIG', `unknown variant '${n}' (${AB_VARIANTS.map((x) => x.name).join(', ')})`);
+    if (v === undefined)
+      throw new HandoffError('BAD_CONFIG', `unknown variant '${n}' (${AB_VARIANTS.map((x) => x.name).join(', ')})`);
     return v;
   });
 }
@@ -42,7 +48,9 @@ function abVariants(list: string): AbVariant[] {
 /** `handoff ab` and `handoff bench …`; returns the `bench` command so callers can add subcommands. */
 export function registerCoreCommands(program: Command): Command {
   registerAb(program);
-  const bench = program.command('bench').description('benchmarks, as ratios against a baseline measured in the same run');
+  const bench = program
+    .command('bench')
+    .description('benchmarks, as ratios against a baseline measured in the same run');
   registerBenchTransfer(bench);
   registerBenchModel(bench);
   registerBenchSched(bench);
@@ -52,7 +60,9 @@ export function registerCoreCommands(program: Command): Command {
 function registerAb(program: Command): void {
   program
     .command('ab')
-    .description('end-to-end A/B of the zeroing-vs-READ race: colocated reference vs 1P1D per zeroing variant (real threads)')
+    .description(
+      'end-to-end A/B of the zeroing-vs-READ race: colocated reference vs 1P1D per zeroing variant (real threads)',
+    )
     .option('--model <preset>', 'model preset', 'dsv4-mini')
     .option('--requests <n>', 'number of prompts', '24')
     .option('--max-tokens <n>', 'tokens generated per request', '8')
@@ -60,7 +70,10 @@ function registerAb(program: Command): void {
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
     .option('--forward-pad-ms <n>', 'keep the decode stream busy this long after each forward (a bigger model)', '0')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
-    .option('--trace <base>', "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)")
+    .option(
+      '--trace <base>',
+      "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)",
+    )
     .option('--json', 'print one JSON object')
     .action(runAbCommand);
 }
@@ -70,8 +83,12 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   const requests = int('requests', String(o['requests']), 1, 1000);
   const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
   const traceBase = o['trace'] === undefined ? null : String(o['trace']);
-  if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0) throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
-  const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' }, cliProgress.Presets.shades_classic);
+  if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0)
+    throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
+  const bar = new cliProgress.SingleBar(
+    { stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' },
+    cliProgress.Presets.shades_classic,
+  );
   bar.start(requests * variants.length, 0, { variant: 'reference' });
   let base = 0;
   let last = '';
@@ -115,13 +132,28 @@ function writeAbTraces(report: AbReport, traceBase: string, json: boolean): void
     const stem = traceBase.replace(/\.(json|html)$/, '');
     const files = writeTrace(v.trace, report.variants.length === 1 ? stem : `${stem}-${v.name}`);
     // With --json, stdout carries only the JSON object.
-    (json ? process.stderr : process.stdout).write(`trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`);
+    (json ? process.stderr : process.stdout).write(
+      `trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`,
+    );
   }
 }
 
 function printAbJson(report: AbReport, verdict: AbVerdict): void {
   const gate = { ok: verdict.ok, gating: verdict.gating, failures: verdict.failures };
-  out(JSON.stringify({ ...report, gate, variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 })) }));
+  out(
+    JSON.stringify({
+      ...report,
+      gate,
+      variants: report.variants.map(({ name, exactMatch, mismatchedRequests, races, tokensPerSec, itlMsP50 }) => ({
+        name,
+        exactMatch,
+        mismatchedRequests,
+        races,
+        tokensPerSec,
+        itlMsP50,
+      })),
+    }),
+  );
   if (!verdict.ok) process.stderr.write(`handoff ab: ${verdict.summary}\n`);
 }
 
@@ -129,7 +161,8 @@ function printAbTable(report: AbReport, verdict: AbVerdict): void {
   out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
   const fast = report.variants.find((v) => v.name === 'all-read-groups');
   for (const v of report.variants) {
-    const ratio = fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
+    const ratio =
+      fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
     out(
       `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
         `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
@@ -148,10 +181,19 @@ function registerBenchTransfer(bench: Command): void {
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
       const backend = String(o['backend']);
-      if (backend !== 'inproc' && backend !== 'tcp') throw new HandoffError('BAD_CONFIG', `--backend must be inproc or tcp, got '${backend}'`);
-      const r = await benchTransfer({ backend, env: new RealEnv(), pageBytes: int('page-bytes', String(o['pageBytes']), 64, 1 << 24), pages: int('pages', String(o['pages']), 1, 1 << 16) });
+      if (backend !== 'inproc' && backend !== 'tcp')
+        throw new HandoffError('BAD_CONFIG', `--backend must be inproc or tcp, got '${backend}'`);
+      const r = await benchTransfer({
+        backend,
+        env: new RealEnv(),
+        pageBytes: int('page-bytes', String(o['pageBytes']), 64, 1 << 24),
+        pages: int('pages', String(o['pages']), 1, 1 << 16),
+      });
       if (o['json']) out(JSON.stringify(r));
-      else out(`transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`);
+      else
+        out(
+          `transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`,
+        );
     });
 }
 
@@ -163,16 +205,25 @@ function registerBenchModel(bench: Command): void {
     .option('--tokens <n>', 'decode tokens', '64')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
-      const r = await benchModel({ preset: preset(String(o['model'])), env: new RealEnv(), tokens: int('tokens', String(o['tokens']), 1, 100_000) });
+      const r = await benchModel({
+        preset: preset(String(o['model'])),
+        env: new RealEnv(),
+        tokens: int('tokens', String(o['tokens']), 1, 100_000),
+      });
       if (o['json']) out(JSON.stringify(r));
-      else out(`model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`);
+      else
+        out(
+          `model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`,
+        );
     });
 }
 
 function registerBenchSched(bench: Command): void {
   bench
     .command('sched')
-    .description('schedule() + buildConnectorMeta per step at 64 and 256 running requests, as a fraction of a model step')
+    .description(
+      'schedule() + buildConnectorMeta per step at 64 and 256 running requests, as a fraction of a model step',
+    )
     .option('--model <preset>', 'model preset', 'dsv4-mini')
     .option('--json', 'print one JSON object')
     .action((o: Record<string, string | boolean>) => {

@@ -7,7 +7,10 @@ import { upServeArgs } from './up.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
 
-const names = (flag: string) => (e: unknown): boolean => e instanceof HandoffError && e.code === 'BAD_CONFIG' && e.message.includes(`--${flag}`);
+const names =
+  (flag: string) =>
+  (e: unknown): boolean =>
+    e instanceof HandoffError && e.code === 'BAD_CONFIG' && e.message.includes(`--${flag}`);
 
 test('numbers, ranges and URL lists', () => {
   assert.equal(intFlag('n', '12', 1, 20), 12);
@@ -24,7 +27,16 @@ test('numbers, ranges and URL lists', () => {
 });
 
 test('serve and proxy options from commander values', () => {
-  const base = { role: 'decode', model: 'llama-mini', host: '0.0.0.0', port: '0', numBlocks: '64', transferPort: '0', transferDataPort: '0', seed: '3' };
+  const base = {
+    role: 'decode',
+    model: 'llama-mini',
+    host: '0.0.0.0',
+    port: '0',
+    numBlocks: '64',
+    transferPort: '0',
+    transferDataPort: '0',
+    seed: '3',
+  };
   const s = serveOptionsFrom({ ...base, maxModelLen: '256', apiKey: 'k' });
   assert.equal(s.role, 'decode');
   assert.equal(s.preset, 'llama-mini');
@@ -33,9 +45,27 @@ test('serve and proxy options from commander values', () => {
   assert.equal(s.apiKey, 'k');
   assert.throws(() => serveOptionsFrom({ ...base, model: 'gpt-5' }), names('model'));
   assert.throws(() => serveOptionsFrom({ ...base, maxNumSeqs: '0' }), names('max-num-seqs'));
-  const p = proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1,http://d:2', mode: 'write', policy: 'least-loaded', healthIntervalMs: '500', healthTimeoutMs: '100' });
+  const p = proxyOptionsFrom({
+    prefill: 'http://p:1',
+    decode: 'http://d:1,http://d:2',
+    mode: 'write',
+    policy: 'least-loaded',
+    healthIntervalMs: '500',
+    healthTimeoutMs: '100',
+  });
   assert.deepEqual([p.mode, p.policy, p.decodeUrls.length], ['write', 'least-loaded', 2]);
-  assert.throws(() => proxyOptionsFrom({ prefill: 'http://p:1', decode: 'http://d:1', mode: 'sideways', policy: 'round-robin', healthIntervalMs: '500', healthTimeoutMs: '100' }), names('mode'));
+  assert.throws(
+    () =>
+      proxyOptionsFrom({
+        prefill: 'http://p:1',
+        decode: 'http://d:1',
+        mode: 'sideways',
+        policy: 'round-robin',
+        healthIntervalMs: '500',
+        healthTimeoutMs: '100',
+      }),
+    names('mode'),
+  );
 });
 
 test('--log-format accepts pretty|json, absent means automatic, anything else is BAD_CONFIG naming the flag', () => {

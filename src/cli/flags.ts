@@ -25,13 +25,15 @@ export function optionalInt(name: string, v: unknown, min: number, max: number):
 
 export function choiceFlag<T extends string>(name: string, v: unknown, choices: readonly T[]): T {
   const s = String(v);
-  if (!(choices as readonly string[]).includes(s)) throw new HandoffError('BAD_CONFIG', `--${name} must be one of ${choices.join(', ')}; got '${s}'`);
+  if (!(choices as readonly string[]).includes(s))
+    throw new HandoffError('BAD_CONFIG', `--${name} must be one of ${choices.join(', ')}; got '${s}'`);
   return s as T;
 }
 
 export function presetFlag(v: unknown): ModelPreset {
   const s = String(v);
-  if (!isModelPreset(s)) throw new HandoffError('BAD_CONFIG', `--model must be one of ${MODEL_PRESETS.join(', ')}; got '${s}'`);
+  if (!isModelPreset(s))
+    throw new HandoffError('BAD_CONFIG', `--model must be one of ${MODEL_PRESETS.join(', ')}; got '${s}'`);
   return s;
 }
 
@@ -60,11 +62,12 @@ export function urlListFlag(name: string, v: unknown): string[] {
     let parsed: URL;
     try {
       parsed = new URL(u);
-    // catch-ok: only new URL runs in the try: its TypeError means the flag is not a URL
+      // catch-ok: only new URL runs in the try: its TypeError means the flag is not a URL
     } catch {
       throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not a URL`);
     }
-    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not an http(s) URL`);
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')
+      throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not an http(s) URL`);
     return parsed.origin;
   });
   const dup = origins.find((u, i) => origins.indexOf(u) !== i);
@@ -77,4 +80,5 @@ export function logFormatFlag(v: unknown): LogFormat | null {
   return v === undefined ? null : choiceFlag('log-format', v, LOG_FORMATS);
 }
 
-export const LOG_FORMAT_HELP = 'log lines on stderr: pretty | json (default: pretty on a terminal, json otherwise, or HANDOFF_LOG_FORMAT)';
+export const LOG_FORMAT_HELP =
+  'log lines on stderr: pretty | json (default: pretty on a terminal, json otherwise, or HANDOFF_LOG_FORMAT)';

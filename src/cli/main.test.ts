@@ -13,7 +13,10 @@ import { failureMessage } from './main.ts';
 const MAIN_URL = new URL('./main.ts', import.meta.url).href;
 const ERRORS_URL = new URL('../util/errors.ts', import.meta.url).href;
 
-/** A one-command program run the way bin/handoff.mjs runs main: its action waits on an unref'd timer, then throws `throwExpr`. */
+/**
+ * A one-command program run the way bin/handoff.mjs runs main: its action waits on an unref'd timer, then throws
+ * `throwExpr`.
+ */
 function runFailingAction(throwExpr: string): { status: number | null; stderr: string } {
   const script = `
     import { Command } from 'commander';
@@ -27,11 +30,14 @@ function runFailingAction(throwExpr: string): { status: number | null; stderr: s
     const code = await runCommand(program, [process.argv[0], 'handoff', 'fail']);
     if (code !== 0) process.exit(code);
   `;
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 30_000 });
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
   return { status: r.status, stderr: r.stderr };
 }
 
-test('an action that fails after awaiting only unref\'d handles prints one line and exits 1 (not 13, not silent)', () => {
+test("an action that fails after awaiting only unref'd handles prints one line and exits 1 (not 13, not silent)", () => {
   const r = runFailingAction(`new HandoffError('BAD_CONFIG', 'port 8000 on 127.0.0.1 is already in use')`);
   assert.equal(r.status, 1, `exit code (stderr: ${r.stderr})`);
   assert.equal(r.stderr, 'handoff: BAD_CONFIG: port 8000 on 127.0.0.1 is already in use\n');

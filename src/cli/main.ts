@@ -19,7 +19,10 @@ const KEEP_ALIVE_MS = 2 ** 31 - 1;
 /** Run the command line; resolves with 0 once the action finished (servers keep running), 1 when it failed. */
 export function main(argv: string[]): Promise<number> {
   const program = new Command();
-  program.name('handoff').description('Disaggregated prefill/decode serving with a race-checked KV handoff').showHelpAfterError();
+  program
+    .name('handoff')
+    .description('Disaggregated prefill/decode serving with a race-checked KV handoff')
+    .showHelpAfterError();
 
   registerCoreCommands(program);
   registerServingCommands(program);
@@ -37,7 +40,7 @@ export async function runCommand(program: Command, argv: string[]): Promise<numb
   try {
     await program.parseAsync(argv);
     return 0;
-  // catch-ok: the top-level handler: prints the error (the stack for a bug) and exits 1
+    // catch-ok: the top-level handler: prints the error (the stack for a bug) and exits 1
   } catch (e) {
     process.stderr.write(failureMessage(e));
     return 1;

@@ -16,7 +16,9 @@ type Opts = Record<string, string | boolean | undefined>;
 export function registerProxy(program: Command): void {
   program
     .command('proxy')
-    .description('route OpenAI requests over prefill and decode instances (READ: prefill then decode; WRITE: both at once)')
+    .description(
+      'route OpenAI requests over prefill and decode instances (READ: prefill then decode; WRITE: both at once)',
+    )
     .requiredOption('--prefill <urls>', 'prefill instance URLs, comma separated')
     .requiredOption('--decode <urls>', 'decode instance URLs, comma separated')
     .option('--mode <mode>', 'read | write', 'read')
@@ -24,7 +26,11 @@ export function registerProxy(program: Command): void {
     .option('--host <host>', 'HTTP interface', '127.0.0.1')
     .option('--port <port>', 'HTTP port (0 = a free one)', '8000')
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/* (or HANDOFF_API_KEY); forwarded upstream')
-    .option('--health-interval-ms <n>', 'period of the instance health checks', String(DEFAULT_PROXY_OPTIONS.healthIntervalMs))
+    .option(
+      '--health-interval-ms <n>',
+      'period of the instance health checks',
+      String(DEFAULT_PROXY_OPTIONS.healthIntervalMs),
+    )
     .option('--health-timeout-ms <n>', 'bound on one health check', String(DEFAULT_PROXY_OPTIONS.healthTimeoutMs))
     .option('--json', 'print one JSON line when ready')
     .option('--log-format <format>', LOG_FORMAT_HELP)
@@ -39,13 +45,21 @@ export function registerProxy(program: Command): void {
       const port = await proxy.listen(portFlag('port', o['port']), host);
       await proxy.start();
       const managed = o['exitWithParent'] === true;
-      onShutdown(() => proxy.close(), { env, exitWithParent: managed, log: (m) => (managed ? log.debug(m) : log.info(m)) });
+      onShutdown(() => proxy.close(), {
+        env,
+        exitWithParent: managed,
+        log: (m) => (managed ? log.debug(m) : log.info(m)),
+      });
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-      if (o['json']) process.stdout.write(`${JSON.stringify({ url, pid: process.pid, mode: opts.mode, policy: opts.policy })}\n`);
+      if (o['json'])
+        process.stdout.write(`${JSON.stringify({ url, pid: process.pid, mode: opts.mode, policy: opts.policy })}\n`);
       else {
         process.stdout.write(`handoff proxy: ${opts.mode.toUpperCase()} mode, ${opts.policy}, listening on ${url}\n`);
         for (const p of [proxy.prefill, proxy.decode]) {
-          for (const m of p.members) process.stdout.write(`  ${p.side.padEnd(8)} ${m.url}  ${m.healthy ? 'healthy' : `unhealthy (${m.lastError ?? '?'})`}\n`);
+          for (const m of p.members)
+            process.stdout.write(
+              `  ${p.side.padEnd(8)} ${m.url}  ${m.healthy ? 'healthy' : `unhealthy (${m.lastError ?? '?'})`}\n`,
+            );
         }
       }
     });

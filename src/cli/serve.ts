@@ -21,9 +21,16 @@ export function registerServe(program: Command): void {
     .option('--model <preset>', 'model preset: dsv4-mini | hybrid-mini | llama-mini', 'dsv4-mini')
     .option('--host <host>', 'HTTP interface', '127.0.0.1')
     .option('--port <port>', 'HTTP port (0 = a free one)', '8000')
-    .option('--num-blocks <n>', 'KV pages in the pool (block 0 is the null block)', String(DEFAULT_INSTANCE_OPTIONS.numBlocks))
+    .option(
+      '--num-blocks <n>',
+      'KV pages in the pool (block 0 is the null block)',
+      String(DEFAULT_INSTANCE_OPTIONS.numBlocks),
+    )
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')
-    .option('--transfer-host <host>', 'interface of the KV side channel and data plane (default: --host, or 127.0.0.1 for a wildcard host)')
+    .option(
+      '--transfer-host <host>',
+      'interface of the KV side channel and data plane (default: --host, or 127.0.0.1 for a wildcard host)',
+    )
     .option('--transfer-port <port>', 'KV side-channel port (0 = a free one)', '0')
     .option('--transfer-data-port <port>', 'KV data-plane port (0 = a free one)', '0')
     .option('--max-num-seqs <n>', 'requests in a batch')
@@ -32,8 +39,15 @@ export function registerServe(program: Command): void {
     .option('--seed <n>', 'model weight seed', '0')
     .option('--race-check', 'run the happens-before race checker on the device')
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/* (or HANDOFF_API_KEY)')
-    .option('--side-channel-secret <s>', 'shared secret for KV side-channel handshakes (or HANDOFF_SIDE_CHANNEL_SECRET)')
-    .option('--kv-peers <list>', 'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated', 'loopback')
+    .option(
+      '--side-channel-secret <s>',
+      'shared secret for KV side-channel handshakes (or HANDOFF_SIDE_CHANNEL_SECRET)',
+    )
+    .option(
+      '--kv-peers <list>',
+      'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated',
+      'loopback',
+    )
     .option('--json', 'print one JSON line when ready')
     .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
@@ -45,7 +59,11 @@ export function registerServe(program: Command): void {
       const inst = await startInstance(opts, env, log);
       const managed = o['exitWithParent'] === true;
       // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
-      onShutdown(() => inst.close(), { env, exitWithParent: managed, log: (m) => (managed ? log.debug(m) : log.info(m)) });
+      onShutdown(() => inst.close(), {
+        env,
+        exitWithParent: managed,
+        log: (m) => (managed ? log.debug(m) : log.info(m)),
+      });
       const ready = {
         url: inst.url,
         role: opts.role,
@@ -59,7 +77,9 @@ export function registerServe(program: Command): void {
       };
       if (o['json']) process.stdout.write(`${JSON.stringify(ready)}\n`);
       else {
-        const kv = inst.info.engine_id ? `, engine ${inst.info.engine_id}, KV side channel ${inst.info.side_channel_host}:${inst.info.side_channel_port} (${inst.info.transfer_mode})` : '';
+        const kv = inst.info.engine_id
+          ? `, engine ${inst.info.engine_id}, KV side channel ${inst.info.side_channel_host}:${inst.info.side_channel_port} (${inst.info.transfer_mode})`
+          : '';
         process.stdout.write(`handoff serve: ${opts.role} ${opts.preset} listening on ${inst.url}${kv}\n`);
       }
     });

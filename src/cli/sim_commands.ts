@@ -4,25 +4,45 @@ import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
 import { isModelPreset } from '../kv/presets.ts';
-import { formatSimReport, isScenarioName, isStrategy, runSim, SCENARIOS, STRATEGIES, traceSim, writeTrace, type SimOptions } from '../sim/index.ts';
+import {
+  formatSimReport,
+  isScenarioName,
+  isStrategy,
+  runSim,
+  SCENARIOS,
+  STRATEGIES,
+  traceSim,
+  writeTrace,
+  type SimOptions,
+} from '../sim/index.ts';
 
 function intOpt(name: string, v: unknown, min: number, max: number): number | undefined {
   if (v === undefined) return undefined;
   const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max) throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
+  if (!Number.isInteger(n) || n < min || n > max)
+    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
   return n;
 }
 
 function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { seeds?: number } {
   const scenario = String(o['scenario']);
-  if (!isScenarioName(scenario)) throw new HandoffError('BAD_CONFIG', `unknown scenario '${scenario}' (${SCENARIOS.join(', ')})`);
+  if (!isScenarioName(scenario))
+    throw new HandoffError('BAD_CONFIG', `unknown scenario '${scenario}' (${SCENARIOS.join(', ')})`);
   const strategy = String(o['strategy']);
-  if (!isStrategy(strategy)) throw new HandoffError('BAD_CONFIG', `unknown strategy '${strategy}' (${STRATEGIES.join(', ')})`);
+  if (!isStrategy(strategy))
+    throw new HandoffError('BAD_CONFIG', `unknown strategy '${strategy}' (${STRATEGIES.join(', ')})`);
   const model = String(o['model']);
   if (!isModelPreset(model)) throw new HandoffError('BAD_CONFIG', `unknown model '${model}'`);
   const mutant = o['mutant'] === undefined ? undefined : String(o['mutant']);
-  if (mutant !== undefined && !isMutantName(mutant)) throw new HandoffError('BAD_CONFIG', `unknown mutant '${mutant}' (${Object.keys(MUTANTS).join(', ')})`);
-  const opt = (k: string, min: number, max: number): number | undefined => intOpt(k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`), o[k], min, max);
+  if (mutant !== undefined && !isMutantName(mutant))
+    throw new HandoffError('BAD_CONFIG', `unknown mutant '${mutant}' (${Object.keys(MUTANTS).join(', ')})`);
+  const opt = (k: string, min: number, max: number): number | undefined =>
+    intOpt(
+      k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`),
+      o[k],
+      min,
+      max,
+    );
   return {
     scenario,
     strategy,
@@ -53,26 +73,46 @@ function common(c: Command): Command {
 }
 
 export function registerSimCommands(program: Command): void {
-  common(program.command('sim').description('explore orderings of compute, zeroing and network deterministically; print one replay command per failure'))
+  common(
+    program
+      .command('sim')
+      .description(
+        'explore orderings of compute, zeroing and network deterministically; print one replay command per failure',
+      ),
+  )
     .option('--seeds <n>', 'how many seeds (schedules) to run', '20')
     .option('--replay', 'run only --seed, exactly as the failure ran')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
       const base = simOptions(o);
-      const bar = new cliProgress.SingleBar({ stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' }, cliProgress.Presets.shades_classic);
+      const bar = new cliProgress.SingleBar(
+        { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
+        cliProgress.Presets.shades_classic,
+      );
       const seeds = base.seeds ?? 20;
       bar.start(o['replay'] ? 1 : seeds, 0, { failing: 0 });
-      const report = await runSim({ ...base, seeds, ...(o['replay'] ? { replay: true } : {}), onProgress: (done, _total, failing) => bar.update(done, { failing }) });
+      const report = await runSim({
+        ...base,
+        seeds,
+        ...(o['replay'] ? { replay: true } : {}),
+        onProgress: (done, _total, failing) => bar.update(done, { failing }),
+      });
       bar.stop();
       process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSimReport(report)}\n`);
       if (report.violations.length > 0) process.exitCode = 1;
     });
-  common(program.command('trace').description('run one sim seed and write a Chrome trace (Perfetto, speedscope) and an HTML timeline'))
+  common(
+    program
+      .command('trace')
+      .description('run one sim seed and write a Chrome trace (Perfetto, speedscope) and an HTML timeline'),
+  )
     .option('--out <base>', 'output path without extension', 'handoff-trace')
     .action(async (o: Record<string, unknown>) => {
       const base = simOptions(o);
       const { trace, result } = await traceSim(base, base.seed ?? 1);
       const files = writeTrace(trace, String(o['out']));
-      process.stdout.write(`${files.json}\n${files.html}\n${result.violations.length} violation(s)${result.violations[0] ? `: ${result.violations[0].message}` : ''}\n`);
+      process.stdout.write(
+        `${files.json}\n${files.html}\n${result.violations.length} violation(s)${result.violations[0] ? `: ${result.violations[0].message}` : ''}\n`,
+      );
     });
 }

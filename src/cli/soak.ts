@@ -39,9 +39,17 @@ async function metrics(url: string): Promise<Map<string, number>> {
 }
 
 async function completion(url: string, body: Record<string, unknown>): Promise<number[]> {
-  const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  const json = (await res.json()) as { choices?: Array<{ token_ids?: number[] }>; error?: { code?: string; message?: string } };
-  if (!res.ok || !json.choices?.[0]?.token_ids) throw new Error(`HTTP ${res.status} ${json.error?.code ?? ''} ${json.error?.message ?? ''}`.trim());
+  const res = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const json = (await res.json()) as {
+    choices?: Array<{ token_ids?: number[] }>;
+    error?: { code?: string; message?: string };
+  };
+  if (!res.ok || !json.choices?.[0]?.token_ids)
+    throw new Error(`HTTP ${res.status} ${json.error?.code ?? ''} ${json.error?.message ?? ''}`.trim());
   return json.choices[0].token_ids;
 }
 
@@ -56,13 +64,32 @@ async function pagesBack(url: string, env: Env, timeoutMs: number): Promise<bool
 }
 
 export async function runSoak(
-  o: { preset: ReturnType<typeof presetFlag>; mode: 'read' | 'write'; durationS: number; concurrency: number; numBlocks: number; seed: number },
+  o: {
+    preset: ReturnType<typeof presetFlag>;
+    mode: 'read' | 'write';
+    durationS: number;
+    concurrency: number;
+    numBlocks: number;
+    seed: number;
+  },
   env: Env,
   onProgress?: (done: number, errors: number, mismatches: number) => void,
 ): Promise<SoakResult> {
-  const common = { preset: o.preset, mode: o.mode, host: '127.0.0.1', serveArgs: ['--num-blocks', String(o.numBlocks), '--race-check'] };
-  const cluster = await startLocalCluster({ ...common, proxyPort: 0, log: createLogger('soak', 'warn'), childLogLevel: 'warn' }, env);
-  const colocated = await spawnHandoff(serveArgs('both', { ...common, serveArgs: ['--num-blocks', String(o.numBlocks)] }), env, { env: { HANDOFF_LOG_LEVEL: 'warn' } });
+  const common = {
+    preset: o.preset,
+    mode: o.mode,
+    host: '127.0.0.1',
+    serveArgs: ['--num-blocks', String(o.numBlocks), '--race-check'],
+  };
+  const cluster = await startLocalCluster(
+    { ...common, proxyPort: 0, log: createLogger('soak', 'warn'), childLogLevel: 'warn' },
+    env,
+  );
+  const colocated = await spawnHandoff(
+    serveArgs('both', { ...common, serveArgs: ['--num-blocks', String(o.numBlocks)] }),
+    env,
+    { env: { HANDOFF_LOG_LEVEL: 'warn' } },
+  );
   const rng = new SeededRng(o.seed);
   let requests = 0;
   let errors = 0;
@@ -102,9 +129,25 @@ export async function runSoak(
     };
     await Promise.all(Array.from({ length: o.concurrency }, worker));
     const elapsedS = (env.nowMs() - t0) / 1000;
-    const [prefillPagesBack, decodePagesBack] = await Promise.all([pagesBack(cluster.prefill.url, env, 30_000), pagesBack(cluster.decode.url, env, 30_000)]);
-    const races = ((await metrics(cluster.decode.url)).get('handoff_races_total') ?? 0) + ((await metrics(cluster.prefill.url)).get('handoff_races_total') ?? 0);
-    return { durationS: elapsedS, requests, errors, mismatches, outputTokens, tokensPerSec: outputTokens / elapsedS, prefillPagesBack, decodePagesBack, races, firstProblem };
+    const [prefillPagesBack, decodePagesBack] = await Promise.all([
+      pagesBack(cluster.prefill.url, env, 30_000),
+      pagesBack(cluster.decode.url, env, 30_000),
+    ]);
+    const races =
+      ((await metrics(cluster.decode.url)).get('handoff_races_total') ?? 0) +
+      ((await metrics(cluster.prefill.url)).get('handoff_races_total') ?? 0);
+    return {
+      durationS: elapsedS,
+      requests,
+      errors,
+      mismatches,
+      outputTokens,
+      tokensPerSec: outputTokens / elapsedS,
+      prefillPagesBack,
+      decodePagesBack,
+      races,
+      firstProblem,
+    };
   } finally {
     await Promise.all([cluster.stop(), colocated.stop()]);
   }
@@ -113,7 +156,9 @@ export async function runSoak(
 export function registerSoak(program: Command): void {
   program
     .command('soak')
-    .description('reliability run: load through the P/D proxy vs colocated for N seconds; errors, mismatches, leaked pages, races')
+    .description(
+      'reliability run: load through the P/D proxy vs colocated for N seconds; errors, mismatches, leaked pages, races',
+    )
     .option('--model <preset>', 'model preset', 'dsv4-mini')
     .option('--mode <mode>', 'read | write', 'read')
     .option('--duration-s <n>', 'seconds of load', '180')

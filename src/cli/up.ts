@@ -46,13 +46,19 @@ export function configureUp(up: Command): void {
       for (const c of [cluster.prefill, cluster.decode]) {
         c.child.once('exit', (code, signal) => {
           if (stopping) return;
-          out(`handoff up: ${String(c.ready['role'])} (pid ${c.pid}) exited (code ${code}, signal ${signal}); stopping everything`);
+          out(
+            `handoff up: ${String(c.ready['role'])} (pid ${c.pid}) exited (code ${code}, signal ${signal}); stopping everything`,
+          );
           void stop().finally(() => process.exit(1));
         });
       }
       const auth = apiKey ? ` -H 'Authorization: Bearer ${apiKey}'` : '';
-      out(`  prefill  ${cluster.prefill.url}  (pid ${cluster.prefill.pid}, engine ${String(cluster.prefill.ready['engineId'])})`);
-      out(`  decode   ${cluster.decode.url}  (pid ${cluster.decode.pid}, engine ${String(cluster.decode.ready['engineId'])})`);
+      out(
+        `  prefill  ${cluster.prefill.url}  (pid ${cluster.prefill.pid}, engine ${String(cluster.prefill.ready['engineId'])})`,
+      );
+      out(
+        `  decode   ${cluster.decode.url}  (pid ${cluster.decode.pid}, engine ${String(cluster.decode.ready['engineId'])})`,
+      );
       out(`  proxy    ${cluster.proxyUrl}  (this process, ${mode.toUpperCase()} mode)`);
       out('');
       out(`Ready: OpenAI API at ${cluster.proxyUrl}/v1 (model "${preset}"). Try:`);

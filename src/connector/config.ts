@@ -34,7 +34,9 @@ export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {
   transferTimeoutMs: 30_000,
 };
 
-const boolish = z.union([z.boolean(), z.enum(['true', 'false', '1', '0'])]).transform((v) => v === true || v === 'true' || v === '1');
+const boolish = z
+  .union([z.boolean(), z.enum(['true', 'false', '1', '0'])])
+  .transform((v) => v === true || v === 'true' || v === '1');
 
 const schema = z
   .object({
@@ -79,12 +81,19 @@ export function parseKvTransferConfig(raw: unknown): ParsedTransferConfig {
   const r = schema.safeParse(value);
   if (!r.success) {
     const issue = r.error.issues[0];
-    throw new HandoffError('BAD_CONFIG', `invalid kv_transfer_config at ${issue?.path.join('.') || '(root)'}: ${issue?.message ?? 'bad value'}`);
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `invalid kv_transfer_config at ${issue?.path.join('.') || '(root)'}: ${issue?.message ?? 'bad value'}`,
+    );
   }
   const x = r.data.kv_connector_extra_config;
   const role = r.data.kv_role === 'kv_producer' ? 'producer' : r.data.kv_role === 'kv_consumer' ? 'consumer' : 'both';
   const faults = x.faults
-    ? { readErrorRate: x.faults.read_error_rate, readDelayMs: x.faults.read_delay_ms, dropNotificationRate: x.faults.drop_notification_rate }
+    ? {
+        readErrorRate: x.faults.read_error_rate,
+        readDelayMs: x.faults.read_delay_ms,
+        dropNotificationRate: x.faults.drop_notification_rate,
+      }
     : undefined;
   return {
     connector: r.data.kv_connector,

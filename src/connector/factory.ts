@@ -82,7 +82,12 @@ export function oneSidedConnectorFactory(
     });
     transfer.attachRaceChecker(device.raceChecker);
     const addr = transfer.address();
-    const peers = new PeerDirectory((p) => transfer.handshake(p), env, opts.allowedPeers ?? LOOPBACK_PEERS, () => opts.onActivity?.());
+    const peers = new PeerDirectory(
+      (p) => transfer.handshake(p),
+      env,
+      opts.allowedPeers ?? LOOPBACK_PEERS,
+      () => opts.onActivity?.(),
+    );
     const scheduler = new OneSidedConnectorScheduler(
       config,
       kvConfig,
@@ -92,7 +97,17 @@ export function oneSidedConnectorFactory(
       numLookaheadTokens,
       peers,
     );
-    const worker = new OneSidedConnectorWorker(config, kvConfig, transfer, device, scheduler.transferGroupIds, env, peers, opts.log, opts.onActivity);
+    const worker = new OneSidedConnectorWorker(
+      config,
+      kvConfig,
+      transfer,
+      device,
+      scheduler.transferGroupIds,
+      env,
+      peers,
+      opts.log,
+      opts.onActivity,
+    );
     return {
       scheduler,
       peers,

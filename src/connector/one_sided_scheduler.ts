@@ -16,7 +16,13 @@ import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } fr
 import { alignReadBlocks, cdiv } from './alignment.ts';
 import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
 import type { OneSidedConfig } from './config.ts';
-import { emptyOneSidedMetadata, type NotifyReqMeta, type OneSidedMetadata, type RecvReqMeta, type SaveReqMeta } from '../worker/connector_metadata.ts';
+import {
+  emptyOneSidedMetadata,
+  type NotifyReqMeta,
+  type OneSidedMetadata,
+  type RecvReqMeta,
+  type SaveReqMeta,
+} from '../worker/connector_metadata.ts';
 import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 import { excludeReadDestinations } from './zero_exclusion.ts';
 import type { PeerDirectory } from './peer_directory.ts';
@@ -25,7 +31,10 @@ import { mutationsFor, type Mutations } from '../util/mutants.ts';
 
 /** What the scheduler side needs of the transfer engine (the producer grants its pages). */
 export interface GrantIssuer {
-  issueGrant(g: { transferId: string; peerEngineId: string | null; blockIds: number[]; ttlMs: number }): { token: string; expiresAtMs: number };
+  issueGrant(g: { transferId: string; peerEngineId: string | null; blockIds: number[]; ttlMs: number }): {
+    token: string;
+    expiresAtMs: number;
+  };
   revokeGrant(transferId: string): void;
 }
 
@@ -61,7 +70,11 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
    * until released or the lease ends) or `async-loading` (WRITE consumer: the producer may still write).
    * Both end by removal: release/lease/finish of the load.
    */
-  private readonly transfers = new TransferTable<SideState, SideTransfer>('connector scheduler', { held: [], 'async-loading': [] }, 1 << 20);
+  private readonly transfers = new TransferTable<SideState, SideTransfer>(
+    'connector scheduler',
+    { held: [], 'async-loading': [] },
+    1 << 20,
+  );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
   stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
@@ -83,7 +96,10 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     this.hasMamba = mamba.length > 0;
     this.blockSize = defined(kvConfig.groups[attn[0] ?? 0], 'first group').spec.blockSize;
     if (this.hasMamba && config.mode === 'write') {
-      throw new HandoffError('BAD_CONFIG', 'models with Mamba layers support READ mode only; set kv_connector_extra_config.read_mode=true');
+      throw new HandoffError(
+        'BAD_CONFIG',
+        'models with Mamba layers support READ mode only; set kv_connector_extra_config.read_mode=true',
+      );
     }
     if (this.isProducer) assert(grants !== null, 'a producer needs a grant issuer');
     this.mutations = mutationsFor(config.mutant);
@@ -112,19 +128,26 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   validateRequest(req: ConnectorRequest): void {
     const p = req.kvTransferParams;
     if (!p?.do_remote_prefill) return;
-    if (!this.isConsumer) throw new HandoffError('BAD_TRANSFER_PARAMS', 'this instance is a producer; do_remote_prefill is not accepted');
-    const missing = ['remote_engine_id', 'remote_host', 'remote_port', 'transfer_id'].filter((k) => p[k] === undefined || p[k] === null);
+    if (!this.isConsumer)
+      throw new HandoffError('BAD_TRANSFER_PARAMS', 'this instance is a producer; do_remote_prefill is not accepted');
+    const missing = ['remote_engine_id', 'remote_host', 'remote_port', 'transfer_id'].filter(
+      (k) => p[k] === undefined || p[k] === null,
+    );
     if (this.config.mode === 'read') {
       if (p.remote_block_ids === undefined || p.remote_block_ids === null) missing.push('remote_block_ids');
       if (!p.grant) missing.push('grant');
     }
-    if (missing.length > 0) throw new HandoffError('BAD_TRANSFER_PARAMS', `kv_transfer_params missing ${missing.join(', ')}`);
+    if (missing.length > 0)
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `kv_transfer_params missing ${missing.join(', ')}`);
     // Before anything else is done with it: a producer outside the allow-list is never contacted.
     this.peers?.checkAllowed(String(p.remote_host), Number(p.remote_port));
     if (this.config.mode === 'write') return;
     const groups = defined(remoteBlockIdsPerGroup(p), 'remote block ids');
     if (groups.length !== this.transferGroupIds.length) {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids has ${groups.length} groups, this model has ${this.transferGroupIds.length}`);
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `remote_block_ids has ${groups.length} groups, this model has ${this.transferGroupIds.length}`,
+      );
     }
     const n = req.numPromptTokens;
     const seen = new Set<number>();
@@ -132,8 +155,16 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       const isMamba = i >= this.numAttnGroups;
       const max = isMamba ? 1 : cdiv(n, this.blockSize);
       const min = isMamba ? (n > 1 ? 1 : 0) : cdiv(Math.max(n - 1, 0), this.blockSize);
-      if (ids.length > max) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs at most ${max}`);
-      if (ids.length < min) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs ${min}`);
+      if (ids.length > max)
+        throw new HandoffError(
+          'BAD_TRANSFER_PARAMS',
+          `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs at most ${max}`,
+        );
+      if (ids.length < min)
+        throw new HandoffError(
+          'BAD_TRANSFER_PARAMS',
+          `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs ${min}`,
+        );
       for (const b of ids) {
         if (b === 0) throw new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids contains the null block 0');
         if (seen.has(b)) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids contains block ${b} twice`);
@@ -141,7 +172,10 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       }
     });
     if (typeof p.remote_num_tokens === 'number' && p.remote_num_tokens < n - 1) {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `prefill computed ${p.remote_num_tokens} tokens, decode needs ${n - 1}`);
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `prefill computed ${p.remote_num_tokens} tokens, decode needs ${n - 1}`,
+      );
     }
   }
 
@@ -238,7 +272,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const lists = (meta?.reqsToRecv ?? []).map((r) => this.zeroExcluded.get(r.requestId) ?? r.localBlockIds);
     this.zeroExcluded.clear();
     const cfg = { readMode: this.config.mode === 'read', hasMamba: this.hasMamba, numAttnGroups: this.numAttnGroups };
-    return excludeReadDestinations(newBlockIdsToZero === null ? null : [...newBlockIdsToZero], this.config.zeroExclusion, cfg, lists);
+    return excludeReadDestinations(
+      newBlockIdsToZero === null ? null : [...newBlockIdsToZero],
+      this.config.zeroExclusion,
+      cfg,
+      lists,
+    );
   }
 
   requestFinished(req: ConnectorRequest, blockIds: number[][]): FinishedHandoff {
@@ -271,9 +310,18 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       transfer_id: transferId,
     };
     if (flat.length === 0) return { delayFree: false, kvTransferParams: params };
-    this.transfers.add(req.requestId, { state: 'held', transferId, deadlineMs: this.env.nowMs() + this.config.leaseMs });
+    this.transfers.add(req.requestId, {
+      state: 'held',
+      transferId,
+      deadlineMs: this.env.nowMs() + this.config.leaseMs,
+    });
     if (this.config.mode === 'read') {
-      const grant = defined(this.grants, 'grant issuer').issueGrant({ transferId, peerEngineId: null, blockIds: flat, ttlMs: this.config.leaseMs });
+      const grant = defined(this.grants, 'grant issuer').issueGrant({
+        transferId,
+        peerEngineId: null,
+        blockIds: flat,
+        ttlMs: this.config.leaseMs,
+      });
       this.stats.grantsIssued++;
       params['grant'] = grant.token;
       // Wall-clock milliseconds, meaningful to another process (the grant itself runs on this engine's clock).
@@ -293,7 +341,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   releaseUnused(req: ConnectorRequest): boolean {
     const p = req.kvTransferParams;
     if (!p?.do_remote_prefill || !this.isConsumer || this.config.mode !== 'read') return false;
-    if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || !p.grant) return false;
+    if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || !p.grant)
+      return false;
     // Keyed apart from live requests: a refused duplicate id must not replace a live request's READ.
     const key = `unused:${p.transfer_id}`;
     this.reqsNeedRecv.set(key, {
@@ -315,7 +364,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       if (this.transfers.get(id)?.state === 'async-loading') this.transfers.delete(id);
     }
     if (!this.isProducer) return out;
-    const finishedSending = out.finishedSending.filter((id) => this.transfers.get(id)?.state === 'held' && this.transfers.delete(id));
+    const finishedSending = out.finishedSending.filter(
+      (id) => this.transfers.get(id)?.state === 'held' && this.transfers.delete(id),
+    );
     const now = this.env.nowMs();
     for (const [requestId, h] of this.transfers.inState('held')) {
       if (h.deadlineMs > now) continue;

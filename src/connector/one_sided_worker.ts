@@ -48,7 +48,17 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     private readonly log?: Logger,
     private readonly onActivity?: () => void,
   ) {
-    this.ctx = new WorkerContext(config, kvConfig, transfer, device, transferGroupIds, env, peers, mutationsFor(config.mutant), log);
+    this.ctx = new WorkerContext(
+      config,
+      kvConfig,
+      transfer,
+      device,
+      transferGroupIds,
+      env,
+      peers,
+      mutationsFor(config.mutant),
+      log,
+    );
     this.reads = new ReadConsumer(this.ctx);
     this.producer = new Producer(this.ctx);
     this.recvs = new WriteConsumer(this.ctx);
@@ -58,11 +68,21 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       else if (n.type === 'remote_blocks') {
         const p = n.payload ?? {};
         const skip = p['skipBlocks'] ?? 0;
-        if (!Array.isArray(p['blockIds']) || typeof p['grant'] !== 'string' || !Number.isInteger(skip) || (skip as number) < 0) {
+        if (
+          !Array.isArray(p['blockIds']) ||
+          typeof p['grant'] !== 'string' ||
+          !Number.isInteger(skip) ||
+          (skip as number) < 0
+        ) {
           this.log?.warn({ from, transferId: n.transferId }, 'malformed remote_blocks notification dropped');
           return;
         }
-        const dest = { fromEngineId: from, blockIds: p['blockIds'] as number[][], skipBlocks: skip as number, grant: p['grant'] };
+        const dest = {
+          fromEngineId: from,
+          blockIds: p['blockIds'] as number[][],
+          skipBlocks: skip as number,
+          grant: p['grant'],
+        };
         this.saves.destination(n.transferId, dest);
       } else if (n.type === 'write_done') this.recvs.writeDone(n.transferId);
       this.onActivity?.();
@@ -70,7 +90,14 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   }
 
   /** Counters for /metrics and the A/B (plain numbers). */
-  get stats(): { readsPosted: number; readsFailed: number; releasesSent: number; releasesFailed: number; writesPosted: number; hostSyncWaits: number } {
+  get stats(): {
+    readsPosted: number;
+    readsFailed: number;
+    releasesSent: number;
+    releasesFailed: number;
+    writesPosted: number;
+    hostSyncWaits: number;
+  } {
     return { ...this.reads.stats, writesPosted: this.saves.stats.writesPosted };
   }
 

@@ -19,7 +19,10 @@ export const kvTransferParamsSchema = z
     remote_engine_id: z.string().min(1).max(256).nullable().optional(),
     /** Per transfer group (legacy: a flat list for one group). */
     remote_block_ids: z
-      .union([z.array(z.array(blockId).max(REMOTE_BLOCK_IDS_MAX)).max(REMOTE_GROUPS_MAX), z.array(blockId).max(REMOTE_BLOCK_IDS_MAX)])
+      .union([
+        z.array(z.array(blockId).max(REMOTE_BLOCK_IDS_MAX)).max(REMOTE_GROUPS_MAX),
+        z.array(blockId).max(REMOTE_BLOCK_IDS_MAX),
+      ])
       .nullable()
       .optional(),
     remote_host: z.string().max(256).nullable().optional(),
@@ -27,7 +30,11 @@ export const kvTransferParamsSchema = z
     remote_handshake_port: z.number().int().min(0).max(65535).nullable().optional(),
     remote_notify_port: z.number().int().min(0).max(65535).nullable().optional(),
     transfer_id: z.string().min(1).max(256).nullable().optional(),
-    grant: z.string().regex(/^[0-9a-f]{32,128}$/, 'must be 32-128 lowercase hex digits').nullable().optional(),
+    grant: z
+      .string()
+      .regex(/^[0-9a-f]{32,128}$/, 'must be 32-128 lowercase hex digits')
+      .nullable()
+      .optional(),
     grant_expires_ms: z.number().nonnegative().nullable().optional(),
     /** Tokens the prefill side computed (so decode can check the payload covers what it loads). */
     remote_num_tokens: z.number().int().nonnegative().nullable().optional(),
@@ -41,7 +48,8 @@ export type KVTransferParams = z.infer<typeof kvTransferParamsSchema>;
 /** Errors name the field as the client wrote it: `kv_transfer_params.remote_port`. */
 export function parseKvTransferParams(raw: unknown): KVTransferParams | null {
   if (raw === undefined || raw === null) return null;
-  if (typeof raw === 'object' && !Array.isArray(raw)) checkRemoteBlockIds((raw as Record<string, unknown>)['remote_block_ids']);
+  if (typeof raw === 'object' && !Array.isArray(raw))
+    checkRemoteBlockIds((raw as Record<string, unknown>)['remote_block_ids']);
   const r = kvTransferParamsSchema.safeParse(raw);
   if (!r.success) {
     const p = describeZodError(r.error, raw, ['kv_transfer_params']);
@@ -56,19 +64,26 @@ export function parseKvTransferParams(raw: unknown): KVTransferParams | null {
  */
 function checkRemoteBlockIds(v: unknown): void {
   const param = 'kv_transfer_params.remote_block_ids';
-  const bad = (at: string, message: string): HandoffError => new HandoffError('BAD_TRANSFER_PARAMS', message, { param: at });
+  const bad = (at: string, message: string): HandoffError =>
+    new HandoffError('BAD_TRANSFER_PARAMS', message, { param: at });
   if (v === undefined || v === null) return;
   if (!Array.isArray(v)) throw bad(param, `${param} must be a list of page ids per transfer group, got ${preview(v)}`);
   const ids = (list: unknown[], at: string): void => {
-    if (list.length > REMOTE_BLOCK_IDS_MAX) throw bad(at, `${at} has ${list.length} entries; at most ${REMOTE_BLOCK_IDS_MAX}`);
+    if (list.length > REMOTE_BLOCK_IDS_MAX)
+      throw bad(at, `${at} has ${list.length} entries; at most ${REMOTE_BLOCK_IDS_MAX}`);
     list.forEach((b, i) => {
-      if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < 0) throw bad(`${at}[${i}]`, `${at}[${i}] must be a page id (an integer >= 0), got ${preview(b)}`);
+      if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < 0)
+        throw bad(`${at}[${i}]`, `${at}[${i}] must be a page id (an integer >= 0), got ${preview(b)}`);
     });
   };
   if (!v.some((g) => Array.isArray(g))) return ids(v, param);
   if (v.length > REMOTE_GROUPS_MAX) throw bad(param, `${param} has ${v.length} groups; at most ${REMOTE_GROUPS_MAX}`);
   v.forEach((g, i) => {
-    if (!Array.isArray(g)) throw bad(`${param}[${i}]`, `${param}[${i}] must be a list of page ids (one list per transfer group), got ${preview(g)}`);
+    if (!Array.isArray(g))
+      throw bad(
+        `${param}[${i}]`,
+        `${param}[${i}] must be a list of page ids (one list per transfer group), got ${preview(g)}`,
+      );
     ids(g, `${param}[${i}]`);
   });
 }

@@ -15,7 +15,9 @@ import { FAILED_RETRY_MS, PEERS_MAX, PeerDirectory, parsePeerAllowList, peerAllo
 function fakeHandshakes() {
   const pending: Array<{ peer: PeerAddress; ok: (engineId: string) => void; fail: (e: HandoffError) => void }> = [];
   const handshake = (peer: PeerAddress): Promise<EngineMetadata> =>
-    new Promise((resolve, reject) => pending.push({ peer, ok: (engineId) => resolve({ engineId } as EngineMetadata), fail: reject }));
+    new Promise((resolve, reject) =>
+      pending.push({ peer, ok: (engineId) => resolve({ engineId } as EngineMetadata), fail: reject }),
+    );
   return { pending, handshake };
 }
 const tick = () => new Promise((r) => setImmediate(r));
@@ -66,9 +68,16 @@ test('a cached answer naming another engine is asked again once per expected id 
   assert.deepEqual(d.statusFor('127.0.0.1', 9, 'stale'), { state: 'connecting' }, 'another expected id asks once');
   h.pending[2]?.ok('new');
   await tick();
-  assert.deepEqual(d.statusFor('127.0.0.1', 9, 'stale'), { state: 'ready', engineId: 'new' }, 'not again for the same stale id');
+  assert.deepEqual(
+    d.statusFor('127.0.0.1', 9, 'stale'),
+    { state: 'ready', engineId: 'new' },
+    'not again for the same stale id',
+  );
   assert.equal(h.pending.length, 3);
-  await assert.rejects(d.resolve('127.0.0.1', 9, 'stale'), (e: unknown) => e instanceof HandoffError && e.code === 'BAD_TRANSFER_PARAMS');
+  await assert.rejects(
+    d.resolve('127.0.0.1', 9, 'stale'),
+    (e: unknown) => e instanceof HandoffError && e.code === 'BAD_TRANSFER_PARAMS',
+  );
   d.forget('127.0.0.1', 9);
   assert.equal(d.peek('127.0.0.1', 9), undefined);
   d.statusFor('127.0.0.1', 9, 'new');
@@ -78,15 +87,23 @@ test('a cached answer naming another engine is asked again once per expected id 
 test('allow-list: refused before any contact; patterns host:port, host:*, loopback, *; bad lists are BAD_CONFIG', () => {
   const h = fakeHandshakes();
   const d = new PeerDirectory(h.handshake, new SimEnv(1), parsePeerAllowList('10.0.0.5:7000, prefill-a:*'));
-  assert.throws(() => d.statusFor('127.0.0.1', 9, 'p'), (e: unknown) => e instanceof HandoffError && e.code === 'PEER_NOT_ALLOWED' && e.httpStatus === 403);
+  assert.throws(
+    () => d.statusFor('127.0.0.1', 9, 'p'),
+    (e: unknown) => e instanceof HandoffError && e.code === 'PEER_NOT_ALLOWED' && e.httpStatus === 403,
+  );
   assert.throws(() => d.checkAllowed('10.0.0.5', 7001), /not an allowed KV peer/);
   assert.doesNotThrow(() => d.checkAllowed('10.0.0.5', 7000));
   assert.doesNotThrow(() => d.checkAllowed('prefill-a', 1));
   assert.equal(h.pending.length, 0);
-  assert.ok(peerAllowed(['loopback'], '127.3.4.5', 1) && peerAllowed(['loopback'], '::1', 1) && peerAllowed(['loopback'], 'inproc://x', 0));
+  assert.ok(
+    peerAllowed(['loopback'], '127.3.4.5', 1) &&
+      peerAllowed(['loopback'], '::1', 1) &&
+      peerAllowed(['loopback'], 'inproc://x', 0),
+  );
   assert.ok(!peerAllowed(['loopback'], '10.0.0.1', 1) && !peerAllowed(['loopback'], '128.0.0.1', 1));
   assert.ok(peerAllowed(['*'], '10.0.0.1', 1));
-  for (const bad of ['', ' , ', 'host', 'host:0', 'host:70000', ':80', 'h:x']) assert.throws(() => parsePeerAllowList(bad), /--kv-peers/);
+  for (const bad of ['', ' , ', 'host', 'host:0', 'host:70000', ':80', 'h:x'])
+    assert.throws(() => parsePeerAllowList(bad), /--kv-peers/);
 });
 
 test(`at most PEERS_MAX (${PEERS_MAX}) peers are remembered; settled ones are evicted first`, async () => {

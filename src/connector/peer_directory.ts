@@ -20,9 +20,7 @@ import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { PeerAddress, EngineMetadata } from '../transfer/core/types.ts';
 
 export type PeerStatus =
-  | { state: 'connecting' }
-  | { state: 'ready'; engineId: string }
-  | { state: 'failed'; error: HandoffError };
+  { state: 'connecting' } | { state: 'ready'; engineId: string } | { state: 'failed'; error: HandoffError };
 
 interface Entry {
   status: PeerStatus;
@@ -46,7 +44,13 @@ export type PeerAllowList = readonly string[];
 export const LOOPBACK_PEERS: PeerAllowList = ['loopback'];
 
 function isLocalHost(host: string): boolean {
-  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host) || host === 'localhost' || host === '::1' || host === '[::1]' || host.startsWith('inproc://');
+  return (
+    /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host) ||
+    host === 'localhost' ||
+    host === '::1' ||
+    host === '[::1]' ||
+    host.startsWith('inproc://')
+  );
 }
 
 export function peerAllowed(allow: PeerAllowList, host: string, port: number): boolean {
@@ -61,14 +65,18 @@ export function peerAllowed(allow: PeerAllowList, host: string, port: number): b
 
 /** Parse `--kv-peers`: comma-separated `host:port`, `host:*`, `loopback` or `*`; throws BAD_CONFIG on a bad entry. */
 export function parsePeerAllowList(raw: string): PeerAllowList {
-  const items = raw.split(',').map((s) => s.trim()).filter((s) => s.length > 0);
+  const items = raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
   if (items.length === 0) throw new HandoffError('BAD_CONFIG', '--kv-peers is empty (use * to allow any peer)');
   for (const it of items) {
     if (it === '*' || it === 'loopback') continue;
     const i = it.lastIndexOf(':');
     const port = it.slice(i + 1);
     const portOk = port === '*' || (/^\d{1,5}$/.test(port) && Number(port) >= 1 && Number(port) <= 65535);
-    if (i <= 0 || !portOk) throw new HandoffError('BAD_CONFIG', `--kv-peers entry '${it}' is not host:port, host:*, loopback or *`);
+    if (i <= 0 || !portOk)
+      throw new HandoffError('BAD_CONFIG', `--kv-peers entry '${it}' is not host:port, host:*, loopback or *`);
   }
   return items;
 }
@@ -90,9 +98,13 @@ export class PeerDirectory {
   checkAllowed(host: string, port: number): void {
     if (peerAllowed(this.allow, host, port)) return;
     this.stats.refused++;
-    throw new HandoffError('PEER_NOT_ALLOWED', `remote_host:remote_port ${host}:${port} is not an allowed KV peer of this instance (see --kv-peers)`, {
-      param: 'kv_transfer_params.remote_host',
-    });
+    throw new HandoffError(
+      'PEER_NOT_ALLOWED',
+      `remote_host:remote_port ${host}:${port} is not an allowed KV peer of this instance (see --kv-peers)`,
+      {
+        param: 'kv_transfer_params.remote_host',
+      },
+    );
   }
 
   /** The peer's status for a request that expects `expectedEngineId` there; starts a handshake when needed. */
@@ -100,7 +112,8 @@ export class PeerDirectory {
     const key = `${host}:${port}`;
     const e = this.entries.get(key);
     const now = this.env.nowMs();
-    if (e === undefined || (e.status.state === 'failed' && now - e.settledMs >= FAILED_RETRY_MS)) return this.start(host, port, null).status;
+    if (e === undefined || (e.status.state === 'failed' && now - e.settledMs >= FAILED_RETRY_MS))
+      return this.start(host, port, null).status;
     // A cached answer naming another engine: the peer may have restarted on that address; ask once more
     // (once per expected engine id, so stale params cannot make it handshake on every step).
     if (e.status.state === 'ready' && e.status.engineId !== expectedEngineId && e.refreshedFor !== expectedEngineId) {
@@ -117,15 +130,25 @@ export class PeerDirectory {
     let st = this.statusFor(host, port, expectedEngineId);
     if (st.state === 'connecting') {
       await this.entries.get(`${host}:${port}`)?.settled;
-      st = this.peek(host, port) ?? { state: 'failed', error: new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} was dropped`) };
+      st = this.peek(host, port) ?? {
+        state: 'failed',
+        error: new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} was dropped`),
+      };
     }
     if (st.state === 'failed') throw st.error;
-    if (st.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} is being replaced`);
-    if (st.engineId !== expectedEngineId) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expectedEngineId}`);
+    if (st.state !== 'ready')
+      throw new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} is being replaced`);
+    if (st.engineId !== expectedEngineId)
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `peer at ${host}:${port} is ${st.engineId}, not ${expectedEngineId}`,
+      );
     return st.engineId;
   }
 
-  /** True when a handshake ever returned this engine id (it existed; if it is gone now, that is not the client's fault). */
+  /**
+   * True when a handshake ever returned this engine id (it existed; if it is gone now, that is not the client's fault).
+   */
   knows(engineId: string): boolean {
     return this.knownEngines.has(engineId);
   }
@@ -150,7 +173,13 @@ export class PeerDirectory {
     if (this.entries.size >= PEERS_MAX && !this.entries.has(key)) this.evictOne();
     let markSettled = (): void => undefined;
     const settled = new Promise<void>((r) => (markSettled = r));
-    const entry: Entry = { status: { state: 'connecting' }, settledMs: 0, refreshedFor, settled, markSettled: () => markSettled() };
+    const entry: Entry = {
+      status: { state: 'connecting' },
+      settledMs: 0,
+      refreshedFor,
+      settled,
+      markSettled: () => markSettled(),
+    };
     this.entries.set(key, entry);
     this.stats.handshakesStarted++;
     this.handshake({ host, port }).then(

@@ -23,7 +23,11 @@ const PRODUCER_TRANSITIONS = { held: ['released'], 'released-early': ['released'
 export const EARLY_RELEASES_MAX = 1024;
 
 export class Producer {
-  private readonly transfers = new TransferTable<ProducerState, HeldTransfer>('producer', PRODUCER_TRANSITIONS, 1 << 20);
+  private readonly transfers = new TransferTable<ProducerState, HeldTransfer>(
+    'producer',
+    PRODUCER_TRANSITIONS,
+    1 << 20,
+  );
   private numEarly = 0;
 
   constructor(private readonly ctx: WorkerContext) {}

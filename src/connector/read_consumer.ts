@@ -129,7 +129,9 @@ export class ReadConsumer {
   /** After the forward: READs left in flight by the mutant are awaited and released. */
   async settleLateReads(): Promise<void> {
     for (const [id, t] of this.reads.inState('late')) {
-      await this.ctx.transfer.wait([t.handle as TransferHandle], this.ctx.config.transferTimeoutMs).catch((e: unknown) => rethrowIfAssertion(e));
+      await this.ctx.transfer
+        .wait([t.handle as TransferHandle], this.ctx.config.transferTimeoutMs)
+        .catch((e: unknown) => rethrowIfAssertion(e));
       this.reads.move(id, 'landed');
     }
     for (const [, t] of this.reads.take('landed')) this.release(t.r);
@@ -140,15 +142,21 @@ export class ReadConsumer {
     // Off the step path: a refused request's release may be the first contact with that producer.
     this.ctx.peers
       .resolve(r.remoteHost, r.remotePort, r.remoteEngineId)
-      .then((engineId) => this.ctx.transfer.notify(engineId, { type: 'release', transferId: r.transferId, payload: { grant: r.grant } }))
+      .then((engineId) =>
+        this.ctx.transfer.notify(engineId, { type: 'release', transferId: r.transferId, payload: { grant: r.grant } }),
+      )
       .then(
         () => void this.stats.releasesSent++,
         (e: unknown) => {
           if (!isHandoffError(e)) throw e;
           this.stats.releasesFailed++;
           // The side channel may be gone or stuck: the next use of this peer handshakes again.
-          if (e.code !== 'PEER_NOT_ALLOWED' && e.code !== 'BAD_TRANSFER_PARAMS') this.ctx.peers.forget(r.remoteHost, r.remotePort);
-          this.ctx.log?.warn({ transferId: r.transferId, err: e.message }, 'release notification failed; the producer lease will free the pages');
+          if (e.code !== 'PEER_NOT_ALLOWED' && e.code !== 'BAD_TRANSFER_PARAMS')
+            this.ctx.peers.forget(r.remoteHost, r.remotePort);
+          this.ctx.log?.warn(
+            { transferId: r.transferId, err: e.message },
+            'release notification failed; the producer lease will free the pages',
+          );
         },
       );
   }

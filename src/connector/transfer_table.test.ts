@@ -22,7 +22,10 @@ test('legal transitions only; removal only from terminal states; take keeps orde
   t.move('a', 'landed');
   assert.throws(() => t.move('a', 'failed'), /cannot go from landed to failed/);
   assert.throws(() => t.move('zz', 'landed'), /no transfer zz/);
-  assert.deepEqual(t.take('landed').map(([id]) => id), ['a', 'c']);
+  assert.deepEqual(
+    t.take('landed').map(([id]) => id),
+    ['a', 'c'],
+  );
   assert.throws(() => t.take('posted'), /non-terminal/);
   assert.equal(t.size, 1);
   assert.equal(t.drop('b')?.n, 2);

@@ -41,7 +41,10 @@ export class TransferTable<S extends string, T extends { state: S }> {
   /** Move a transfer to `to`; the transition must be declared. */
   move(id: string, to: S): T {
     const t = defined(this.items.get(id), `${this.role}: no transfer ${id}`);
-    assert(this.transitions[t.state].includes(to), () => `${this.role}: transfer ${id} cannot go from ${t.state} to ${to}`);
+    assert(
+      this.transitions[t.state].includes(to),
+      () => `${this.role}: transfer ${id} cannot go from ${t.state} to ${to}`,
+    );
     t.state = to;
     return t;
   }
@@ -49,7 +52,10 @@ export class TransferTable<S extends string, T extends { state: S }> {
   /** Remove a transfer in a terminal state. */
   delete(id: string): T {
     const t = defined(this.items.get(id), `${this.role}: no transfer ${id}`);
-    assert(this.transitions[t.state].length === 0, () => `${this.role}: transfer ${id} removed in non-terminal state ${t.state}`);
+    assert(
+      this.transitions[t.state].length === 0,
+      () => `${this.role}: transfer ${id} removed in non-terminal state ${t.state}`,
+    );
     this.items.delete(id);
     return t;
   }

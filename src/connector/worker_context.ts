@@ -50,7 +50,8 @@ export class WorkerContext {
       if (ids.length === 0) return;
       const slabs = this.slabsOf(tg);
       ranges.push(...slabTransferRanges(this.kvConfig, slabs, ids, remote[tg] ?? []));
-      for (const slab of slabs) for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
+      for (const slab of slabs)
+        for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
     });
     return { ranges, footprint };
   }
@@ -68,7 +69,8 @@ export class WorkerContext {
       throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
     }
     if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
-    if (st.engineId !== expected) throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
+    if (st.engineId !== expected)
+      throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
     return st.engineId;
   }
 }

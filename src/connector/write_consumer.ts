@@ -45,11 +45,24 @@ export class WriteConsumer {
 
   /** Grant the producer this request's pages and tell it where to write, without blocking the step. */
   notifyRemoteBlocks(n: NotifyReqMeta): void {
-    const { requestId, transferId, localBlockIds: local, remoteEngineId, remoteHost: host, remotePort: port, skipBlocks } = n;
+    const {
+      requestId,
+      transferId,
+      localBlockIds: local,
+      remoteEngineId,
+      remoteHost: host,
+      remotePort: port,
+      skipBlocks,
+    } = n;
     // Only the pages after decode's prefix hit are granted (attention groups; Mamba groups have no hit).
     const writable = local.map((ids, g) => (g < this.ctx.numAttnGroups ? ids.slice(skipBlocks) : ids));
     const now = this.ctx.env.nowMs();
-    const t = this.recvs.add(transferId, { state: 'granted', requestId, deadlineMs: now + this.ctx.config.transferTimeoutMs, blockIds: writable.flat() });
+    const t = this.recvs.add(transferId, {
+      state: 'granted',
+      requestId,
+      deadlineMs: now + this.ctx.config.transferTimeoutMs,
+      blockIds: writable.flat(),
+    });
     let engineId: string;
     try {
       engineId = this.ctx.readyPeer(host, port, remoteEngineId);
@@ -59,11 +72,19 @@ export class WriteConsumer {
       this.ctx.log?.warn({ requestId, transferId, err: e.message }, 'could not tell the producer where to write');
       return;
     }
-    const grant = this.ctx.transfer.issueGrant({ transferId, peerEngineId: engineId, blockIds: writable.flat(), ttlMs: this.ctx.config.leaseMs });
+    const grant = this.ctx.transfer.issueGrant({
+      transferId,
+      peerEngineId: engineId,
+      blockIds: writable.flat(),
+      ttlMs: this.ctx.config.leaseMs,
+    });
     const payload = { blockIds: local, skipBlocks, grant: grant.token };
     this.ctx.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload }).catch((e: unknown) => {
       if (!isHandoffError(e)) throw e;
-      this.ctx.log?.warn({ requestId, transferId, err: e.message }, 'could not tell the producer where to write; the load fails at its deadline');
+      this.ctx.log?.warn(
+        { requestId, transferId, err: e.message },
+        'could not tell the producer where to write; the load fails at its deadline',
+      );
     });
   }
 
@@ -76,8 +97,10 @@ export class WriteConsumer {
     this.ctx.transfer.revokeGrant(transferId);
     const t = this.recvs.get(transferId);
     if (t?.state === 'granted') this.recvs.move(transferId, 'aborted');
-    else if (t === undefined) this.recvs.add(transferId, { state: 'aborted-released', requestId, deadlineMs: 0, blockIds: [] });
-    else if (t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId); // its load ended: nothing can land
+    else if (t === undefined)
+      this.recvs.add(transferId, { state: 'aborted-released', requestId, deadlineMs: 0, blockIds: [] });
+    // its load ended: nothing can land
+    else if (t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);
   }
 
   /** The producer's data is visible in our pages. */
@@ -105,7 +128,10 @@ export class WriteConsumer {
       this.recvs.move(transferId, 'expired');
       loads.failedLoadReqIds.push(t.requestId);
       loads.invalidBlockIds.push(...t.blockIds);
-      loads.loadErrors[t.requestId] = { code: 'TIMEOUT', message: `the producer did not write within ${this.ctx.config.transferTimeoutMs} ms` };
+      loads.loadErrors[t.requestId] = {
+        code: 'TIMEOUT',
+        message: `the producer did not write within ${this.ctx.config.transferTimeoutMs} ms`,
+      };
     }
     this.recvs.take('expired');
     releasedAborted.push(...this.recvs.take('aborted-released').map(([, t]) => t.requestId));

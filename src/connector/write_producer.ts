@@ -107,13 +107,21 @@ export class WriteProducer {
         label: { what: 'kv-write', requestIds: [save.requestId] },
         footprint: footprint.map((f) => ({ ...f, write: false })),
       });
-      const writeDone = () => transfer.notify(dest.fromEngineId, { type: 'write_done', transferId: save.transferId, payload: { grant: dest.grant } });
+      const writeDone = () =>
+        transfer.notify(dest.fromEngineId, {
+          type: 'write_done',
+          transferId: save.transferId,
+          payload: { grant: dest.grant },
+        });
       if (!this.ctx.mutations.writeDoneAfterData) await writeDone(); // mutant: announced before the data is visible
       await transfer.wait([h], config.transferTimeoutMs);
       if (this.ctx.mutations.writeDoneAfterData) await writeDone();
     } catch (e) {
       rethrowIfAssertion(e);
-      this.ctx.log?.warn({ transferId: save.transferId, err: String(e) }, 'KV WRITE failed; decode will time out and recompute');
+      this.ctx.log?.warn(
+        { transferId: save.transferId, err: String(e) },
+        'KV WRITE failed; decode will time out and recompute',
+      );
     }
   }
 

@@ -38,9 +38,19 @@ function step(c: OneSidedConnectorScheduler, so: SchedulerOutput): OneSidedMetad
   return meta;
 }
 
-function consumer(groups: KVCacheGroupSpec[], zeroExclusion: ZeroExclusion, extra: Partial<OneSidedConfig> = {}): OneSidedConnectorScheduler {
+function consumer(
+  groups: KVCacheGroupSpec[],
+  zeroExclusion: ZeroExclusion,
+  extra: Partial<OneSidedConfig> = {},
+): OneSidedConnectorScheduler {
   const cfg: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer', mode: 'read', zeroExclusion, ...extra };
-  return new OneSidedConnectorScheduler(cfg, makeKVCacheConfig(groups, 1024), new SimEnv(1), { engineId: 'd', host: '127.0.0.1', port: 1 }, noGrants);
+  return new OneSidedConnectorScheduler(
+    cfg,
+    makeKVCacheConfig(groups, 1024),
+    new SimEnv(1),
+    { engineId: 'd', host: '127.0.0.1', port: 1 },
+    noGrants,
+  );
 }
 
 function readRequest(numPromptTokens: number, remote: number[][]): ConnectorRequest {
@@ -61,8 +71,17 @@ function readRequest(numPromptTokens: number, remote: number[][]): ConnectorRequ
   };
 }
 
-function expected(variant: ZeroExclusion, hasMamba: boolean, external: number, zeroIds: number[] | null): number[] | null {
-  const excludes = external > 0 && zeroIds !== null && zeroIds.length > 0 && (variant === 'all-read-groups' || (variant === 'mamba-only' && hasMamba));
+function expected(
+  variant: ZeroExclusion,
+  hasMamba: boolean,
+  external: number,
+  zeroIds: number[] | null,
+): number[] | null {
+  const excludes =
+    external > 0 &&
+    zeroIds !== null &&
+    zeroIds.length > 0 &&
+    (variant === 'all-read-groups' || (variant === 'mamba-only' && hasMamba));
   return excludes ? (zeroIds as number[]).slice(1) : zeroIds;
 }
 
@@ -73,7 +92,12 @@ for (const variant of ZERO_EXCLUSIONS) {
         test(`grid ${variant}: external=${external} mamba=${hasMamba} zero=${JSON.stringify(zeroIds)} → READ destinations removed only where the variant says`, () => {
           const c = consumer(hasMamba ? [attn, mamba] : [attn], variant);
           const remote = hasMamba ? [[10, 11], [91]] : [[10, 11]];
-          const local = hasMamba ? [[100, 101, 102], [200, 201, 202]] : [[100, 101, 102]];
+          const local = hasMamba
+            ? [
+                [100, 101, 102],
+                [200, 201, 202],
+              ]
+            : [[100, 101, 102]];
           const req = readRequest(257, remote);
           c.validateRequest(req);
           // external 0 = a full local prefix hit of the 256 tokens prefill would have sent.
@@ -89,11 +113,20 @@ for (const variant of ZERO_EXCLUSIONS) {
           so.newBlockIdsToZero = c.excludeReadDestinations(so.newBlockIdsToZero, meta);
           const recv = meta.reqsToRecv[0];
           assert.ok(recv, 'the request is in this step’s receive set');
-          const expectedLocal = external > 0 ? (hasMamba ? [[100, 101], [202]] : [[100, 101]]) : hasMamba ? [[], []] : [[]];
-          assert.deepEqual(recv.localBlockIds, expectedLocal, 'aligned destinations: tail 102 dropped, Mamba keeps its running slot');
+          const expectedLocal =
+            external > 0 ? (hasMamba ? [[100, 101], [202]] : [[100, 101]]) : hasMamba ? [[], []] : [[]];
+          assert.deepEqual(
+            recv.localBlockIds,
+            expectedLocal,
+            'aligned destinations: tail 102 dropped, Mamba keeps its running slot',
+          );
           if (external > 0) assert.deepEqual(recv.remoteBlockIds, remote);
           assert.deepEqual(so.newBlockIdsToZero, expected(variant, hasMamba, external, zeroIds));
-          assert.deepEqual({ ...so, newBlockIdsToZero: null, kvConnectorMetadata: null }, before, 'no other field of the output changes');
+          assert.deepEqual(
+            { ...so, newBlockIdsToZero: null, kvConnectorMetadata: null },
+            before,
+            'no other field of the output changes',
+          );
           // The receive set is per step: a second build leaves a new list alone.
           const so2 = makeEmptySchedulerOutput(2);
           so2.newBlockIdsToZero = [100, 101, 102];
@@ -109,8 +142,18 @@ test('attention-only READ with two groups (fp8 MLA + f32 compressor): every grou
   const groups = presetKVGroups('dsv4-mini');
   for (const variant of ZERO_EXCLUSIONS) {
     const c = consumer(groups, variant);
-    const req = readRequest(33, [[10, 11], [20, 21]]); // 32 tokens remote = 2 pages of 16
-    c.updateStateAfterAlloc(req, [[100, 101, 102], [200, 201, 202]], 32);
+    const req = readRequest(33, [
+      [10, 11],
+      [20, 21],
+    ]); // 32 tokens remote = 2 pages of 16
+    c.updateStateAfterAlloc(
+      req,
+      [
+        [100, 101, 102],
+        [200, 201, 202],
+      ],
+      32,
+    );
     const so = makeEmptySchedulerOutput(1);
     so.newBlockIdsToZero = [100, 101, 102, 200, 201, 202];
     step(c, so);
@@ -123,9 +166,17 @@ test('gates: WRITE mode, an empty receive set and a producer leave the zero list
   const list = [5, 6, 7];
   const ctx = { readMode: false, hasMamba: false, numAttnGroups: 1 };
   assert.equal(excludeReadDestinations(list, 'all-read-groups', ctx, [[[5, 6]]]), list, 'WRITE mode');
-  assert.equal(excludeReadDestinations(list, 'all-read-groups', { ...ctx, readMode: true }, []), list, 'no receiving request');
+  assert.equal(
+    excludeReadDestinations(list, 'all-read-groups', { ...ctx, readMode: true }, []),
+    list,
+    'no receiving request',
+  );
   const empty: number[] = [];
-  assert.equal(excludeReadDestinations(empty, 'all-read-groups', { ...ctx, readMode: true }, [[[5]]]), empty, '[] stays [] (not null)');
+  assert.equal(
+    excludeReadDestinations(empty, 'all-read-groups', { ...ctx, readMode: true }, [[[5]]]),
+    empty,
+    '[] stays [] (not null)',
+  );
   assert.equal(excludeReadDestinations(null, 'all-read-groups', { ...ctx, readMode: true }, [[[5]]]), null);
   const w = consumer(presetKVGroups('llama-mini'), 'all-read-groups', { mode: 'write' });
   const req = readRequest(33, [[10, 11]]);
@@ -133,7 +184,11 @@ test('gates: WRITE mode, an empty receive set and a producer leave the zero list
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [100, 101, 102];
   const meta = step(w, so);
-  assert.deepEqual(so.newBlockIdsToZero, [100, 101, 102], 'WRITE destinations are exempted by the scheduler skip set, not the connector');
+  assert.deepEqual(
+    so.newBlockIdsToZero,
+    [100, 101, 102],
+    'WRITE destinations are exempted by the scheduler skip set, not the connector',
+  );
   assert.equal(meta.reqsToNotify.length, 1);
 });
 
@@ -145,24 +200,57 @@ test('duplicates and order of the kept ids are preserved; removal can leave []',
 
 test('READ after a local prefix hit: the hit pages are never READ destinations; the rest pairs with the remote suffix', () => {
   const c = consumer(presetKVGroups('dsv4-mini'), 'all-read-groups');
-  const req = readRequest(40, [[10, 11, 12], [20, 21, 22]]);
+  const req = readRequest(40, [
+    [10, 11, 12],
+    [20, 21, 22],
+  ]);
   const m = c.getNumNewMatchedTokens(req, 16); // one page (16 tokens) hit locally
   assert.equal(m.numExternalTokens, 23);
-  c.updateStateAfterAlloc(req, [[100, 101, 102], [200, 201, 202]], 23);
+  c.updateStateAfterAlloc(
+    req,
+    [
+      [100, 101, 102],
+      [200, 201, 202],
+    ],
+    23,
+  );
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [101, 102, 201, 202]; // hit pages 100/200 are not new, so not listed
   const meta = step(c, so);
-  assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [[101, 102], [201, 202]]);
-  assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [[11, 12], [21, 22]]);
+  assert.deepEqual(meta.reqsToRecv[0]?.localBlockIds, [
+    [101, 102],
+    [201, 202],
+  ]);
+  assert.deepEqual(meta.reqsToRecv[0]?.remoteBlockIds, [
+    [11, 12],
+    [21, 22],
+  ]);
   assert.deepEqual(so.newBlockIdsToZero, []);
 });
 
 test('READ after a local prefix hit with a lookahead tail: pages pair by position, the hit is skipped, the tail stays zeroed', () => {
   const cfg = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' as const, mode: 'read' as const };
-  const c = new OneSidedConnectorScheduler(cfg, makeKVCacheConfig(presetKVGroups('dsv4-mini'), 1024), new SimEnv(1), { engineId: 'd', host: 'h', port: 1 }, noGrants, 2);
-  const req = readRequest(47, [[30, 31, 32], [40, 41, 42]]); // prefill computed 47 tokens: 3 pages per group
+  const c = new OneSidedConnectorScheduler(
+    cfg,
+    makeKVCacheConfig(presetKVGroups('dsv4-mini'), 1024),
+    new SimEnv(1),
+    { engineId: 'd', host: 'h', port: 1 },
+    noGrants,
+    2,
+  );
+  const req = readRequest(47, [
+    [30, 31, 32],
+    [40, 41, 42],
+  ]); // prefill computed 47 tokens: 3 pages per group
   assert.equal(c.getNumNewMatchedTokens(req, 32).numExternalTokens, 14); // two pages hit locally
-  c.updateStateAfterAlloc(req, [[1, 2, 15, 16], [4, 5, 17, 18]], 14); // decode: 47 tokens + 2 lookahead = 4 pages
+  c.updateStateAfterAlloc(
+    req,
+    [
+      [1, 2, 15, 16],
+      [4, 5, 17, 18],
+    ],
+    14,
+  ); // decode: 47 tokens + 2 lookahead = 4 pages
   const so = makeEmptySchedulerOutput(1);
   so.newBlockIdsToZero = [15, 16, 17, 18];
   const meta = step(c, so);

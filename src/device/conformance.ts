@@ -11,7 +11,15 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { registerRaceConformance } from './conformance_race.ts';
-import { gateEvent, letDevicesRun, page, TEST_GEOMETRY, TEST_KERNELS_URL, withDevice, type DeviceFactory } from './conformance_support.ts';
+import {
+  gateEvent,
+  letDevicesRun,
+  page,
+  TEST_GEOMETRY,
+  TEST_KERNELS_URL,
+  withDevice,
+  type DeviceFactory,
+} from './conformance_support.ts';
 import { patternByte } from './test_kernels.ts';
 import type { Device, OpTicket } from './types.ts';
 
@@ -25,7 +33,10 @@ function fillDistinct(d: Device): Uint8Array[] {
   return d.slabs.map((s) => s.slice());
 }
 
-const kernel = (name: string, args: unknown = {}): { op: { kind: 'kernel'; name: string; args: unknown }; label: { what: string } } => ({
+const kernel = (
+  name: string,
+  args: unknown = {},
+): { op: { kind: 'kernel'; name: string; args: unknown }; label: { what: string } } => ({
   op: { kind: 'kernel', name, args },
   label: { what: name },
 });
@@ -72,10 +83,14 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
     test('zero: exactly the listed pages of the listed slabs become 0, every other byte is unchanged', async () => {
       await withDevice(factory, async (d) => {
         const before = fillDistinct(d);
-        await d.compute.enqueue({ op: { kind: 'zero', blockIds: [1, 3, 7], slabs: [0, 2] }, label: { what: 'zero' } }).done;
+        await d.compute.enqueue({ op: { kind: 'zero', blockIds: [1, 3, 7], slabs: [0, 2] }, label: { what: 'zero' } })
+          .done;
         for (let s = 0; s < d.numSlabs; s++) {
           for (let b = 0; b < d.numBlocks; b++) {
-            const want = [0, 2].includes(s) && [1, 3, 7].includes(b) ? new Uint8Array(d.pageBytes) : before[s]!.subarray(b * d.pageBytes, (b + 1) * d.pageBytes);
+            const want =
+              [0, 2].includes(s) && [1, 3, 7].includes(b)
+                ? new Uint8Array(d.pageBytes)
+                : before[s]!.subarray(b * d.pageBytes, (b + 1) * d.pageBytes);
             assert.deepEqual(page(d, s, b), want, `slab ${s} block ${b}`);
           }
         }
@@ -85,12 +100,19 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
     test('copy: whole pages src->dst in the listed slabs, every other byte is unchanged', async () => {
       await withDevice(factory, async (d) => {
         const before = fillDistinct(d);
-        const pairs: Array<[number, number]> = [[1, 4], [2, 6]];
+        const pairs: Array<[number, number]> = [
+          [1, 4],
+          [2, 6],
+        ];
         await d.compute.enqueue({ op: { kind: 'copy', pairs, slabs: [1] }, label: { what: 'copy' } }).done;
         for (let s = 0; s < d.numSlabs; s++) {
           for (let b = 0; b < d.numBlocks; b++) {
             const src = s === 1 ? (pairs.find(([, dst]) => dst === b)?.[0] ?? b) : b;
-            assert.deepEqual(page(d, s, b), before[s]!.subarray(src * d.pageBytes, (src + 1) * d.pageBytes), `slab ${s} block ${b}`);
+            assert.deepEqual(
+              page(d, s, b),
+              before[s]!.subarray(src * d.pageBytes, (src + 1) * d.pageBytes),
+              `slab ${s} block ${b}`,
+            );
           }
         }
       });
@@ -140,7 +162,9 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
           b.compute.enqueue({ op: { kind: 'sleep', ms: 40 }, label: { what: 'long forward' } });
           const evB = b.compute.recordEvent();
           a.compute.waitEvent(evB);
-          const reachedWhenRan = await a.compute.enqueue(kernel('sum', { slab: 0, block: 0 })).done.then(() => evB.query());
+          const reachedWhenRan = await a.compute
+            .enqueue(kernel('sum', { slab: 0, block: 0 }))
+            .done.then(() => evB.query());
           assert.equal(reachedWhenRan, true);
         });
       });
@@ -165,7 +189,10 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
       await withDevice(factory, async (d) => {
         assert.deepEqual(await d.compute.enqueue(kernel('echoInit')).done, { pageBytes: TEST_GEOMETRY.pageBytes });
         await d.compute.enqueue(kernel('pattern', { slab: 2, block: 6, seed: 200 })).done;
-        assert.deepEqual([...page(d, 2, 6)], Array.from({ length: d.pageBytes }, (_, i) => patternByte(200, i)));
+        assert.deepEqual(
+          [...page(d, 2, 6)],
+          Array.from({ length: d.pageBytes }, (_, i) => patternByte(200, i)),
+        );
         assert.ok(page(d, 2, 5).every((x) => x === 0) && page(d, 2, 7).every((x) => x === 0));
         page(d, 1, 3).fill(2);
         assert.equal(await d.compute.enqueue(kernel('sum', { slab: 1, block: 3 })).done, 2 * d.pageBytes);
@@ -179,14 +206,21 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
         const unknown = d.compute.enqueue(kernel('noSuchKernel'));
         const after = d.compute.enqueue(kernel('stamp', { slab: 0, block: 1 }));
         assert.equal(await first.done, 1);
-        await assert.rejects(bad.done, (e: Error & { code?: string }) => /kernel 'fail' failed: boom/.test(e.message) && e.code === 'INTERNAL');
+        await assert.rejects(
+          bad.done,
+          (e: Error & { code?: string }) => /kernel 'fail' failed: boom/.test(e.message) && e.code === 'INTERNAL',
+        );
         await assert.rejects(unknown.done, /kernel 'noSuchKernel' failed: unknown kernel/);
         assert.equal(await after.done, 2);
       });
     });
 
     test('close: pending tickets and events reject; enqueue after close is a programmer error', async () => {
-      const d = await factory({ ...TEST_GEOMETRY, kernelModuleUrl: TEST_KERNELS_URL, kernelInit: { pageBytes: TEST_GEOMETRY.pageBytes } });
+      const d = await factory({
+        ...TEST_GEOMETRY,
+        kernelModuleUrl: TEST_KERNELS_URL,
+        kernelInit: { pageBytes: TEST_GEOMETRY.pageBytes },
+      });
       const gate = gateEvent();
       d.compute.waitEvent(gate);
       const pending = d.compute.enqueue({ op: { kind: 'zero', blockIds: [1], slabs: [0] }, label: { what: 'zero' } });

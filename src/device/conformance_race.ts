@@ -33,7 +33,10 @@ function nicWrite(d: Device, value: number): number {
 }
 
 function zeroSub(): OpSubmission {
-  return { op: { kind: 'zero', blockIds: [BLOCK], slabs: [0, 1] }, label: { what: 'zero', requestIds: ['req-1'], step: 7 } };
+  return {
+    op: { kind: 'zero', blockIds: [BLOCK], slabs: [0, 1] },
+    label: { what: 'zero', requestIds: ['req-1'], step: 7 },
+  };
 }
 
 function readKernel(d: Device): OpSubmission {
@@ -46,84 +49,124 @@ function readKernel(d: Device): OpSubmission {
 
 export function registerRaceConformance(factory: DeviceFactory): void {
   test('race: zero behind a long forward vs a NIC write with no ordering is reported (and here it wiped the READ)', async () => {
-    await withDevice(factory, async (d) => {
-      d.compute.enqueue({ op: { kind: 'sleep', ms: 200 }, label: { what: 'previous forward', step: 6 } });
-      d.compute.enqueue(zeroSub());
-      const wr = nicWrite(d, 0xab);
-      checkerOf(d).nicObserved(wr);
-      await d.synchronize();
-      const races = checkerOf(d).races();
-      assert.equal(races.length, 1, JSON.stringify(races));
-      const [r] = races;
-      assert.equal(r?.slab, SLAB);
-      assert.equal(r?.block, BLOCK);
-      assert.deepEqual(r?.range, { start: 0, end: d.pageBytes });
-      assert.deepEqual([r?.a.agent, r?.a.label.what, r?.a.write], ['compute', 'zero', true]);
-      assert.deepEqual([r?.b.agent, r?.b.label.requestIds, r?.b.label.step, r?.b.write], ['nic', ['req-1'], 7, true]);
-      // The stream was still in the previous forward when the READ landed, so the zeroing came after.
-      assert.ok(page(d, SLAB, BLOCK).every((x) => x === 0), 'the zeroing landed after the READ');
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        d.compute.enqueue({ op: { kind: 'sleep', ms: 200 }, label: { what: 'previous forward', step: 6 } });
+        d.compute.enqueue(zeroSub());
+        const wr = nicWrite(d, 0xab);
+        checkerOf(d).nicObserved(wr);
+        await d.synchronize();
+        const races = checkerOf(d).races();
+        assert.equal(races.length, 1, JSON.stringify(races));
+        const [r] = races;
+        assert.equal(r?.slab, SLAB);
+        assert.equal(r?.block, BLOCK);
+        assert.deepEqual(r?.range, { start: 0, end: d.pageBytes });
+        assert.deepEqual([r?.a.agent, r?.a.label.what, r?.a.write], ['compute', 'zero', true]);
+        assert.deepEqual([r?.b.agent, r?.b.label.requestIds, r?.b.label.step, r?.b.write], ['nic', ['req-1'], 7, true]);
+        // The stream was still in the previous forward when the READ landed, so the zeroing came after.
+        assert.ok(
+          page(d, SLAB, BLOCK).every((x) => x === 0),
+          'the zeroing landed after the READ',
+        );
+      },
+      true,
+    );
   });
 
   test('race: the same ops ordered by an event (host waits on it before posting the READ) are not reported', async () => {
-    await withDevice(factory, async (d) => {
-      d.compute.enqueue({ op: { kind: 'sleep', ms: 50 }, label: { what: 'previous forward', step: 6 } });
-      d.compute.enqueue(zeroSub());
-      const ev = d.compute.recordEvent();
-      await ev.wait();
-      const wr = nicWrite(d, 0xab);
-      checkerOf(d).nicObserved(wr);
-      await d.synchronize();
-      assert.deepEqual(checkerOf(d).races(), []);
-      assert.ok(page(d, SLAB, BLOCK).every((x) => x === 0xab), 'the READ survives');
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        d.compute.enqueue({ op: { kind: 'sleep', ms: 50 }, label: { what: 'previous forward', step: 6 } });
+        d.compute.enqueue(zeroSub());
+        const ev = d.compute.recordEvent();
+        await ev.wait();
+        const wr = nicWrite(d, 0xab);
+        checkerOf(d).nicObserved(wr);
+        await d.synchronize();
+        assert.deepEqual(checkerOf(d).races(), []);
+        assert.ok(
+          page(d, SLAB, BLOCK).every((x) => x === 0xab),
+          'the READ survives',
+        );
+      },
+      true,
+    );
   });
 
   test('race: reported from the clocks even when the zero happened to finish before the READ', async () => {
-    await withDevice(factory, async (d) => {
-      d.compute.enqueue(zeroSub());
-      await letDevicesRun(factory);
-      const wr = nicWrite(d, 0x5c);
-      checkerOf(d).nicObserved(wr);
-      await d.synchronize();
-      assert.ok(page(d, SLAB, BLOCK).every((x) => x === 0x5c), 'in this run the bad interleaving did not occur');
-      assert.equal(checkerOf(d).races().length, 1);
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        d.compute.enqueue(zeroSub());
+        await letDevicesRun(factory);
+        const wr = nicWrite(d, 0x5c);
+        checkerOf(d).nicObserved(wr);
+        await d.synchronize();
+        assert.ok(
+          page(d, SLAB, BLOCK).every((x) => x === 0x5c),
+          'in this run the bad interleaving did not occur',
+        );
+        assert.equal(checkerOf(d).races().length, 1);
+      },
+      true,
+    );
   });
 
   test('race: awaiting the zero ticket before posting the READ orders them (no report)', async () => {
-    await withDevice(factory, async (d) => {
-      await d.compute.enqueue(zeroSub()).done;
-      checkerOf(d).nicObserved(nicWrite(d, 1));
-      assert.deepEqual(checkerOf(d).races(), []);
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        await d.compute.enqueue(zeroSub()).done;
+        checkerOf(d).nicObserved(nicWrite(d, 1));
+        assert.deepEqual(checkerOf(d).races(), []);
+      },
+      true,
+    );
   });
 
   test('race: stream FIFO orders zero-then-kernel-read (no report)', async () => {
-    await withDevice(factory, async (d) => {
-      d.compute.enqueue(zeroSub());
-      assert.equal(await d.compute.enqueue(readKernel(d)).done, 0);
-      assert.deepEqual(checkerOf(d).races(), []);
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        d.compute.enqueue(zeroSub());
+        assert.equal(await d.compute.enqueue(readKernel(d)).done, 0);
+        assert.deepEqual(checkerOf(d).races(), []);
+      },
+      true,
+    );
   });
 
   test('race: the host observing the NIC completion orders the write before a later kernel read (no report)', async () => {
-    await withDevice(factory, async (d) => {
-      const wr = nicWrite(d, 2);
-      checkerOf(d).nicObserved(wr);
-      assert.equal(await d.compute.enqueue(readKernel(d)).done, 2 * d.pageBytes);
-      assert.deepEqual(checkerOf(d).races(), []);
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        const wr = nicWrite(d, 2);
+        checkerOf(d).nicObserved(wr);
+        assert.equal(await d.compute.enqueue(readKernel(d)).done, 2 * d.pageBytes);
+        assert.deepEqual(checkerOf(d).races(), []);
+      },
+      true,
+    );
   });
 
   test('race: a kernel read of a page with a NIC write posted but not observed is reported', async () => {
-    await withDevice(factory, async (d) => {
-      nicWrite(d, 2);
-      await d.compute.enqueue(readKernel(d)).done;
-      const races = checkerOf(d).races();
-      assert.equal(races.length, 1);
-      assert.deepEqual([races[0]?.a.agent, races[0]?.a.write, races[0]?.b.agent, races[0]?.b.write], ['nic', true, 'compute', false]);
-      assert.equal(races[0]?.b.label.what, 'forward');
-    }, true);
+    await withDevice(
+      factory,
+      async (d) => {
+        nicWrite(d, 2);
+        await d.compute.enqueue(readKernel(d)).done;
+        const races = checkerOf(d).races();
+        assert.equal(races.length, 1);
+        assert.deepEqual(
+          [races[0]?.a.agent, races[0]?.a.write, races[0]?.b.agent, races[0]?.b.write],
+          ['nic', true, 'compute', false],
+        );
+        assert.equal(races[0]?.b.label.what, 'forward');
+      },
+      true,
+    );
   });
 }

@@ -8,8 +8,17 @@ export const TEST_GEOMETRY = { numSlabs: 3, numBlocks: 8, pageBytes: 64 } as con
 export const TEST_KERNELS_URL = new URL('./test_kernels.ts', import.meta.url).href;
 
 /** Open a device with the test kernels, run `body`, always close it. */
-export async function withDevice(factory: DeviceFactory, body: (d: Device) => Promise<void>, raceCheck = false): Promise<void> {
-  const d = await factory({ ...TEST_GEOMETRY, kernelModuleUrl: TEST_KERNELS_URL, kernelInit: { pageBytes: TEST_GEOMETRY.pageBytes }, raceCheck });
+export async function withDevice(
+  factory: DeviceFactory,
+  body: (d: Device) => Promise<void>,
+  raceCheck = false,
+): Promise<void> {
+  const d = await factory({
+    ...TEST_GEOMETRY,
+    kernelModuleUrl: TEST_KERNELS_URL,
+    kernelInit: { pageBytes: TEST_GEOMETRY.pageBytes },
+    raceCheck,
+  });
   try {
     await body(d);
   } finally {
@@ -45,4 +54,3 @@ export function page(d: Device, slab: number, block: number): Uint8Array {
   assert.ok(s !== undefined);
   return s.subarray(block * d.pageBytes, (block + 1) * d.pageBytes);
 }
-

@@ -22,7 +22,12 @@ const sources = new WeakMap<DeviceEvent, EventSource>();
  * Build a DeviceEvent over `source`. With a checker, wait() and a true query() join the event's
  * clock into the host, and the event is bound so a stream of any of our devices can wait on it.
  */
-export function makeDeviceEvent(id: number, source: EventSource, checker: RaceChecker | null, checkerEventId: number | null): DeviceEvent {
+export function makeDeviceEvent(
+  id: number,
+  source: EventSource,
+  checker: RaceChecker | null,
+  checkerEventId: number | null,
+): DeviceEvent {
   const observe = (): void => {
     if (checker !== null && checkerEventId !== null) checker.hostWaitEvent(checkerEventId);
   };

@@ -20,7 +20,8 @@ export async function loadKernelModule(url: string, init: unknown, slabs: Uint8A
 
 export function checkKernels(kernels: unknown, from: string): Kernels {
   assert(typeof kernels === 'object' && kernels !== null, `createKernels of ${from} returned no object`);
-  for (const [name, fn] of Object.entries(kernels)) assert(typeof fn === 'function', `kernel '${name}' of ${from} is not a function`);
+  for (const [name, fn] of Object.entries(kernels))
+    assert(typeof fn === 'function', `kernel '${name}' of ${from} is not a function`);
   return kernels as Kernels;
 }
 

@@ -19,8 +19,13 @@ export const SLAB_BYTES_MAX = 2 ** 31 - 1;
 /** Bad sizes are configuration, not code, so they are operating errors. */
 export function checkGeometry(opts: DeviceOptions): SlabGeometry {
   const { numSlabs, numBlocks, pageBytes } = opts;
-  for (const [name, v] of [['numSlabs', numSlabs], ['numBlocks', numBlocks], ['pageBytes', pageBytes]] as const) {
-    if (!Number.isInteger(v) || v <= 0) throw new HandoffError('BAD_CONFIG', `device ${name} must be a positive integer, got ${v}`);
+  for (const [name, v] of [
+    ['numSlabs', numSlabs],
+    ['numBlocks', numBlocks],
+    ['pageBytes', pageBytes],
+  ] as const) {
+    if (!Number.isInteger(v) || v <= 0)
+      throw new HandoffError('BAD_CONFIG', `device ${name} must be a positive integer, got ${v}`);
   }
   if (numBlocks * pageBytes > SLAB_BYTES_MAX) {
     throw new HandoffError('BAD_CONFIG', `slab of ${numBlocks} x ${pageBytes} bytes exceeds ${SLAB_BYTES_MAX}`);
@@ -79,7 +84,13 @@ export function validateFootprint(footprint: readonly PageAccess[], g: SlabGeome
  */
 export function opFootprint(op: StreamOp, declared: readonly PageAccess[] | undefined, g: SlabGeometry): PageAccess[] {
   const out: PageAccess[] = [];
-  const page = (slab: number, block: number, write: boolean): PageAccess => ({ slab, block, start: 0, end: g.pageBytes, write });
+  const page = (slab: number, block: number, write: boolean): PageAccess => ({
+    slab,
+    block,
+    start: 0,
+    end: g.pageBytes,
+    write,
+  });
   if (op.kind === 'zero') {
     for (const slab of op.slabs) for (const b of op.blockIds) out.push(page(slab, b, true));
   } else if (op.kind === 'copy') {
@@ -94,7 +105,12 @@ export function opFootprint(op: StreamOp, declared: readonly PageAccess[] | unde
   return out;
 }
 
-export function zeroPages(slabs: readonly Uint8Array[], pageBytes: number, blockIds: readonly number[], slabIds: readonly number[]): void {
+export function zeroPages(
+  slabs: readonly Uint8Array[],
+  pageBytes: number,
+  blockIds: readonly number[],
+  slabIds: readonly number[],
+): void {
   for (const s of slabIds) {
     const slab = slabs[s];
     assert(slab !== undefined, `slab ${s} missing`);

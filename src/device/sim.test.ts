@@ -23,11 +23,16 @@ test('sim: nothing runs until runOp; readyOps shows only the head op; runOp sett
   const a = d.compute.enqueue({ op: { kind: 'sleep', ms: 12 }, label: { what: 'forward', step: 1 } });
   const b = d.compute.enqueue({ op: { kind: 'zero', blockIds: [0], slabs: [1] }, label: { what: 'zero' } });
   await Promise.resolve();
-  assert.deepEqual(d.readyOps(), [{ id: a.id, stream: 'compute', label: { what: 'forward', step: 1 }, kind: 'sleep', sleepMs: 12 }]);
+  assert.deepEqual(d.readyOps(), [
+    { id: a.id, stream: 'compute', label: { what: 'forward', step: 1 }, kind: 'sleep', sleepMs: 12 },
+  ]);
   assert.throws(() => d.runOp(b.id), /not ready/);
   d.runOp(a.id);
   assert.equal(d.slabs[1]![0], 9, 'the zero has not run');
-  assert.deepEqual(d.readyOps().map((r) => r.id), [b.id]);
+  assert.deepEqual(
+    d.readyOps().map((r) => r.id),
+    [b.id],
+  );
   d.runOp(b.id);
   assert.equal(d.slabs[1]![0], 0);
   await Promise.all([a.done, b.done]);
@@ -53,7 +58,11 @@ test('sim: the same program gives the same ids, ready lists and bytes on every r
     const d = createSimDevice({ ...kernelOpts, raceCheck: true });
     const trace: string[] = [];
     for (let i = 0; i < 5; i++) {
-      const t = d.compute.enqueue({ op: { kind: 'kernel', name: 'pattern', args: { slab: i % 3, block: i, seed: i } }, label: { what: 'p' }, footprint: [] });
+      const t = d.compute.enqueue({
+        op: { kind: 'kernel', name: 'pattern', args: { slab: i % 3, block: i, seed: i } },
+        label: { what: 'p' },
+        footprint: [],
+      });
       trace.push(`e${t.id}`);
       if (i % 2 === 0) d.compute.recordEvent();
     }

@@ -92,7 +92,13 @@ export class SimDevice implements Device {
       if (item === null) continue;
       const op = item.sub.op;
       if (op.kind === 'kernel' && this.kernels === null && this.kernelLoadError === null) continue;
-      out.push({ id: item.id, stream: s.name, label: item.sub.label, kind: op.kind, sleepMs: op.kind === 'sleep' ? op.ms : 0 });
+      out.push({
+        id: item.id,
+        stream: s.name,
+        label: item.sub.label,
+        kind: op.kind,
+        sleepMs: op.kind === 'sleep' ? op.ms : 0,
+      });
     }
     return out;
   }
@@ -123,7 +129,8 @@ export class SimDevice implements Device {
         try {
           if (this.kernels === null) throw this.kernelLoadError;
           item.result.resolve(findKernel(this.kernels, op.name)(op.args, this.slabs));
-        // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA error), the stream goes on
+          // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA
+          // error), the stream goes on
         } catch (err) {
           // A failing kernel rejects only its own ticket; the stream goes on.
           ok = false;

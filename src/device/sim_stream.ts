@@ -20,16 +20,18 @@ export interface SimOpItem {
 }
 
 type SimItem =
-  | SimOpItem
-  | { type: 'record'; reached: Deferred<void> }
-  | { type: 'wait'; source: EventSource; released: boolean };
+  SimOpItem | { type: 'record'; reached: Deferred<void> } | { type: 'wait'; source: EventSource; released: boolean };
 
 export class SimStream extends StreamBase {
   private queue: Array<SimItem | undefined> = [];
   private headIndex = 0;
 
   /** `onChange` is called when something may have become ready (for autoRun). */
-  constructor(name: string, ctx: StreamContext, private readonly onChange: () => void) {
+  constructor(
+    name: string,
+    ctx: StreamContext,
+    private readonly onChange: () => void,
+  ) {
     super(name, ctx);
   }
 

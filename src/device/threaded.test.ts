@@ -52,16 +52,29 @@ test('threaded op log: off until started; then every op timed in the thread, FIF
     log.startTimeline();
     const before = log.timelineNowMs();
     const sleep = d.compute.enqueue({ op: { kind: 'sleep', ms: 20 }, label: { what: 'long forward' } });
-    const zero = d.compute.enqueue({ op: { kind: 'zero', blockIds: [2, 3], slabs: [0, 1] }, label: { what: 'zero', step: 4 } });
+    const zero = d.compute.enqueue({
+      op: { kind: 'zero', blockIds: [2, 3], slabs: [0, 1] },
+      label: { what: 'zero', step: 4 },
+    });
     // The host reads page 2 without waiting for the zero: the checker reports the op by its own id.
     checker.hostReadPages({ what: 'host read' }, [{ slab: 0, block: 2, start: 0, end: 8, write: false }]);
     await Promise.all([sleep.done, zero.done]);
     const [s, z] = log.timeline();
     assert.ok(s && z);
-    assert.deepEqual([s.opId, z.opId, s.kind, z.kind, z.blockIds, z.label.step], [sleep.id, zero.id, 'sleep', 'zero', [2, 3], 4]);
+    assert.deepEqual(
+      [s.opId, z.opId, s.kind, z.kind, z.blockIds, z.label.step],
+      [sleep.id, zero.id, 'sleep', 'zero', [2, 3], 4],
+    );
     for (const o of [s, z]) {
       assert.equal(o.state, 'done');
-      assert.ok(o.startMs !== null && o.endMs !== null && o.enqueuedMs >= before && o.startMs >= o.enqueuedMs && o.endMs >= o.startMs, 'enqueue, start and end in order on one clock');
+      assert.ok(
+        o.startMs !== null &&
+          o.endMs !== null &&
+          o.enqueuedMs >= before &&
+          o.startMs >= o.enqueuedMs &&
+          o.endMs >= o.startMs,
+        'enqueue, start and end in order on one clock',
+      );
     }
     assert.ok((z.startMs as number) >= (s.endMs as number), 'FIFO: the zero starts after the sleep ends');
     const race = checker.races().find((r) => r.a.source === 'op');

@@ -61,10 +61,13 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
   const started = new Promise<void>((resolve, reject) => (settle = { resolve, reject }));
   const onMessage = (msg: FromThread): void => {
     if (msg.t === 'ready') settle?.resolve();
-    else if (msg.t === 'initError') settle?.reject(new HandoffError('BAD_CONFIG', `compute thread failed to start: ${msg.message}`));
+    else if (msg.t === 'initError')
+      settle?.reject(new HandoffError('BAD_CONFIG', `compute thread failed to start: ${msg.message}`));
   };
-  const onError = (err: Error): void => settle?.reject(new HandoffError('INTERNAL', `compute thread failed to start: ${err.message}`));
-  const onExit = (code: number): void => settle?.reject(new HandoffError('INTERNAL', `compute thread exited during start (code ${code})`));
+  const onError = (err: Error): void =>
+    settle?.reject(new HandoffError('INTERNAL', `compute thread failed to start: ${err.message}`));
+  const onExit = (code: number): void =>
+    settle?.reject(new HandoffError('INTERNAL', `compute thread exited during start (code ${code})`));
   worker.on('message', onMessage).on('error', onError).on('exit', onExit);
   try {
     await started;
@@ -89,7 +92,12 @@ class ThreadedDevice implements Device, DeviceTimeline {
   readonly raceChecker: RaceChecker | null;
   private closed = false;
 
-  constructor(opts: ThreadedDeviceOptions, buffers: SharedArrayBuffer[], progress: SharedArrayBuffer, private readonly worker: Worker) {
+  constructor(
+    opts: ThreadedDeviceOptions,
+    buffers: SharedArrayBuffer[],
+    progress: SharedArrayBuffer,
+    private readonly worker: Worker,
+  ) {
     this.numSlabs = opts.numSlabs;
     this.numBlocks = opts.numBlocks;
     this.pageBytes = opts.pageBytes;
@@ -105,7 +113,13 @@ class ThreadedDevice implements Device, DeviceTimeline {
       nextOpId: () => ++opSeq,
       nextEventId: () => ++eventSeq,
     };
-    this.compute = new ThreadedStream('compute', ctx, worker, new BigInt64Array(progress), () => checker?.lastOpId ?? null);
+    this.compute = new ThreadedStream(
+      'compute',
+      ctx,
+      worker,
+      new BigInt64Array(progress),
+      () => checker?.lastOpId ?? null,
+    );
     if (opts.timeline === true) this.startTimeline();
     worker.on('message', (msg: FromThread) => {
       this.compute.onMessage(msg);

@@ -47,10 +47,12 @@ export class ThreadedStream extends StreamBase {
     const timed = this.timeline?.record(seq, id, this.checkerOpId(), this.name, sub) === true;
     try {
       this.send(timed ? { t: 'op', seq, op: sub.op, timed: true } : { t: 'op', seq, op: sub.op });
-    // catch-ok: only postMessage runs in the try; a DataCloneError is turned into the AssertionFailure it is
+      // catch-ok: only postMessage runs in the try; a DataCloneError is turned into the AssertionFailure it is
     } catch (err) {
       // Kernel args must be plain data; anything else is a programmer error, not an op failure.
-      throw new AssertionFailure(`op '${sub.label.what}' cannot be sent to the compute thread: ${(err as Error).message}`);
+      throw new AssertionFailure(
+        `op '${sub.label.what}' cannot be sent to the compute thread: ${(err as Error).message}`,
+      );
     }
   }
 
@@ -59,7 +61,10 @@ export class ThreadedStream extends StreamBase {
     const reached = new Deferred<void>();
     if (this.executedSeq() >= target) reached.resolve();
     else this.records.push({ target, reached });
-    const source: EventSource = { reached: reached.promise, isReached: () => reached.done || this.executedSeq() >= target };
+    const source: EventSource = {
+      reached: reached.promise,
+      isReached: () => reached.done || this.executedSeq() >= target,
+    };
     this.ownSources.add(source);
     return source;
   }
@@ -80,7 +85,8 @@ export class ThreadedStream extends StreamBase {
     if (msg.t !== 'done' && msg.t !== 'failed') return;
     assert(msg.seq > this.lastDoneSeq && msg.seq <= this.lastSeq, `out-of-order completion seq ${msg.seq}`);
     this.lastDoneSeq = msg.seq;
-    if (msg.startMs !== undefined && msg.endMs !== undefined) this.timeline?.complete(msg.seq, msg.startMs, msg.endMs, msg.t === 'done');
+    if (msg.startMs !== undefined && msg.endMs !== undefined)
+      this.timeline?.complete(msg.seq, msg.startMs, msg.endMs, msg.t === 'done');
     const ticket = this.tickets.get(msg.seq);
     this.tickets.delete(msg.seq);
     if (ticket !== undefined) this.notifyExecuted(ticket.id, msg.t === 'done');

@@ -38,7 +38,7 @@ function finish(seq: number, result: unknown, times: OpTimes = UNTIMED): void {
   Atomics.store(progress, 0, BigInt(seq));
   try {
     post({ t: 'done', seq, result, ...times });
-  // catch-ok: only postMessage runs in the try: its DataCloneError fails the op
+    // catch-ok: only postMessage runs in the try: its DataCloneError fails the op
   } catch (err) {
     // A result that cannot cross the thread boundary fails the op, not the thread.
     post({ t: 'failed', seq, message: `op result cannot be sent to the host: ${(err as Error).message}`, ...times });
@@ -95,7 +95,8 @@ async function pump(): Promise<void> {
       let result = execute(item.op);
       if (isThenable(result)) result = await result;
       finish(item.seq, result, times());
-    // catch-ok: a failing kernel is a device error: it fails its own op with the message (like a CUDA error), the thread goes on
+      // catch-ok: a failing kernel is a device error: it fails its own op with the message (like a CUDA error), the
+      // thread goes on
     } catch (err) {
       fail(item.seq, item.op.kind === 'kernel' ? kernelFailure(item.op.name, err) : (err as Error).message, times());
     }
@@ -114,10 +115,11 @@ function onMessage(msg: ToThread): void {
 }
 
 try {
-  if (init.kernelModuleUrl !== undefined) kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs);
+  if (init.kernelModuleUrl !== undefined)
+    kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs);
   port.on('message', onMessage);
   post({ t: 'ready' });
-// catch-ok: start-up failure of the thread is reported to the host, which fails the device's start with it
+  // catch-ok: start-up failure of the thread is reported to the host, which fails the device's start with it
 } catch (err) {
   post({ t: 'initError', message: err instanceof Error ? err.message : String(err) });
 }

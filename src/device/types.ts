@@ -126,7 +126,9 @@ export interface Device {
 
 /** The part of the race checker a NIC (src/transfer) talks to. */
 export interface RaceCheckerLike {
-  /** The host posts a NIC work request; returns its id. The NIC's access happens-after everything the host did so far. */
+  /**
+   * The host posts a NIC work request; returns its id. The NIC's access happens-after everything the host did so far.
+   */
   nicPost(label: OpLabel, footprint: PageAccess[]): number;
   /** The host observed the work request's completion (poll/wait): the host now happens-after it. */
   nicObserved(wrId: number): void;

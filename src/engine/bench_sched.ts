@@ -20,7 +20,9 @@ export interface SchedBenchRow {
   schedMsPerStep: number;
   /** One decode token of one request through the model (measured). */
   tokenStepMs: number;
-  /** The model step of this batch: `running` decode tokens (the model computes requests one by one, so it is linear). */
+  /**
+   * The model step of this batch: `running` decode tokens (the model computes requests one by one, so it is linear).
+   */
   modelStepMs: number;
   fractionOfModelStep: number;
   fractionOfTokenStep: number;
@@ -29,37 +31,86 @@ export interface SchedBenchRow {
 function measureModelStepMs(preset: ModelPreset, env: Env): number {
   const kvConfig = makeKVCacheConfig(presetKVGroups(preset), 64);
   const model = createModel(preset, 0, kvConfig);
-  const slabs = Array.from({ length: kvConfig.numSlabs }, () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes));
+  const slabs = Array.from(
+    { length: kvConfig.numSlabs },
+    () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes),
+  );
   const tables = kvConfig.groups.map((g) => (g.spec.type === 'mamba' ? [9] : [1, 2]));
   const run = (tokens: number[], start: number): void =>
-    void model.forward({ step: 0, requests: [{ requestId: 'b', tokenIds: tokens, startPos: start, blockTables: tables, sample: true, sampling: { temperature: 0, seed: 0, outputIndex: 0 } }] }, slabs);
-  run(Array.from({ length: 16 }, (_, i) => i + 1), 0);
+    void model.forward(
+      {
+        step: 0,
+        requests: [
+          {
+            requestId: 'b',
+            tokenIds: tokens,
+            startPos: start,
+            blockTables: tables,
+            sample: true,
+            sampling: { temperature: 0, seed: 0, outputIndex: 0 },
+          },
+        ],
+      },
+      slabs,
+    );
+  run(
+    Array.from({ length: 16 }, (_, i) => i + 1),
+    0,
+  );
   const n = 20;
   const t0 = env.nowMs();
   for (let i = 0; i < n; i++) run([7], 16);
   return (env.nowMs() - t0) / n;
 }
 
-export function benchSched(opts: { preset: ModelPreset; env: Env; runningCounts?: number[]; steps?: number }): SchedBenchRow[] {
+export function benchSched(opts: {
+  preset: ModelPreset;
+  env: Env;
+  runningCounts?: number[];
+  steps?: number;
+}): SchedBenchRow[] {
   const tokenStepMs = measureModelStepMs(opts.preset, opts.env);
   return (opts.runningCounts ?? [64, 256]).map((running) => {
     const simEnv = new SimEnv(1);
     const kvConfig = makeKVCacheConfig(presetKVGroups(opts.preset), running * 8 + 64);
     const kv = new KVCacheManager(kvConfig, { enableCaching: true });
-    const conn = new OneSidedConnectorScheduler({ ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' }, kvConfig, simEnv, { engineId: 'd', host: 'h', port: 1 }, null);
-    const sched = new Scheduler({ ...DEFAULT_SCHEDULER_CONFIG, maxNumSeqs: running + 1, maxNumBatchedTokens: running * 64, maxModelLen: 4096 }, kv, conn, simEnv);
+    const conn = new OneSidedConnectorScheduler(
+      { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' },
+      kvConfig,
+      simEnv,
+      { engineId: 'd', host: 'h', port: 1 },
+      null,
+    );
+    const sched = new Scheduler(
+      { ...DEFAULT_SCHEDULER_CONFIG, maxNumSeqs: running + 1, maxNumBatchedTokens: running * 64, maxModelLen: 4096 },
+      kv,
+      conn,
+      simEnv,
+    );
     let next = 0;
     const add = (params: boolean): void => {
       const id = next++;
       const numTokens = 40;
-      const remote = kvConfig.groups.map((g, k) => (g.spec.type === 'mamba' ? [5000 + id] : [10_000 + id * 8 + k * 4, 10_001 + id * 8 + k * 4, 10_002 + id * 8 + k * 4]));
+      const remote = kvConfig.groups.map((g, k) =>
+        g.spec.type === 'mamba'
+          ? [5000 + id]
+          : [10_000 + id * 8 + k * 4, 10_001 + id * 8 + k * 4, 10_002 + id * 8 + k * 4],
+      );
       sched.addRequest(
         new Request({
           requestId: `r${id}`,
           promptTokenIds: Array.from({ length: numTokens }, (_, i) => (id * 37 + i) % 50000),
           sampling: { maxTokens: 4000, temperature: 0, seed: 0, stopTokenIds: [], ignoreEos: true },
           kvTransferParams: params
-            ? { do_remote_prefill: true, remote_engine_id: 'p', remote_host: 'h', remote_port: 1, remote_block_ids: remote, transfer_id: `t${id}`, grant: 'ab'.repeat(16) }
+            ? {
+                do_remote_prefill: true,
+                remote_engine_id: 'p',
+                remote_host: 'h',
+                remote_port: 1,
+                remote_block_ids: remote,
+                transfer_id: `t${id}`,
+                grant: 'ab'.repeat(16),
+              }
             : null,
           arrivalMs: 0,
         }),
@@ -68,7 +119,13 @@ export function benchSched(opts: { preset: ModelPreset; env: Env; runningCounts?
     for (let i = 0; i < running; i++) add(false);
     const step = (): void => {
       const so = sched.schedule();
-      const sampled = Object.keys(so.sampleAfter).map((requestId) => ({ requestId, tokenId: 5, logprob: null, logitsHash: null, nanLogits: false }));
+      const sampled = Object.keys(so.sampleAfter).map((requestId) => ({
+        requestId,
+        tokenId: 5,
+        logprob: null,
+        logitsHash: null,
+        nanLogits: false,
+      }));
       sched.updateFromOutput(so, { step: so.step, sampled, kvConnectorOutput: emptyConnectorOutput() });
     };
     for (let i = 0; i < 5; i++) step(); // prefill and warm up
@@ -82,6 +139,13 @@ export function benchSched(opts: { preset: ModelPreset; env: Env; runningCounts?
     }
     const schedMsPerStep = total / steps;
     const modelStepMs = tokenStepMs * running;
-    return { running, schedMsPerStep, tokenStepMs, modelStepMs, fractionOfModelStep: schedMsPerStep / modelStepMs, fractionOfTokenStep: schedMsPerStep / tokenStepMs };
+    return {
+      running,
+      schedMsPerStep,
+      tokenStepMs,
+      modelStepMs,
+      fractionOfModelStep: schedMsPerStep / modelStepMs,
+      fractionOfTokenStep: schedMsPerStep / tokenStepMs,
+    };
   });
 }

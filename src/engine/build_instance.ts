@@ -17,7 +17,12 @@ import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import type { OneSidedConfig } from '../connector/config.ts';
-import { oneSidedConnectorFactory, type CreateTransferEngine, type OneSidedConnector, type TransferEndpointOptions } from '../connector/factory.ts';
+import {
+  oneSidedConnectorFactory,
+  type CreateTransferEngine,
+  type OneSidedConnector,
+  type TransferEndpointOptions,
+} from '../connector/factory.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { kvCacheConfigOf, LLMEngine, schedulerConfigOf, type EngineConfig } from './llm_engine.ts';
 
@@ -44,7 +49,11 @@ export interface BuiltInstance<D extends Device> {
   activity: ActivitySignal;
 }
 
-export async function buildInstance<D extends Device>(opts: BuildInstanceOptions<D>, env: Env, log?: Logger): Promise<BuiltInstance<D>> {
+export async function buildInstance<D extends Device>(
+  opts: BuildInstanceOptions<D>,
+  env: Env,
+  log?: Logger,
+): Promise<BuiltInstance<D>> {
   const { makeDevice, connector: connectorOpts, ...config } = opts;
   const activity = new ActivitySignal();
   const kvConfig = kvCacheConfigOf(config);

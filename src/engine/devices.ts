@@ -12,7 +12,12 @@ import * as workerKernels from '../worker/kernels.ts';
 export const KERNEL_MODULE_URL = new URL('../worker/kernels.ts', import.meta.url).href;
 
 /** `kernelModuleUrl`: another kernel module exporting createKernels (tests inject device failures this way). */
-export function threadedDevice(preset: ModelPreset, modelSeed: number, raceCheck = false, kernelModuleUrl = KERNEL_MODULE_URL): (kv: KVCacheConfig) => Promise<Device> {
+export function threadedDevice(
+  preset: ModelPreset,
+  modelSeed: number,
+  raceCheck = false,
+  kernelModuleUrl = KERNEL_MODULE_URL,
+): (kv: KVCacheConfig) => Promise<Device> {
   return (kvConfig) =>
     createThreadedDevice({
       numSlabs: kvConfig.numSlabs,

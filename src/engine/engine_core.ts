@@ -107,7 +107,11 @@ export class EngineCore {
     let lastWasEmpty = false;
     for (;;) {
       if (this.stopped && this.queue.length === 0) return;
-      const canSchedule = !this.stopped && this.queue.length < depth && this.scheduler.hasWork() && !(lastWasEmpty && this.queue.length > 0);
+      const canSchedule =
+        !this.stopped &&
+        this.queue.length < depth &&
+        this.scheduler.hasWork() &&
+        !(lastWasEmpty && this.queue.length > 0);
       if (canSchedule) {
         const so = this.scheduler.schedule();
         lastWasEmpty = so.totalNumScheduledTokens === 0;

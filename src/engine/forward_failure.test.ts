@@ -14,7 +14,8 @@ import { LLMEngine, type EngineCreateConfig, type GenerateRequest } from './llm_
 import { simDevice, threadedDevice } from './devices.ts';
 import { fakeRun, makeRequest, makeScheduler } from './scheduler_testkit.ts';
 
-const prompt = (n: number, base: number): number[] => Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
+const prompt = (n: number, base: number): number[] =>
+  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
 
 function config(kind: 'threaded' | 'sim'): EngineCreateConfig {
   return {
@@ -24,11 +25,18 @@ function config(kind: 'threaded' | 'sim'): EngineCreateConfig {
     asyncScheduling: true,
     scheduler: { maxNumBatchedTokens: 256, maxNumSeqs: 8 },
     idlePollMs: 2,
-    makeDevice: kind === 'threaded' ? threadedDevice('dsv4-mini', 1, false, FAILING_KERNELS_URL) : simDevice('dsv4-mini', 1, { kernelModuleUrl: FAILING_KERNELS_URL }),
+    makeDevice:
+      kind === 'threaded'
+        ? threadedDevice('dsv4-mini', 1, false, FAILING_KERNELS_URL)
+        : simDevice('dsv4-mini', 1, { kernelModuleUrl: FAILING_KERNELS_URL }),
   };
 }
 
-const req = (id: string, base: number): GenerateRequest => ({ requestId: id, promptTokenIds: prompt(20 + base, base), sampling: { maxTokens: 5, temperature: 0, ignoreEos: true } });
+const req = (id: string, base: number): GenerateRequest => ({
+  requestId: id,
+  promptTokenIds: prompt(20 + base, base),
+  sampling: { maxTokens: 5, temperature: 0, ignoreEos: true },
+});
 
 async function idle(e: LLMEngine, env: RealEnv): Promise<void> {
   for (let k = 0; k < 400 && !e.core.isIdle(); k++) await env.sleep(5);
@@ -42,10 +50,18 @@ for (const kind of ['sim', 'threaded'] as const) {
     const e = await LLMEngine.create(config(kind), env);
     try {
       const alone = await e.generate(req('a0', 1));
-      const [ok, bad, ok2] = await Promise.allSettled([e.generate(req('a1', 1)), e.generate(req(`${FAIL_REQUEST_PREFIX}1`, 2)), e.generate(req('a2', 3))]);
+      const [ok, bad, ok2] = await Promise.allSettled([
+        e.generate(req('a1', 1)),
+        e.generate(req(`${FAIL_REQUEST_PREFIX}1`, 2)),
+        e.generate(req('a2', 3)),
+      ]);
       assert.equal(ok.status, 'fulfilled');
       assert.equal(ok2.status, 'fulfilled');
-      assert.deepEqual(ok.status === 'fulfilled' && ok.value.tokenIds, alone.tokenIds, 'a batch-mate of the failing request is unaffected');
+      assert.deepEqual(
+        ok.status === 'fulfilled' && ok.value.tokenIds,
+        alone.tokenIds,
+        'a batch-mate of the failing request is unaffected',
+      );
       assert.equal(bad.status, 'rejected');
       const err = (bad as PromiseRejectedResult).reason as HandoffError;
       assert.ok(err instanceof HandoffError && err.code === 'INTERNAL' && err.httpStatus === 500, String(err));
@@ -67,7 +83,10 @@ test('a step op that fails as a whole fails the requests of that step only; late
     const results = await Promise.allSettled([e.generate(req(`${FAIL_STEP_PREFIX}1`, 5)), e.generate(req('b1', 4))]);
     assert.equal(results[0]?.status, 'rejected');
     assert.equal(((results[0] as PromiseRejectedResult).reason as HandoffError).code, 'INTERNAL');
-    assert.match(((results[0] as PromiseRejectedResult).reason as Error).message, /the forward of step \d+ failed: .*injected step failure/);
+    assert.match(
+      ((results[0] as PromiseRejectedResult).reason as Error).message,
+      /the forward of step \d+ failed: .*injected step failure/,
+    );
     // b1 shared a step with the failing one (admitted together) or not; either way it ends, and typed.
     const b1 = results[1];
     if (b1?.status === 'fulfilled') assert.deepEqual(b1.value.tokenIds, alone.tokenIds);
@@ -100,9 +119,15 @@ test('addRequest refuses sampling values the sampler would assert on (top_p 1.5,
         `${param}: ${JSON.stringify(s)}`,
       );
     }
-    assert.throws(() => e.submit({ promptTokenIds: [1, 60000], sampling: { maxTokens: 2 } }, () => undefined), /prompt token 1 is 60000/);
+    assert.throws(
+      () => e.submit({ promptTokenIds: [1, 60000], sampling: { maxTokens: 2 } }, () => undefined),
+      /prompt token 1 is 60000/,
+    );
     assert.equal(e.core.crashed, null);
-    assert.equal((await e.generate({ promptTokenIds: prompt(8, 1), sampling: { maxTokens: 2, topP: 1 } })).tokenIds.length, 2);
+    assert.equal(
+      (await e.generate({ promptTokenIds: prompt(8, 1), sampling: { maxTokens: 2, topP: 1 } })).tokenIds.length,
+      2,
+    );
     await idle(e, env);
   } finally {
     await e.close();
@@ -123,7 +148,11 @@ test('scheduler: pages a failed forward wrote are withdrawn from the prefix cach
   const byId = new Map(outs.map((o) => [o.requestId, o]));
   assert.equal(byId.get('a')?.error?.code, 'INTERNAL');
   assert.equal(byId.get('b')?.error?.code, 'INTERNAL', 'b read pages whose KV was never computed');
-  assert.equal(kv.getComputedBlocks({ requestId: 'probe', tokenIds: a.promptTokenIds }).numComputedTokens, 0, 'nothing of a is published');
+  assert.equal(
+    kv.getComputedBlocks({ requestId: 'probe', tokenIds: a.promptTokenIds }).numComputedTokens,
+    0,
+    'nothing of a is published',
+  );
   scheduler.updateFromOutput(s2, fakeRun(s2));
   assert.ok(scheduler.isQuiescent(), 'every page back');
 });

@@ -20,7 +20,14 @@ test('free fence: with no step in flight (none scheduled yet, or all processed),
   f.processed(1);
   assert.equal(f.inFlightSteps, 0);
   f.defer([[4], []]);
-  assert.deepEqual(released, [[[1, 2], [3]], [[4], []]], 'after the only step was processed');
+  assert.deepEqual(
+    released,
+    [
+      [[1, 2], [3]],
+      [[4], []],
+    ],
+    'after the only step was processed',
+  );
   assert.equal(f.numPending, 0);
   f.defer([[], []]);
   assert.equal(released.length, 2, 'an empty release is no release');

@@ -14,7 +14,9 @@ import { LLMEngine } from './llm_engine.ts';
 import { simDevice } from './devices.ts';
 import { attachLifecycleOracle } from './lifecycle_oracle.ts';
 
-async function engineWithOracle(preset: ModelPreset): Promise<{ engine: LLMEngine; seen: LifecycleViolation[]; oracle: ReturnType<typeof attachLifecycleOracle> }> {
+async function engineWithOracle(
+  preset: ModelPreset,
+): Promise<{ engine: LLMEngine; seen: LifecycleViolation[]; oracle: ReturnType<typeof attachLifecycleOracle> }> {
   const engine = await LLMEngine.create(
     {
       preset,
@@ -38,7 +40,11 @@ for (const preset of ['hybrid-mini', 'llama-mini'] as const) {
   test(`${preset}: normal generation raises no lifecycle violation, and the oracle did watch it`, async () => {
     const { engine, seen, oracle } = await engineWithOracle(preset);
     try {
-      const outs = await Promise.all([prompt(40), prompt(9)].map((p) => engine.generate({ promptTokenIds: p, sampling: { maxTokens: 5, ignoreEos: true } })));
+      const outs = await Promise.all(
+        [prompt(40), prompt(9)].map((p) =>
+          engine.generate({ promptTokenIds: p, sampling: { maxTokens: 5, ignoreEos: true } }),
+        ),
+      );
       for (const o of outs) assert.equal(o.tokenIds.length, 5);
       for (let k = 0; k < 100 && !engine.core.isIdle(); k++) await new Promise((r) => setTimeout(r, 2));
       assert.deepEqual(seen, []);
@@ -63,13 +69,24 @@ test('a page used after it was freed is reported (I4, I6); after detach nothing 
     pool.freeBlocks([a]);
     const slabs = attentionSlabs(engine.kvConfig);
     // Copy out of the freed page (a forward reading it), then zero it: neither may touch a freed page.
-    await engine.device.compute.enqueue({ op: { kind: 'copy', pairs: [[a.blockId, b.blockId]], slabs }, label: { what: 'cow' } }).done;
-    await engine.device.compute.enqueue({ op: { kind: 'zero', blockIds: [a.blockId], slabs }, label: { what: 'zero' } }).done;
-    assert.deepEqual(seen.map((v) => [v.invariant, v.block]), [['I4', a.blockId], ['I6', a.blockId]]);
+    await engine.device.compute.enqueue({
+      op: { kind: 'copy', pairs: [[a.blockId, b.blockId]], slabs },
+      label: { what: 'cow' },
+    }).done;
+    await engine.device.compute.enqueue({ op: { kind: 'zero', blockIds: [a.blockId], slabs }, label: { what: 'zero' } })
+      .done;
+    assert.deepEqual(
+      seen.map((v) => [v.invariant, v.block]),
+      [
+        ['I4', a.blockId],
+        ['I6', a.blockId],
+      ],
+    );
     assert.match(seen[0]?.message ?? '', /reads a freed page/);
     assert.equal(oracle.violations(), 2);
     oracle.detach();
-    await engine.device.compute.enqueue({ op: { kind: 'zero', blockIds: [a.blockId], slabs }, label: { what: 'zero' } }).done;
+    await engine.device.compute.enqueue({ op: { kind: 'zero', blockIds: [a.blockId], slabs }, label: { what: 'zero' } })
+      .done;
     assert.equal(seen.length, 2, 'a detached oracle hears nothing');
     pool.freeBlocks([b]);
   } finally {
@@ -85,12 +102,18 @@ test("a zero queued by a page's previous owner that lands on its next owner is r
     const [a] = pool.getNewBlocks(1);
     assert.ok(a);
     // autoRun executes at the next microtask: free and reallocate the page before the zero runs.
-    const zero = engine.device.compute.enqueue({ op: { kind: 'zero', blockIds: [a.blockId], slabs: attentionSlabs(engine.kvConfig) }, label: { what: 'zero' } });
+    const zero = engine.device.compute.enqueue({
+      op: { kind: 'zero', blockIds: [a.blockId], slabs: attentionSlabs(engine.kvConfig) },
+      label: { what: 'zero' },
+    });
     pool.freeBlocks([a]);
     const again = pool.getNewBlocks(before);
     assert.ok(again.some((x) => x.blockId === a.blockId));
     await zero.done;
-    assert.deepEqual(seen.map((v) => [v.invariant, v.block]), [['I1', a.blockId]]);
+    assert.deepEqual(
+      seen.map((v) => [v.invariant, v.block]),
+      [['I1', a.blockId]],
+    );
     pool.freeBlocks(again);
   } finally {
     oracle.detach();

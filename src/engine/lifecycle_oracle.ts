@@ -35,7 +35,10 @@ export function attachLifecycleOracle(
     count++;
     onViolation(v);
   });
-  const stops = [watchStream(lifecycle, engine.device.compute, kv.pageBytes), watchPool(lifecycle, engine.kv.blockPool)];
+  const stops = [
+    watchStream(lifecycle, engine.device.compute, kv.pageBytes),
+    watchPool(lifecycle, engine.kv.blockPool),
+  ];
   return {
     lifecycle,
     violations: () => count,

@@ -10,7 +10,11 @@ import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
 import { LLMEngine, type EngineCreateConfig } from './llm_engine.ts';
 import { simDevice, threadedDevice } from './devices.ts';
 
-function config(preset: ModelPreset, kind: 'threaded' | 'sim', over: Partial<EngineCreateConfig> = {}): EngineCreateConfig {
+function config(
+  preset: ModelPreset,
+  kind: 'threaded' | 'sim',
+  over: Partial<EngineCreateConfig> = {},
+): EngineCreateConfig {
   return {
     preset,
     modelSeed: 1,
@@ -23,7 +27,8 @@ function config(preset: ModelPreset, kind: 'threaded' | 'sim', over: Partial<Eng
   };
 }
 
-const prompt = (n: number, base: number): number[] => Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
+const prompt = (n: number, base: number): number[] =>
+  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
 
 for (const preset of MODEL_PRESETS) {
   test(`${preset}: threaded and sim devices give the same tokens and logits; batching and chunking change nothing`, async () => {

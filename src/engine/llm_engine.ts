@@ -47,7 +47,12 @@ export interface EngineCreateConfig extends EngineConfig {
   /** Builds the device for this KV config (threaded or sim). */
   makeDevice: (kvConfig: KVCacheConfig) => Promise<Device>;
   /** Builds the connector once the device exists; omitted for colocated serving. */
-  makeConnector?: (ctx: { device: Device; kvConfig: KVCacheConfig; env: Env; numLookaheadTokens: number }) => Promise<ConnectorPair>;
+  makeConnector?: (ctx: {
+    device: Device;
+    kvConfig: KVCacheConfig;
+    env: Env;
+    numLookaheadTokens: number;
+  }) => Promise<ConnectorPair>;
 }
 
 /** What the composition root (build_instance.ts) has built before the engine exists. */
@@ -95,14 +100,19 @@ export class LLMEngine {
     const kvConfig = kvCacheConfigOf(config);
     const device = await config.makeDevice(kvConfig);
     const numLookaheadTokens = schedulerConfigOf(config).numLookaheadTokens;
-    const connector = config.makeConnector ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens }) : null;
+    const connector = config.makeConnector
+      ? await config.makeConnector({ device, kvConfig, env, numLookaheadTokens })
+      : null;
     return LLMEngine.fromParts(config, { kvConfig, device, connector }, env, log);
   }
 
   /** Scheduler, runner and engine loop over a device and connector that already exist. */
   static fromParts(config: EngineConfig, parts: EngineParts, env: Env, log?: Logger): LLMEngine {
     const { kvConfig, device, connector } = parts;
-    assert(device.numBlocks === kvConfig.numBlocks && device.pageBytes === kvConfig.pageBytes, 'device geometry must match the KV config');
+    assert(
+      device.numBlocks === kvConfig.numBlocks && device.pageBytes === kvConfig.pageBytes,
+      'device geometry must match the KV config',
+    );
     const schedCfg = schedulerConfigOf(config);
     const kv = new KVCacheManager(kvConfig, { enableCaching: schedCfg.enablePrefixCaching });
     const scheduler = new Scheduler(schedCfg, kv, connector?.scheduler ?? new NullConnector(), env);
@@ -111,7 +121,11 @@ export class LLMEngine {
       scheduler,
       runner,
       env,
-      { asyncScheduling: config.asyncScheduling, idlePollMs: config.idlePollMs, ...(parts.activity ? { activity: parts.activity } : {}) },
+      {
+        asyncScheduling: config.asyncScheduling,
+        idlePollMs: config.idlePollMs,
+        ...(parts.activity ? { activity: parts.activity } : {}),
+      },
       log,
     );
     core.start();
@@ -122,7 +136,8 @@ export class LLMEngine {
   makeRequest(g: GenerateRequest): Request {
     const params = g.kvTransferParams ?? null;
     const maxTokens = g.sampling.maxTokens;
-    if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new HandoffError('BAD_REQUEST', 'max_tokens must be an integer >= 1');
+    if (!Number.isInteger(maxTokens) || maxTokens < 1)
+      throw new HandoffError('BAD_REQUEST', 'max_tokens must be an integer >= 1');
     if (g.promptTokenIds.length === 0) throw new HandoffError('BAD_REQUEST', 'the prompt is empty');
     const prompt = this.connector?.scheduler.prefillPromptTokens(g.promptTokenIds, params) ?? g.promptTokenIds;
     const req = new Request({
@@ -153,7 +168,8 @@ export class LLMEngine {
   submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): Request {
     const req = this.makeRequest(g);
     try {
-      if (this.scheduler.requests.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
+      if (this.scheduler.requests.has(req.requestId))
+        throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
       this.core.addRequest(req, onOutput);
     } catch (e) {
       // Refused after prefill answered (too long, out of pages...): give the producer its pages back now.
@@ -163,7 +179,10 @@ export class LLMEngine {
     return req;
   }
 
-  /** Run a request to the end and collect everything (tests, the A/B, the bench); `onToken` sees each token's arrival time. */
+  /**
+   * Run a request to the end and collect everything (tests, the A/B, the bench); `onToken` sees each token's arrival
+   * time.
+   */
   generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult> {
     return new Promise((resolve, reject) => {
       const tokens: number[] = [];
@@ -179,7 +198,16 @@ export class LLMEngine {
           nan ||= o.nanLogits;
           if (o.finishReason === null) return;
           if (o.error) reject(o.error);
-          else resolve({ tokenIds: tokens, logitsHashes: hashes, logprobs, finishReason: o.finishReason, kvTransferParams: o.kvTransferParams, nanLogits: nan, numExternalTokens: o.numExternalTokens });
+          else
+            resolve({
+              tokenIds: tokens,
+              logitsHashes: hashes,
+              logprobs,
+              finishReason: o.finishReason,
+              kvTransferParams: o.kvTransferParams,
+              nanLogits: nan,
+              numExternalTokens: o.numExternalTokens,
+            });
         });
       } catch (e) {
         reject(e);

@@ -16,7 +16,12 @@ interface Load {
   /** sync-loading: the step whose preForward runs the READ. */
   step: number;
 }
-const LOAD_TRANSITIONS = { 'sync-loading': ['loaded'], 'async-loading': ['recv-finished'], 'recv-finished': ['loaded'], loaded: [] } as const;
+const LOAD_TRANSITIONS = {
+  'sync-loading': ['loaded'],
+  'async-loading': ['recv-finished'],
+  'recv-finished': ['loaded'],
+  loaded: [],
+} as const;
 
 type HoldState = 'held' | 'released';
 interface Hold {

@@ -23,15 +23,20 @@ function isTokenId(t: unknown): boolean {
 }
 
 export function validateSampling(s: SamplingParamsData): void {
-  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1) refuse('max_tokens', `must be an integer >= 1, got ${String(s.maxTokens)}`);
+  if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1)
+    refuse('max_tokens', `must be an integer >= 1, got ${String(s.maxTokens)}`);
   const t = s.temperature;
-  if (typeof t !== 'number' || !Number.isFinite(t) || t < 0 || t > TEMPERATURE_MAX) refuse('temperature', `must be in [0, ${TEMPERATURE_MAX}], got ${String(t)}`);
+  if (typeof t !== 'number' || !Number.isFinite(t) || t < 0 || t > TEMPERATURE_MAX)
+    refuse('temperature', `must be in [0, ${TEMPERATURE_MAX}], got ${String(t)}`);
   const p = s.topP;
-  if (p !== undefined && (typeof p !== 'number' || !(p > 0 && p <= 1))) refuse('top_p', `must be in (0, 1], got ${String(p)}`);
+  if (p !== undefined && (typeof p !== 'number' || !(p > 0 && p <= 1)))
+    refuse('top_p', `must be in (0, 1], got ${String(p)}`);
   const k = s.topK;
-  if (k !== undefined && (!Number.isInteger(k) || k < 0 || k > VOCAB_SIZE)) refuse('top_k', `must be an integer in [0, ${VOCAB_SIZE}], got ${String(k)}`);
+  if (k !== undefined && (!Number.isInteger(k) || k < 0 || k > VOCAB_SIZE))
+    refuse('top_k', `must be an integer in [0, ${VOCAB_SIZE}], got ${String(k)}`);
   if (!Number.isSafeInteger(s.seed)) refuse('seed', `must be a safe integer, got ${String(s.seed)}`);
-  if (!Array.isArray(s.stopTokenIds) || !s.stopTokenIds.every(isTokenId)) refuse('stop_token_ids', `must be token ids in [0, ${VOCAB_SIZE})`);
+  if (!Array.isArray(s.stopTokenIds) || !s.stopTokenIds.every(isTokenId))
+    refuse('stop_token_ids', `must be token ids in [0, ${VOCAB_SIZE})`);
   if (typeof s.ignoreEos !== 'boolean') refuse('ignore_eos', 'must be a boolean');
 }
 
@@ -43,7 +48,10 @@ export function validatePromptTokenIds(ids: readonly number[]): void {
 
 /** Pages a request of `numTokens` tokens holds at most across all groups (a Mamba group holds one). */
 export function pagesNeeded(kvConfig: KVCacheConfig, numTokens: number, numLookaheadTokens: number): number {
-  return kvConfig.groups.reduce((n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil((numTokens + numLookaheadTokens) / g.spec.blockSize)), 0);
+  return kvConfig.groups.reduce(
+    (n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil((numTokens + numLookaheadTokens) / g.spec.blockSize)),
+    0,
+  );
 }
 
 /** A request that could never run here: too long for the model, or more pages than the pool has. */
@@ -51,10 +59,15 @@ export function checkRequestFits(req: Request, config: SchedulerConfig, kvConfig
   const longest = req.numPromptTokens + req.sampling.maxTokens;
   if (longest > config.maxModelLen) {
     const what = `prompt (${req.numPromptTokens} tokens) + max_tokens (${req.sampling.maxTokens})`;
-    throw new HandoffError('PROMPT_TOO_LONG', `${what} exceeds the model's maximum length ${config.maxModelLen}`, { param: 'max_tokens' });
+    throw new HandoffError('PROMPT_TOO_LONG', `${what} exceeds the model's maximum length ${config.maxModelLen}`, {
+      param: 'max_tokens',
+    });
   }
   const need = pagesNeeded(kvConfig, longest, config.numLookaheadTokens);
   if (need > kvConfig.numBlocks - 1) {
-    throw new HandoffError('OUT_OF_PAGES', `the request needs ${need} KV pages at its longest; this instance has ${kvConfig.numBlocks - 1}`);
+    throw new HandoffError(
+      'OUT_OF_PAGES',
+      `the request needs ${need} KV pages at its longest; this instance has ${kvConfig.numBlocks - 1}`,
+    );
   }
 }

@@ -17,7 +17,13 @@ const GRANT = 'cd'.repeat(16);
 
 function oneSided(cfg: Partial<OneSidedConfig>, grants: GrantIssuer | null = null) {
   return (env: SimEnv, kv: KVCacheManager) =>
-    new OneSidedConnectorScheduler({ ...DEFAULT_ONE_SIDED_CONFIG, ...cfg }, kv.config, env, { engineId: 'e', host: '127.0.0.1', port: 7 }, grants);
+    new OneSidedConnectorScheduler(
+      { ...DEFAULT_ONE_SIDED_CONFIG, ...cfg },
+      kv.config,
+      env,
+      { engineId: 'e', host: '127.0.0.1', port: 7 },
+      grants,
+    );
 }
 
 function readParams(remote: number[][]): KVTransferParams {
@@ -35,7 +41,14 @@ function readParams(remote: number[][]): KVTransferParams {
 test('sequence: READ destinations excluded at admission; after finish the same pages go to a local request and are zeroed', () => {
   // 7 blocks = null + 6: the READ request takes all six, so the next request must reuse them.
   const { scheduler, kv } = makeScheduler({ numBlocks: 7, connector: oneSided({ role: 'consumer', mode: 'read' }) });
-  const a = makeRequest(33, 1, readParams([[1, 2], [3, 4]]));
+  const a = makeRequest(
+    33,
+    1,
+    readParams([
+      [1, 2],
+      [3, 4],
+    ]),
+  );
   scheduler.addRequest(a);
   const so1 = scheduler.schedule();
   const pages = kv.getBlockIds(a.requestId);
@@ -77,7 +90,10 @@ test('producer: pages held and granted until release; a lease that runs out free
     issueGrant: (g) => (issued.push(`${g.transferId}:${g.blockIds.join(',')}`), { token: GRANT, expiresAtMs: 99 }),
     revokeGrant: (t) => void revoked.push(t),
   };
-  const { scheduler, kv, env } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'producer', leaseMs: 1000 }, grants) });
+  const { scheduler, kv, env } = makeScheduler({
+    numBlocks: 16,
+    connector: oneSided({ role: 'producer', leaseMs: 1000 }, grants),
+  });
   const r = makeRequest(40, 1, { do_remote_decode: true, transfer_id: 'T1' });
   scheduler.addRequest(r);
   const so = scheduler.schedule();
@@ -104,7 +120,13 @@ test('producer: pages held and granted until release; a lease that runs out free
 
 test('WRITE consumer: async load parks the request, exempts its pages from zeroing, resumes on finishedRecving', () => {
   const { scheduler, kv } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'consumer', mode: 'write' }) });
-  const r = makeRequest(33, 2, { do_remote_prefill: true, remote_engine_id: 'p', remote_host: 'h', remote_port: 1, transfer_id: 'w1' });
+  const r = makeRequest(33, 2, {
+    do_remote_prefill: true,
+    remote_engine_id: 'p',
+    remote_host: 'h',
+    remote_port: 1,
+    transfer_id: 'w1',
+  });
   scheduler.addRequest(r);
   const so1 = scheduler.schedule();
   assert.equal(r.status, 'WAITING_FOR_REMOTE_KVS');
@@ -127,7 +149,14 @@ for (const policy of ['recompute', 'fail'] as const) {
       config: { kvLoadFailurePolicy: policy },
       connector: oneSided({ role: 'consumer', mode: 'read' }),
     });
-    const r = makeRequest(33, 2, readParams([[1, 2], [3, 4]]));
+    const r = makeRequest(
+      33,
+      2,
+      readParams([
+        [1, 2],
+        [3, 4],
+      ]),
+    );
     scheduler.addRequest(r);
     const so1 = scheduler.schedule();
     const outs = scheduler.updateFromOutput(so1, fakeRun(so1, { failedLoadReqIds: [r.requestId] }));
@@ -142,12 +171,20 @@ for (const policy of ['recompute', 'fail'] as const) {
     const again = so2.scheduledNewReqs[0];
     assert.equal(again?.numComputedTokens, 0, 'recomputed locally from the first invalid page');
     assert.equal(so2.numScheduledTokens[r.requestId], 33);
-    assert.equal(so2.newBlockIdsToZero?.length, 6, 'every page from the first invalid one on (both groups) is zeroed again before recompute');
+    assert.equal(
+      so2.newBlockIdsToZero?.length,
+      6,
+      'every page from the first invalid one on (both groups) is zeroed again before recompute',
+    );
   });
 }
 
 test('bad transfer params found at allocation fail that request alone', () => {
-  const { scheduler } = makeScheduler({ numBlocks: 16, config: { numLookaheadTokens: 0 }, connector: oneSided({ role: 'consumer' }) });
+  const { scheduler } = makeScheduler({
+    numBlocks: 16,
+    config: { numLookaheadTokens: 0 },
+    connector: oneSided({ role: 'consumer' }),
+  });
   // Remote has 1 page per group for a 33-token prompt: decode's 3 pages exceed it by 2 > allowed tail 1.
   const bad = makeRequest(33, 1, readParams([[1], [2]]));
   const good = makeRequest(10, 1);
@@ -165,15 +202,28 @@ test('bad transfer params found at allocation fail that request alone', () => {
 test('property: under page pressure, preemption and aborts, no page is owned twice, tokens add up, every request ends, nothing leaks', () => {
   fc.assert(
     fc.property(
-      fc.array(fc.record({ prompt: fc.integer({ min: 1, max: 70 }), maxTokens: fc.integer({ min: 1, max: 12 }), abortAt: fc.option(fc.integer({ min: 1, max: 30 })) }), {
-        minLength: 1,
-        maxLength: 12,
-      }),
+      fc.array(
+        fc.record({
+          prompt: fc.integer({ min: 1, max: 70 }),
+          maxTokens: fc.integer({ min: 1, max: 12 }),
+          abortAt: fc.option(fc.integer({ min: 1, max: 30 })),
+        }),
+        {
+          minLength: 1,
+          maxLength: 12,
+        },
+      ),
       fc.integer({ min: 14, max: 40 }),
       fc.boolean(),
       (specs, numBlocks, prefixSharing) => {
-        const { scheduler, kv } = makeScheduler({ preset: 'dsv4-mini', numBlocks, config: { maxNumBatchedTokens: 64, maxNumSeqs: 6, maxModelLen: 100 } });
-        const reqs = specs.map((s, i) => makeRequest(s.prompt, s.maxTokens, null, `p${i}`, prefixSharing ? 1 : 1 + i * 100));
+        const { scheduler, kv } = makeScheduler({
+          preset: 'dsv4-mini',
+          numBlocks,
+          config: { maxNumBatchedTokens: 64, maxNumSeqs: 6, maxModelLen: 100 },
+        });
+        const reqs = specs.map((s, i) =>
+          makeRequest(s.prompt, s.maxTokens, null, `p${i}`, prefixSharing ? 1 : 1 + i * 100),
+        );
         const produced = new Map<string, number>();
         const finished = new Map<string, string>();
         for (const r of reqs) scheduler.addRequest(r);
@@ -196,7 +246,11 @@ test('property: under page pressure, preemption and aborts, no page is owned twi
                   if (prev) {
                     assert.equal(prev.group, group, `page ${b} in two groups`);
                     assert.equal(prev.idx, idx, `page ${b} at two positions`);
-                    assert.equal(prev.tokens, tokens, `page ${b} shared by ${prev.id} and ${r.requestId} with different tokens`);
+                    assert.equal(
+                      prev.tokens,
+                      tokens,
+                      `page ${b} shared by ${prev.id} and ${r.requestId} with different tokens`,
+                    );
                   }
                   owners.set(b, { id: r.requestId, group, idx, tokens });
                 }),
@@ -229,7 +283,16 @@ test('property: under page pressure, preemption and aborts, no page is owned twi
 test('async scheduling: pages of a request whose synchronous READ is still in flight are not published for prefix hits; a failed READ never publishes them', () => {
   for (const outcome of ['failed', 'landed'] as const) {
     const { scheduler, kv } = makeScheduler({ numBlocks: 32, connector: oneSided({ role: 'consumer', mode: 'read' }) });
-    const a = makeRequest(33, 4, readParams([[1, 2], [3, 4]]), `a-${outcome}`, 500);
+    const a = makeRequest(
+      33,
+      4,
+      readParams([
+        [1, 2],
+        [3, 4],
+      ]),
+      `a-${outcome}`,
+      500,
+    );
     scheduler.addRequest(a);
     const probe = { requestId: 'probe', tokenIds: a.promptTokenIds };
     const s1 = scheduler.schedule();
@@ -237,7 +300,10 @@ test('async scheduling: pages of a request whose synchronous READ is still in fl
     const s2 = scheduler.schedule(); // one step ahead: a decodes while its READ (step 1) is still unresolved
     assert.equal(s2.numScheduledTokens[a.requestId], 1);
     assert.equal(kv.getComputedBlocks(probe).numComputedTokens, 0, 'nothing published while the READ may still fail');
-    const conn = outcome === 'failed' ? { failedLoadReqIds: [a.requestId], invalidBlockIds: kv.getBlockIds(a.requestId).flat() } : {};
+    const conn =
+      outcome === 'failed'
+        ? { failedLoadReqIds: [a.requestId], invalidBlockIds: kv.getBlockIds(a.requestId).flat() }
+        : {};
     scheduler.updateFromOutput(s1, fakeRun(s1, conn));
     const hit = kv.getComputedBlocks(probe).numComputedTokens;
     if (outcome === 'failed') assert.equal(hit, 0, 'a failed READ leaves its pages unpublished');

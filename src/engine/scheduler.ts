@@ -22,7 +22,13 @@ const CLIENT_FAULT_CODES = new Set(['GRANT_DENIED', 'BAD_TRANSFER_PARAMS', 'PEER
 import type { Env } from '../util/env.ts';
 import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
 import type { ConnectorScheduler } from '../connector/base.ts';
-import { makeEmptySchedulerOutput, type CachedRequestData, type ModelRunnerOutput, type NewRequestData, type SchedulerOutput } from '../worker/scheduler_output.ts';
+import {
+  makeEmptySchedulerOutput,
+  type CachedRequestData,
+  type ModelRunnerOutput,
+  type NewRequestData,
+  type SchedulerOutput,
+} from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
 import { RequestTransfers } from './request_transfers.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
@@ -68,7 +74,8 @@ export class Scheduler {
   addRequest(req: Request): void {
     assert(!this.requests.has(req.requestId), `duplicate request id ${req.requestId}`);
     // A finished request's pages may still be held for a peer under its id.
-    if (this.transfers.has(req.requestId)) throw new HandoffError('BAD_REQUEST', `request id ${req.requestId} is still in use`, { param: 'x-request-id' });
+    if (this.transfers.has(req.requestId))
+      throw new HandoffError('BAD_REQUEST', `request id ${req.requestId} is still in use`, { param: 'x-request-id' });
     if (this.waiting.length >= this.config.maxWaiting) {
       throw new HandoffError('OVERLOADED', `waiting queue is full (${this.config.maxWaiting} requests)`);
     }
@@ -78,7 +85,11 @@ export class Scheduler {
   }
 
   /** Abort: the request finishes now; its pages are freed behind the fence. */
-  abortRequest(requestId: string, status: RequestStatus = 'FINISHED_ABORTED', error: HandoffError | null = null): boolean {
+  abortRequest(
+    requestId: string,
+    status: RequestStatus = 'FINISHED_ABORTED',
+    error: HandoffError | null = null,
+  ): boolean {
     const req = this.requests.get(requestId);
     if (!req || req.isFinished) return false;
     req.error = error;
@@ -111,7 +122,11 @@ export class Scheduler {
 
   schedule(): SchedulerOutput {
     const step = ++this.step;
-    const ctx: StepBuild = { out: makeEmptySchedulerOutput(step), epochs: new Map(), budget: this.config.maxNumBatchedTokens };
+    const ctx: StepBuild = {
+      out: makeEmptySchedulerOutput(step),
+      epochs: new Map(),
+      budget: this.config.maxNumBatchedTokens,
+    };
     const blocked = this.scheduleRunning(ctx);
     // No admissions while a running request waits for pages: they would take the pages it waits for.
     if (!blocked) this.scheduleWaiting(ctx);
@@ -200,7 +215,8 @@ export class Scheduler {
     const out = ctx.out;
     out.numScheduledTokens[req.requestId] = numNew;
     out.totalNumScheduledTokens += numNew;
-    out.sampleAfter[req.requestId] = req.numComputedTokens + numNew >= req.numTokensWithPlaceholders && req.canSampleMore;
+    out.sampleAfter[req.requestId] =
+      req.numComputedTokens + numNew >= req.numTokensWithPlaceholders && req.canSampleMore;
     ctx.epochs.set(req.requestId, req.epoch);
   }
 
@@ -215,7 +231,10 @@ export class Scheduler {
       // A request whose synchronous READ is still in flight (async scheduling: its load step is not
       // processed yet) must not publish its pages: the READ may fail, and a prefix hit would read stale bytes.
       const delayCacheBlocks = this.transfers.isSyncLoading(req.requestId);
-      const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, { numLookaheadTokens: this.config.numLookaheadTokens, delayCacheBlocks });
+      const blocks = this.kv.allocateSlots(this.tokensOf(req), numNew, {
+        numLookaheadTokens: this.config.numLookaheadTokens,
+        delayCacheBlocks,
+      });
       if (blocks !== null) return blocks;
       if (this.fence.numPending > 0) return 'wait';
       const victim = this.running[this.running.length - 1];
@@ -293,14 +312,22 @@ export class Scheduler {
       req.status = 'WAITING_FOR_REMOTE_KVS';
       this.transfers.asyncLoadStarted(req.requestId);
       req.numComputedTokens = numComputed;
-      for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed)) this.skipZeroBlockIds.add(b);
+      for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed))
+        this.skipZeroBlockIds.add(b);
       return 'parked';
     }
     return this.startRunning(req, ctx, allBlocks, numComputed, numExternal, numNew);
   }
 
   /** An admitted request joins the batch this step (after a synchronous READ of numExternal tokens, if any). */
-  private startRunning(req: Request, ctx: StepBuild, allBlocks: number[][], numComputed: number, numExternal: number, numNew: number): number {
+  private startRunning(
+    req: Request,
+    ctx: StepBuild,
+    allBlocks: number[][],
+    numComputed: number,
+    numExternal: number,
+    numNew: number,
+  ): number {
     const out = ctx.out;
     req.status = 'RUNNING';
     req.numComputedTokens = numComputed;
@@ -352,7 +379,8 @@ export class Scheduler {
     const outputs: EngineOutput[] = [];
 
     const failed = new Set(conn.failedLoadReqIds);
-    if (conn.invalidBlockIds.length > 0 || failed.size > 0) this.handleLoadErrors(conn.invalidBlockIds, failed, epochs, conn.loadErrors);
+    if (conn.invalidBlockIds.length > 0 || failed.size > 0)
+      this.handleLoadErrors(conn.invalidBlockIds, failed, epochs, conn.loadErrors);
 
     for (const [id, message] of Object.entries(result.forwardErrors ?? {})) this.failForward(so, id, message, epochs);
     for (const s of result.sampled) {
@@ -364,7 +392,12 @@ export class Scheduler {
       if (req.firstTokenMs === null) req.firstTokenMs = this.env.nowMs();
       const stop = this.stopStatus(req, s.tokenId);
       if (stop) this.finish(req, stop);
-      outputs.push(makeOutput(req, finishReasonOf(req.status), { token: s, kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null }));
+      outputs.push(
+        makeOutput(req, finishReasonOf(req.status), {
+          token: s,
+          kvTransferParams: req.isFinished ? req.finishedKvTransferParams : null,
+        }),
+      );
     }
     for (const id of this.transfers.takeSyncLoadsOf(so.step)) {
       const req = this.requests.get(id);
@@ -445,7 +478,9 @@ export class Scheduler {
   private failForward(so: SchedulerOutput, requestId: string, message: string, epochs: Map<string, number>): void {
     const req = this.requests.get(requestId);
     if (!req || req.isFinished || epochs.get(requestId) !== req.epoch) return;
-    const data = so.scheduledNewReqs.find((n) => n.requestId === requestId) ?? so.scheduledCachedReqs.find((c) => c.requestId === requestId);
+    const data =
+      so.scheduledNewReqs.find((n) => n.requestId === requestId) ??
+      so.scheduledCachedReqs.find((c) => c.requestId === requestId);
     const holders = this.kv.uncacheFrom(requestId, data?.numComputedTokens ?? 0);
     req.error = new HandoffError('INTERNAL', `the model failed on this request: ${message}`);
     this.finish(req, 'FINISHED_ERROR');
@@ -478,7 +513,9 @@ export class Scheduler {
     if (wasQueued) this.finishedSinceLast.push(req.requestId);
     this.requests.delete(req.requestId);
     if (status === 'FINISHED_ABORTED' || status === 'FINISHED_ERROR') {
-      this.pendingOutputs.push(makeOutput(req, finishReasonOf(status), { kvTransferParams: handoff.kvTransferParams, error: req.error }));
+      this.pendingOutputs.push(
+        makeOutput(req, finishReasonOf(status), { kvTransferParams: handoff.kvTransferParams, error: req.error }),
+      );
     }
   }
 
@@ -491,6 +528,12 @@ export class Scheduler {
 
   /** Leak check: no request, nothing held, nothing pending → every page is back in the pool. */
   isQuiescent(): boolean {
-    return !this.hasUnfinishedRequests() && this.transfers.numHeld === 0 && this.kv.numRequests() === 0 && this.fence.numPending === 0 && this.fence.inFlightSteps === 0;
+    return (
+      !this.hasUnfinishedRequests() &&
+      this.transfers.numHeld === 0 &&
+      this.kv.numRequests() === 0 &&
+      this.fence.numPending === 0 &&
+      this.fence.inFlightSteps === 0
+    );
   }
 }

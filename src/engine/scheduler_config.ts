@@ -27,4 +27,3 @@ export const DEFAULT_SCHEDULER_CONFIG: SchedulerConfig = {
   eosTokenId: 50256,
   maxWaiting: 4096,
 };
-

@@ -8,7 +8,12 @@ import { KVCacheManager } from '../kv/kv_cache_manager.ts';
 import { makeKVCacheConfig } from '../kv/spec.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
 import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
-import { emptyConnectorOutput, type KVConnectorOutput, type ModelRunnerOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
+import {
+  emptyConnectorOutput,
+  type KVConnectorOutput,
+  type ModelRunnerOutput,
+  type SchedulerOutput,
+} from '../worker/scheduler_output.ts';
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
 import { Request } from './request.ts';
 import type { KVTransferParams } from '../connector/params.ts';

@@ -34,7 +34,11 @@ const cfg = (numBlocks: number, dropZeroing: boolean): EngineCreateConfig => ({
 function staleF32(engine: LLMEngine): void {
   const rng = env.rng;
   for (const slab of engine.device.slabs) {
-    const f = new Float32Array(slab.buffer, slab.byteOffset + engine.kvConfig.pageBytes, (slab.byteLength - engine.kvConfig.pageBytes) / 4);
+    const f = new Float32Array(
+      slab.buffer,
+      slab.byteOffset + engine.kvConfig.pageBytes,
+      (slab.byteLength - engine.kvConfig.pageBytes) / 4,
+    );
     for (let i = 0; i < f.length; i++) f[i] = (rng.next() - 0.5) * 4;
   }
 }

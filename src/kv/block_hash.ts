@@ -5,7 +5,8 @@
  * group, so equal hashes mean equal KV contents for that group. The byte framing is fixed (no JSON,
  * no platform-dependent encoding), so hashes are stable across processes and machines:
  *
- *   [ 1 byte: has parent ] [ 32 bytes: parent digest or zeros ] [ u32 LE group id ] [ u32 LE n ] [ n x u32 LE token id ]
+ *   [ 1 byte: has parent ] [ 32 bytes: parent digest or zeros ] [ u32 LE group id ] [ u32 LE n ]
+ *   [ n x u32 LE token id ]
  */
 import { createHash } from 'node:crypto';
 import { assert } from '../util/assert.ts';
@@ -44,7 +45,10 @@ export function extendBlockHashes(
   numBlocks: number,
 ): BlockHash[] {
   assert(Number.isInteger(blockSize) && blockSize > 0, `bad block size ${blockSize}`);
-  assert(numBlocks * blockSize <= tokenIds.length, () => `${numBlocks} full blocks need ${numBlocks * blockSize} tokens, have ${tokenIds.length}`);
+  assert(
+    numBlocks * blockSize <= tokenIds.length,
+    () => `${numBlocks} full blocks need ${numBlocks * blockSize} tokens, have ${tokenIds.length}`,
+  );
   for (let i = hashes.length; i < numBlocks; i++) {
     const parent = i === 0 ? null : (hashes[i - 1] as BlockHash);
     hashes.push(hashBlockTokens(parent, tokenIds.slice(i * blockSize, (i + 1) * blockSize), groupId));

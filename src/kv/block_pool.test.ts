@@ -107,7 +107,10 @@ test('block hash: sha256 of a fixed framing of (parent, group, tokens); every in
   assert.notEqual(hashBlockTokens(H(9), tokens, 3), child, 'parent');
   // The chain helper extends an existing prefix without recomputing it.
   const chain = extendBlockHashes([], [1, 2, 3, 4, 5], 2, 0, 2);
-  assert.deepEqual(chain, [hashBlockTokens(null, [1, 2], 0), hashBlockTokens(hashBlockTokens(null, [1, 2], 0), [3, 4], 0)]);
+  assert.deepEqual(chain, [
+    hashBlockTokens(null, [1, 2], 0),
+    hashBlockTokens(hashBlockTokens(null, [1, 2], 0), [3, 4], 0),
+  ]);
   assert.throws(() => extendBlockHashes([], [1, 2, 3], 2, 0, 2), AssertionFailure);
 });
 
@@ -126,38 +129,43 @@ const poolOp: fc.Arbitrary<PoolOp> = fc.oneof(
 
 test('property: any sequence of get/free/cache/touch keeps refCnt == holders, conserves pages, never hands out block 0', () => {
   fc.assert(
-    fc.property(fc.integer({ min: 2, max: 12 }), fc.array(poolOp, { minLength: 5, maxLength: 80, size: 'max' }), (numBlocks, ops) => {
-      const pool = new BlockPool(numBlocks, true);
-      const holders: KVCacheBlock[][] = [];
-      for (const o of ops) {
-        if (o.op === 'get') {
-          if (o.n > pool.getNumFreeBlocks()) continue;
-          const got = pool.getNewBlocks(o.n);
-          assert.ok(got.every((b) => !b.isNull && b.blockId !== 0 && b.refCnt === 1 && b.blockHash === null));
-          holders.push(got);
-        } else if (o.op === 'free') {
-          if (holders.length === 0) continue;
-          const [h] = holders.splice(o.pick % holders.length, 1) as [KVCacheBlock[]];
-          pool.freeBlocks([...h].reverse());
-        } else if (o.op === 'cache') {
-          const owned = holders.flat().filter((b) => b.blockHash === null);
-          const b = owned[o.pick % Math.max(1, owned.length)];
-          if (b !== undefined) pool.cacheBlock(b, H(o.key));
-        } else {
-          const b = pool.getCachedBlock(H(o.key));
-          if (b !== null) {
-            pool.touch([b]);
-            holders.push([b]);
+    fc.property(
+      fc.integer({ min: 2, max: 12 }),
+      fc.array(poolOp, { minLength: 5, maxLength: 80, size: 'max' }),
+      (numBlocks, ops) => {
+        const pool = new BlockPool(numBlocks, true);
+        const holders: KVCacheBlock[][] = [];
+        for (const o of ops) {
+          if (o.op === 'get') {
+            if (o.n > pool.getNumFreeBlocks()) continue;
+            const got = pool.getNewBlocks(o.n);
+            assert.ok(got.every((b) => !b.isNull && b.blockId !== 0 && b.refCnt === 1 && b.blockHash === null));
+            holders.push(got);
+          } else if (o.op === 'free') {
+            if (holders.length === 0) continue;
+            const [h] = holders.splice(o.pick % holders.length, 1) as [KVCacheBlock[]];
+            pool.freeBlocks([...h].reverse());
+          } else if (o.op === 'cache') {
+            const owned = holders.flat().filter((b) => b.blockHash === null);
+            const b = owned[o.pick % Math.max(1, owned.length)];
+            if (b !== undefined) pool.cacheBlock(b, H(o.key));
+          } else {
+            const b = pool.getCachedBlock(H(o.key));
+            if (b !== null) {
+              pool.touch([b]);
+              holders.push([b]);
+            }
           }
+          pool.verify();
+          const held = new Map<number, number>();
+          for (const b of holders.flat()) held.set(b.blockId, (held.get(b.blockId) ?? 0) + 1);
+          assert.ok(!held.has(0), 'null block handed out');
+          for (let id = 1; id < numBlocks; id++)
+            assert.equal(pool.block(id).refCnt, held.get(id) ?? 0, `refCnt of block ${id}`);
+          assert.equal(pool.getNumFreeBlocks() + held.size + 1, numBlocks, 'free + held + null == all pages');
         }
-        pool.verify();
-        const held = new Map<number, number>();
-        for (const b of holders.flat()) held.set(b.blockId, (held.get(b.blockId) ?? 0) + 1);
-        assert.ok(!held.has(0), 'null block handed out');
-        for (let id = 1; id < numBlocks; id++) assert.equal(pool.block(id).refCnt, held.get(id) ?? 0, `refCnt of block ${id}`);
-        assert.equal(pool.getNumFreeBlocks() + held.size + 1, numBlocks, 'free + held + null == all pages');
-      }
-    }),
+      },
+    ),
     { numRuns: 300 },
   );
 });

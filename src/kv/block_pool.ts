@@ -110,7 +110,10 @@ export class BlockPool {
     readonly numBlocks: number,
     readonly enableCaching: boolean,
   ) {
-    assert(Number.isInteger(numBlocks) && numBlocks >= 2, `a pool needs at least the null block and one page, got ${numBlocks}`);
+    assert(
+      Number.isInteger(numBlocks) && numBlocks >= 2,
+      `a pool needs at least the null block and one page, got ${numBlocks}`,
+    );
     this.blocks = Array.from({ length: numBlocks }, (_, id) => new KVCacheBlock(id, id === 0));
     for (const b of this.blocks) if (!b.isNull) this.freeQueue.append(b);
     this.nullBlock = this.blocks[0] as KVCacheBlock;
@@ -134,7 +137,10 @@ export class BlockPool {
     const out: KVCacheBlock[] = [];
     for (let i = 0; i < n; i++) {
       const block = this.freeQueue.popLeft();
-      assert(block.refCnt === 0 && !block.isNull, () => `free queue held block ${block.blockId} with refCnt ${block.refCnt}`);
+      assert(
+        block.refCnt === 0 && !block.isNull,
+        () => `free queue held block ${block.blockId} with refCnt ${block.refCnt}`,
+      );
       this.evict(block);
       block.refCnt = 1;
       out.push(block);
@@ -146,7 +152,9 @@ export class BlockPool {
     return out;
   }
 
-  /** Drop one reference per block; blocks reaching 0 go to the tail. Callers pass a request's blocks in reverse order. */
+  /**
+   * Drop one reference per block; blocks reaching 0 go to the tail. Callers pass a request's blocks in reverse order.
+   */
   freeBlocks(blocks: Iterable<KVCacheBlock>): void {
     const freed: number[] | null = this.observers === null ? null : [];
     for (const block of blocks) {
@@ -197,7 +205,10 @@ export class BlockPool {
   /** Publish a full, owned block under `hash`. Two blocks may share a hash (both computed it). */
   cacheBlock(block: KVCacheBlock, hash: BlockHash): void {
     assert(this.enableCaching, 'cacheBlock with prefix caching off');
-    assert(!block.isNull && block.refCnt > 0, () => `only owned blocks are cached (block ${block.blockId}, refCnt ${block.refCnt})`);
+    assert(
+      !block.isNull && block.refCnt > 0,
+      () => `only owned blocks are cached (block ${block.blockId}, refCnt ${block.refCnt})`,
+    );
     assert(block.blockHash === null, () => `block ${block.blockId} already cached as ${block.blockHash}`);
     block.blockHash = hash;
     let entry = this.cached.get(hash);
@@ -210,7 +221,10 @@ export class BlockPool {
 
   /** Withdraw an owned block from the prefix cache (its KV turned out not to be valid). */
   uncache(block: KVCacheBlock): void {
-    assert(!block.isNull && block.refCnt > 0, () => `only owned blocks are withdrawn (block ${block.blockId}, refCnt ${block.refCnt})`);
+    assert(
+      !block.isNull && block.refCnt > 0,
+      () => `only owned blocks are withdrawn (block ${block.blockId}, refCnt ${block.refCnt})`,
+    );
     this.evict(block);
   }
 
@@ -241,16 +255,25 @@ export class BlockPool {
   /** Check every invariant of the module comment; throws AssertionFailure on the first broken one. */
   verify(): void {
     const queued = new Set(this.freeQueue.toArray());
-    assert(this.nullBlock.refCnt === 1 && !queued.has(this.nullBlock), 'null block must stay held and out of the queue');
+    assert(
+      this.nullBlock.refCnt === 1 && !queued.has(this.nullBlock),
+      'null block must stay held and out of the queue',
+    );
     assert(this.nullBlock.blockHash === null, 'null block must never be cached');
     for (const b of this.blocks) {
       assert(b.refCnt >= 0, () => `block ${b.blockId} has refCnt ${b.refCnt}`);
-      if (!b.isNull) assert(queued.has(b) === (b.refCnt === 0), () => `block ${b.blockId}: refCnt ${b.refCnt} but queued=${queued.has(b)}`);
-      if (b.blockHash !== null) assert(this.cached.get(b.blockHash)?.get(b.blockId) === b, () => `block ${b.blockId} hash not in the map`);
+      if (!b.isNull)
+        assert(
+          queued.has(b) === (b.refCnt === 0),
+          () => `block ${b.blockId}: refCnt ${b.refCnt} but queued=${queued.has(b)}`,
+        );
+      if (b.blockHash !== null)
+        assert(this.cached.get(b.blockHash)?.get(b.blockId) === b, () => `block ${b.blockId} hash not in the map`);
     }
     for (const [hash, entry] of this.cached) {
       assert(entry.size > 0, 'empty prefix-cache entry');
-      for (const b of entry.values()) assert(b.blockHash === hash, () => `map entry ${hash} points to block ${b.blockId} with hash ${b.blockHash}`);
+      for (const b of entry.values())
+        assert(b.blockHash === hash, () => `map entry ${hash} points to block ${b.blockId} with hash ${b.blockHash}`);
     }
   }
 

@@ -38,7 +38,10 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
     }),
     weight: 3,
   },
-  { arbitrary: fc.record({ op: fc.constant('decode' as const), r: fc.nat(NUM_REQS - 1), lookahead: fc.nat(3) }), weight: 3 },
+  {
+    arbitrary: fc.record({ op: fc.constant('decode' as const), r: fc.nat(NUM_REQS - 1), lookahead: fc.nat(3) }),
+    weight: 3,
+  },
   fc.record({ op: fc.constant('free' as const), r: fc.nat(NUM_REQS - 1) }),
   fc.record({ op: fc.constant('detach' as const), r: fc.nat(NUM_REQS - 1) }),
   fc.record({ op: fc.constant('release' as const), pick: fc.nat() }),
@@ -66,19 +69,37 @@ test('property: allocate/decode/free/detach/release/hit sequences keep page owne
         const pending: BlockIds[] = [];
         let decodeToken = 50_000;
 
-        const snapshot = () => JSON.stringify([pool.freeBlockIds(), [...reqs.keys()].map((id) => m.getBlockIds(id)), pool.numCachedBlocks(), m.numRequests()]);
+        const snapshot = () =>
+          JSON.stringify([
+            pool.freeBlockIds(),
+            [...reqs.keys()].map((id) => m.getBlockIds(id)),
+            pool.numCachedBlocks(),
+            m.numRequests(),
+          ]);
 
         // Allocate through the manager the way the scheduler does; check all-or-nothing and recording.
-        const allocate = (id: string, r: ModelReq, numNew: number, opts: Parameters<KVCacheManager['allocateSlots']>[2], hits: BlockIds) => {
+        const allocate = (
+          id: string,
+          r: ModelReq,
+          numNew: number,
+          opts: Parameters<KVCacheManager['allocateSlots']>[2],
+          hits: BlockIds,
+        ) => {
           m.takeNewBlockIds();
           const before = snapshot();
-          const added = m.allocateSlots({ requestId: id, tokenIds: r.tokens, numComputedTokens: r.numComputed }, numNew, opts);
+          const added = m.allocateSlots(
+            { requestId: id, tokenIds: r.tokens, numComputedTokens: r.numComputed },
+            numNew,
+            opts,
+          );
           if (added === null) {
             assert.equal(snapshot(), before, 'a failed allocation changed state');
             assert.deepEqual(m.takeNewBlockIds(), [], 'a failed allocation recorded pages');
             return false;
           }
-          const fresh = added.flatMap((ids, g) => (recording[g] ? ids.filter((b) => !(hits[g] ?? []).includes(b)) : []));
+          const fresh = added.flatMap((ids, g) =>
+            recording[g] ? ids.filter((b) => !(hits[g] ?? []).includes(b)) : [],
+          );
           assert.deepEqual(m.takeNewBlockIds(), fresh, 'recorded pages == fresh pages of recording groups');
           return true;
         };
@@ -88,22 +109,39 @@ test('property: allocate/decode/free/detach/release/hit sequences keep page owne
             const id = `r${o.r}`;
             if (reqs.has(id)) continue;
             const r: ModelReq = { tokens: Array.from({ length: o.len }, (_, i) => o.tpl * 1000 + i), numComputed: 0 };
-            const hit = o.useHit ? m.getComputedBlocks({ requestId: id, tokenIds: r.tokens }) : { blocks: config.groups.map(() => []), numComputedTokens: 0 };
+            const hit = o.useHit
+              ? m.getComputedBlocks({ requestId: id, tokenIds: r.tokens })
+              : { blocks: config.groups.map(() => []), numComputedTokens: 0 };
             const rest = o.len - hit.numComputedTokens;
             const external = Math.min(o.external, rest - 1);
-            const ok = allocate(id, r, rest - external, {
-              numNewComputedTokens: hit.numComputedTokens,
-              newComputedBlocks: hit.blocks,
-              numExternalComputedTokens: external,
-              numLookaheadTokens: o.lookahead,
-            }, hit.blocks);
+            const ok = allocate(
+              id,
+              r,
+              rest - external,
+              {
+                numNewComputedTokens: hit.numComputedTokens,
+                newComputedBlocks: hit.blocks,
+                numExternalComputedTokens: external,
+                numLookaheadTokens: o.lookahead,
+              },
+              hit.blocks,
+            );
             if (ok) reqs.set(id, { ...r, numComputed: o.len });
           } else if (o.op === 'decode') {
             const id = `r${o.r}`;
             const r = reqs.get(id);
             if (r === undefined) continue;
             r.tokens.push(decodeToken++);
-            if (allocate(id, r, 1, { numLookaheadTokens: o.lookahead }, config.groups.map(() => []))) r.numComputed = r.tokens.length;
+            if (
+              allocate(
+                id,
+                r,
+                1,
+                { numLookaheadTokens: o.lookahead },
+                config.groups.map(() => []),
+              )
+            )
+              r.numComputed = r.tokens.length;
             else r.tokens.pop();
           } else if (o.op === 'free' || o.op === 'detach') {
             const id = `r${o.r}`;
@@ -125,7 +163,8 @@ test('property: allocate/decode/free/detach/release/hit sequences keep page owne
             const flat = h.flat();
             assert.equal(new Set(flat).size, flat.length, 'a page twice in one request');
             h.forEach((ids, g) => {
-              if (config.groups[g]?.spec.type === 'mamba' && reqs.size + pending.length > 0) assert.ok(ids.length <= 1, 'Mamba holds one page');
+              if (config.groups[g]?.spec.type === 'mamba' && reqs.size + pending.length > 0)
+                assert.ok(ids.length <= 1, 'Mamba holds one page');
               for (const b of ids) {
                 assert.notEqual(b, 0, 'null block handed out');
                 assert.equal(groupOf.get(b) ?? g, g, `page ${b} in two groups`);
@@ -137,12 +176,14 @@ test('property: allocate/decode/free/detach/release/hit sequences keep page owne
           for (let b = 1; b < numBlocks; b++) {
             const block = pool.block(b);
             assert.equal(block.refCnt, count.get(b) ?? 0, `refCnt of page ${b}`);
-            if (block.refCnt > 1) assert.ok(enableCaching && block.blockHash !== null, `page ${b} shared without a prefix hit`);
+            if (block.refCnt > 1)
+              assert.ok(enableCaching && block.blockHash !== null, `page ${b} shared without a prefix hit`);
           }
           assert.equal(m.getNumFreeBlocks() + count.size + 1, numBlocks, 'pages conserved');
           for (const id of reqs.keys()) {
             config.groups.forEach((g, gi) => {
-              if (g.spec.type === 'mamba') assert.equal(m.getBlockIds(id)[gi]?.length, 1, 'a running request has its Mamba page');
+              if (g.spec.type === 'mamba')
+                assert.equal(m.getBlockIds(id)[gi]?.length, 1, 'a running request has its Mamba page');
             });
           }
         }

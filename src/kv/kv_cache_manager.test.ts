@@ -15,7 +15,11 @@ function manager(preset: ModelPreset, numBlocks: number, enableCaching = true): 
 }
 
 const prompt = (n: number, base = 100): number[] => Array.from({ length: n }, (_, i) => base + i);
-const req = (requestId: string, tokenIds: number[], numComputedTokens?: number): RequestTokens => ({ requestId, tokenIds, numComputedTokens });
+const req = (requestId: string, tokenIds: number[], numComputedTokens?: number): RequestTokens => ({
+  requestId,
+  tokenIds,
+  numComputedTokens,
+});
 
 test('attention pages are cdiv(total tokens, 16): prompt, decode growth, lookahead, external tokens', () => {
   const m = manager('llama-mini', 20, false);
@@ -25,7 +29,9 @@ test('attention pages are cdiv(total tokens, 16): prompt, decode growth, lookahe
   assert.deepEqual(m.allocateSlots(req('a', prompt(50), 49), 1, { numLookaheadTokens: 2 }), [[]]);
   assert.deepEqual(m.getBlockIds('a'), [[1, 2, 3, 4]]);
   // External tokens: 32 loaded + 1 new + 2 lookahead = 35 slots -> 3 pages.
-  assert.deepEqual(m.allocateSlots(req('b', prompt(33)), 1, { numExternalComputedTokens: 32, numLookaheadTokens: 2 }), [[5, 6, 7]]);
+  assert.deepEqual(m.allocateSlots(req('b', prompt(33)), 1, { numExternalComputedTokens: 32, numLookaheadTokens: 2 }), [
+    [5, 6, 7],
+  ]);
   assert.equal(m.numRequests(), 2);
   assert.equal(m.getNumFreeBlocks(), 19 - 7);
   m.free('a');
@@ -54,9 +60,17 @@ test('out of pages: null, and nothing changed (free count, pages, zeroing list, 
   const m = manager('dsv4-mini', 7); // 6 usable pages
   m.allocateSlots(req('a', prompt(32)), 32); // 2 pages per group
   m.takeNewBlockIds();
-  const before = JSON.stringify([m.getNumFreeBlocks(), m.blockPool.freeBlockIds(), m.getBlockIds('a'), m.numRequests()]);
+  const before = JSON.stringify([
+    m.getNumFreeBlocks(),
+    m.blockPool.freeBlockIds(),
+    m.getBlockIds('a'),
+    m.numRequests(),
+  ]);
   assert.equal(m.allocateSlots(req('b', prompt(40, 900)), 40), null); // needs 3 + 3 > 2 free
-  assert.equal(JSON.stringify([m.getNumFreeBlocks(), m.blockPool.freeBlockIds(), m.getBlockIds('a'), m.numRequests()]), before);
+  assert.equal(
+    JSON.stringify([m.getNumFreeBlocks(), m.blockPool.freeBlockIds(), m.getBlockIds('a'), m.numRequests()]),
+    before,
+  );
   assert.deepEqual(m.getBlockIds('b'), [[], []]);
   assert.deepEqual(m.takeNewBlockIds(), []);
 });
@@ -64,13 +78,32 @@ test('out of pages: null, and nothing changed (free count, pages, zeroing list, 
 test('prefix caching: a second request with the same prompt hits the full blocks of every group and touches them', () => {
   const m = manager('dsv4-mini', 20);
   const tokens = prompt(40);
-  assert.deepEqual(m.allocateSlots(req('a', tokens), 40), [[1, 2, 3], [4, 5, 6]]);
+  assert.deepEqual(m.allocateSlots(req('a', tokens), 40), [
+    [1, 2, 3],
+    [4, 5, 6],
+  ]);
   m.takeNewBlockIds();
   const hit = m.getComputedBlocks(req('b', tokens));
-  assert.deepEqual(hit, { blocks: [[1, 2], [4, 5]], numComputedTokens: 32 });
+  assert.deepEqual(hit, {
+    blocks: [
+      [1, 2],
+      [4, 5],
+    ],
+    numComputedTokens: 32,
+  });
   const added = m.allocateSlots(req('b', tokens), 8, { numNewComputedTokens: 32, newComputedBlocks: hit.blocks });
-  assert.deepEqual(added, [[1, 2, 7], [4, 5, 8]], 'hit pages first, then the new page');
-  assert.deepEqual([1, 2, 4, 5].map((id) => m.blockPool.block(id).refCnt), [2, 2, 2, 2]);
+  assert.deepEqual(
+    added,
+    [
+      [1, 2, 7],
+      [4, 5, 8],
+    ],
+    'hit pages first, then the new page',
+  );
+  assert.deepEqual(
+    [1, 2, 4, 5].map((id) => m.blockPool.block(id).refCnt),
+    [2, 2, 2, 2],
+  );
   assert.deepEqual(m.takeNewBlockIds(), [7, 8], 'prefix-hit pages are never recorded for zeroing');
   // Freed and cached, a hit on a free block takes it off the free queue.
   m.free('a');
@@ -81,7 +114,7 @@ test('prefix caching: a second request with the same prompt hits the full blocks
   assert.equal(m.getNumFreeBlocks(), free - 4 - 2);
 });
 
-test('prefix caching: every group\'s free hit pages are touched before any group takes fresh pages', () => {
+test("prefix caching: every group's free hit pages are touched before any group takes fresh pages", () => {
   // Regression (found by the property test): group 1's hit page sat at the free-queue head and was
   // popped as group 0's fresh page before group 1 touched it, so one page was held twice.
   const m = manager('dsv4-mini', 9); // 8 usable
@@ -92,7 +125,10 @@ test('prefix caching: every group\'s free hit pages are touched before any group
   m.free('x'); // queue 1, 2, 5, 4, 3, 8, 7, 6
   const hit = m.getComputedBlocks(req('b', tokens));
   assert.deepEqual(hit.blocks, [[1], [2]]);
-  assert.deepEqual(m.allocateSlots(req('b', tokens), 1, { numNewComputedTokens: 16, newComputedBlocks: hit.blocks }), [[1, 5], [2, 4]]);
+  assert.deepEqual(m.allocateSlots(req('b', tokens), 1, { numNewComputedTokens: 16, newComputedBlocks: hit.blocks }), [
+    [1, 5],
+    [2, 4],
+  ]);
   assert.equal(m.blockPool.block(2).refCnt, 1);
   m.blockPool.verify();
 });
@@ -101,7 +137,11 @@ test('prefix caching: never the whole prompt, off when disabled, off with a Mamb
   const tokens = prompt(32);
   const on = manager('llama-mini', 20);
   on.allocateSlots(req('a', tokens), 32);
-  assert.equal(on.getComputedBlocks(req('b', tokens)).numComputedTokens, 16, '2 cached blocks, but the last token must be computed');
+  assert.equal(
+    on.getComputedBlocks(req('b', tokens)).numComputedTokens,
+    16,
+    '2 cached blocks, but the last token must be computed',
+  );
   assert.equal(on.getComputedBlocks(req('b', prompt(33))).numComputedTokens, 32);
   assert.equal(on.getComputedBlocks(req('b', prompt(40, 7))).numComputedTokens, 0, 'different prompt');
   const off = manager('llama-mini', 20, false);
@@ -119,7 +159,7 @@ test('prefix caching: a cached free block is evicted when the pool hands it out 
   m.free('a'); // queue: 4, 3, 2, 1
   assert.equal(m.getComputedBlocks(req('b', tokens)).numComputedTokens, 32);
   m.allocateSlots(req('x', prompt(48, 5000)), 48); // takes 4, 3, 2: block 2 evicted
-  assert.equal(m.blockPool.block(2).blockHash !== null, true, 'block 2 now holds x\'s prefix');
+  assert.equal(m.blockPool.block(2).blockHash !== null, true, "block 2 now holds x's prefix");
   assert.equal(m.getComputedBlocks(req('b', tokens)).numComputedTokens, 16, 'block 1 still cached, block 2 gone');
   m.allocateSlots(req('y', prompt(16, 7000)), 16); // takes 1: evicted
   assert.equal(m.getComputedBlocks(req('b', tokens)).numComputedTokens, 0);
@@ -132,7 +172,10 @@ test('a hit that was evicted between getComputedBlocks and allocateSlots is an a
   m.free('a');
   const hit = m.getComputedBlocks(req('b', tokens));
   m.allocateSlots(req('x', prompt(48, 5000)), 48); // evicts everything
-  assert.throws(() => m.allocateSlots(req('b', tokens), 1, { numNewComputedTokens: 32, newComputedBlocks: hit.blocks }), /no longer holds/);
+  assert.throws(
+    () => m.allocateSlots(req('b', tokens), 1, { numNewComputedTokens: 32, newComputedBlocks: hit.blocks }),
+    /no longer holds/,
+  );
 });
 
 test('delayCacheBlocks: pages are published only by a later cacheBlocks', () => {
@@ -194,14 +237,20 @@ test('re-recording never reaches prefix-hit pages', () => {
   assert.throws(() => m.recordBlocksForZeroing('b', 16), /prefix-hit/);
   m.takeNewBlockIds();
   m.recordBlocksForZeroing('b', 32);
-  assert.deepEqual(m.takeNewBlockIds(), m.getBlockIds('b').map((g) => g[2]));
+  assert.deepEqual(
+    m.takeNewBlockIds(),
+    m.getBlockIds('b').map((g) => g[2]),
+  );
 });
 
 test('detach keeps pages held until freeBlockIds, which frees each group in reverse', () => {
   const m = manager('dsv4-mini', 9); // 8 usable
   m.allocateSlots(req('a', prompt(40)), 40); // [1,2,3] [4,5,6]
   const detached = m.detach('a');
-  assert.deepEqual(detached, [[1, 2, 3], [4, 5, 6]]);
+  assert.deepEqual(detached, [
+    [1, 2, 3],
+    [4, 5, 6],
+  ]);
   assert.equal(m.numRequests(), 0);
   assert.equal(m.getNumFreeBlocks(), 2, 'still held by the deferred-free fence');
   assert.equal(m.allocateSlots(req('b', prompt(40, 900)), 40), null, 'detached pages are not reusable yet');

@@ -89,7 +89,9 @@ export class KVCacheManager {
     );
     // A hit must be whole blocks in every group: round the common length down to the lcm of block sizes.
     const lcm = this.managers.reduce((acc, m) => (acc * m.blockSize) / gcd(acc, m.blockSize), 1);
-    const minTokens = Math.min(...hitsPerGroup.map((h, g) => h.length * defined(this.managers[g], 'manager').blockSize));
+    const minTokens = Math.min(
+      ...hitsPerGroup.map((h, g) => h.length * defined(this.managers[g], 'manager').blockSize),
+    );
     const numComputedTokens = Math.floor(minTokens / lcm) * lcm;
     const blocks = hitsPerGroup.map((h, g) =>
       h.slice(0, numComputedTokens / defined(this.managers[g], 'manager').blockSize).map((b) => b.blockId),
@@ -108,13 +110,20 @@ export class KVCacheManager {
     const numExternal = opts.numExternalComputedTokens ?? 0;
     const numLookahead = opts.numLookaheadTokens ?? 0;
     const hitIds = opts.newComputedBlocks ?? this.managers.map(() => []);
-    assert(isCount(numNewTokens) && isCount(numNewComputed) && isCount(numExternal) && isCount(numLookahead), () => `allocateSlots: bad counts new=${numNewTokens} hit=${numNewComputed} external=${numExternal} lookahead=${numLookahead}`);
+    assert(
+      isCount(numNewTokens) && isCount(numNewComputed) && isCount(numExternal) && isCount(numLookahead),
+      () =>
+        `allocateSlots: bad counts new=${numNewTokens} hit=${numNewComputed} external=${numExternal} lookahead=${numLookahead}`,
+    );
     assert(hitIds.length === this.numGroups, `newComputedBlocks needs one list per group (${this.numGroups})`);
     const holds = this.managers.some((m) => m.hasRequest(req.requestId));
     const numComputedBefore = holds
       ? defined(req.numComputedTokens, `numComputedTokens of request ${req.requestId}, which already holds pages`)
       : (req.numComputedTokens ?? 0);
-    assert(holds || numComputedBefore === 0, () => `request ${req.requestId} has ${numComputedBefore} computed tokens but no pages`);
+    assert(
+      holds || numComputedBefore === 0,
+      () => `request ${req.requestId} has ${numComputedBefore} computed tokens but no pages`,
+    );
     const totalComputed = numComputedBefore + numNewComputed + numExternal;
     const numTokensNeedSlot = totalComputed + numNewTokens + numLookahead;
 
@@ -127,9 +136,15 @@ export class KVCacheManager {
         assert(!holds, () => `request ${req.requestId} already holds pages; prefix hits are for its first allocation`);
       }
       if (!m.isMamba) {
-        assert(numNewComputed === hits.length * m.blockSize, () => `group ${g}: ${hits.length} hit pages do not cover ${numNewComputed} hit tokens`);
+        assert(
+          numNewComputed === hits.length * m.blockSize,
+          () => `group ${g}: ${hits.length} hit pages do not cover ${numNewComputed} hit tokens`,
+        );
         // Invariant: computed tokens already have pages.
-        assert(numComputedBefore <= m.numBlocksOf(req.requestId) * m.blockSize, () => `group ${g}: ${numComputedBefore} computed tokens exceed the request's pages`);
+        assert(
+          numComputedBefore <= m.numBlocksOf(req.requestId) * m.blockSize,
+          () => `group ${g}: ${numComputedBefore} computed tokens exceed the request's pages`,
+        );
       }
       const blocks = m.resolveHits(req.tokenIds, hits);
       const numNew = m.numBlocksToAllocate(req.requestId, numTokensNeedSlot, blocks.length);
@@ -165,7 +180,8 @@ export class KVCacheManager {
     const withdrawn = new Set(this.managers.flatMap((m) => m.uncacheFrom(requestId, startToken)));
     const holders = new Set<string>();
     for (const m of this.managers) {
-      for (const other of m.requestIds()) if (other !== requestId && m.blockIds(other).some((b) => withdrawn.has(b))) holders.add(other);
+      for (const other of m.requestIds())
+        if (other !== requestId && m.blockIds(other).some((b) => withdrawn.has(b))) holders.add(other);
     }
     return [...holders];
   }
@@ -196,7 +212,9 @@ export class KVCacheManager {
 
   /** Recording groups' pages of the request covering tokens [startToken, endToken). */
   getZeroingBlockIdsInRange(requestId: string, startToken: number, endToken: number): number[] {
-    return this.managers.filter((m) => m.recordsNewBlockIds).flatMap((m) => m.blockIdsInRange(requestId, startToken, endToken));
+    return this.managers
+      .filter((m) => m.recordsNewBlockIds)
+      .flatMap((m) => m.blockIdsInRange(requestId, startToken, endToken));
   }
 
   /** Record the request's pages from startToken (block aligned) on for zeroing again. */

@@ -97,9 +97,15 @@ test('the three layouts give different offsets for the same ids', () => {
 
 test('errors: unequal id lists, ids out of range, duplicate destinations, unsupported or ambiguous shapes', () => {
   const g = layerTransferGeometry([7, 4, 10], 1);
-  assert.throws(() => computeBlockTransferOffsets(g, 1, [1, 2], [3]), isCode('BAD_TRANSFER_PARAMS', /must have the same length/));
+  assert.throws(
+    () => computeBlockTransferOffsets(g, 1, [1, 2], [3]),
+    isCode('BAD_TRANSFER_PARAMS', /must have the same length/),
+  );
   assert.throws(() => computeBlockTransferOffsets(g, 1, [7], [1]), isCode('BAD_TRANSFER_PARAMS', /local block id 7/));
-  assert.throws(() => computeBlockTransferOffsets(g, 1, [1], [-1]), isCode('BAD_TRANSFER_PARAMS', /remote block id -1/));
+  assert.throws(
+    () => computeBlockTransferOffsets(g, 1, [1], [-1]),
+    isCode('BAD_TRANSFER_PARAMS', /remote block id -1/),
+  );
   assert.throws(() => computeBlockTransferOffsets(g, 1, [1, 1], [2, 3]), isCode('BAD_TRANSFER_PARAMS', /distinct/));
   assert.throws(() => layerTransferGeometry([2, 8, 4, 6], 2), isCode('BAD_CONFIG', /Unsupported K\/V cache shape/));
   assert.throws(() => layerTransferGeometry([3, 8, 4, 2, 2], 2), isCode('BAD_CONFIG', /neither/));
@@ -126,21 +132,32 @@ test('coalesce: sorts by local offset and merges only what is contiguous on both
 
 test('property: coalescing preserves every byte pairing (local byte x still comes from the same remote byte)', () => {
   fc.assert(
-    fc.property(fc.uniqueArray(fc.integer({ min: 0, max: 40 }), { maxLength: 20 }), fc.array(fc.integer({ min: 0, max: 40 }), { minLength: 20, maxLength: 20 }), (locals, remotes) => {
-      const ranges = locals.map((l, i) => ({ localOffset: l * 8, remoteOffset: (remotes[i] as number) * 8, length: 8 }));
-      const pairing = (rs: TransferRange[]) => {
-        const m = new Map<number, number>();
-        for (const r of rs) for (let k = 0; k < r.length; k++) m.set(r.localOffset + k, r.remoteOffset + k);
-        return [...m.entries()].sort((a, b) => a[0] - b[0]);
-      };
-      const merged = coalesce(ranges);
-      assert.deepEqual(pairing(merged), pairing(ranges));
-      for (let i = 1; i < merged.length; i++) {
-        const a = merged[i - 1] as TransferRange;
-        const b = merged[i] as TransferRange;
-        assert.ok(a.localOffset + a.length < b.localOffset || a.remoteOffset + a.length !== b.remoteOffset, 'a mergeable pair was left');
-      }
-    }),
+    fc.property(
+      fc.uniqueArray(fc.integer({ min: 0, max: 40 }), { maxLength: 20 }),
+      fc.array(fc.integer({ min: 0, max: 40 }), { minLength: 20, maxLength: 20 }),
+      (locals, remotes) => {
+        const ranges = locals.map((l, i) => ({
+          localOffset: l * 8,
+          remoteOffset: (remotes[i] as number) * 8,
+          length: 8,
+        }));
+        const pairing = (rs: TransferRange[]) => {
+          const m = new Map<number, number>();
+          for (const r of rs) for (let k = 0; k < r.length; k++) m.set(r.localOffset + k, r.remoteOffset + k);
+          return [...m.entries()].sort((a, b) => a[0] - b[0]);
+        };
+        const merged = coalesce(ranges);
+        assert.deepEqual(pairing(merged), pairing(ranges));
+        for (let i = 1; i < merged.length; i++) {
+          const a = merged[i - 1] as TransferRange;
+          const b = merged[i] as TransferRange;
+          assert.ok(
+            a.localOffset + a.length < b.localOffset || a.remoteOffset + a.length !== b.remoteOffset,
+            'a mergeable pair was left',
+          );
+        }
+      },
+    ),
   );
 });
 
@@ -164,7 +181,10 @@ test('our slabs: page offsets, whole-page ranges per slab, coalesced, multiples 
 test('our slabs: unequal lengths, negative, null-block, out-of-range ids and bad slabs are BAD_TRANSFER_PARAMS', () => {
   const config = makeKVCacheConfig(presetKVGroups('llama-mini'), 10);
   const bad = isCode('BAD_TRANSFER_PARAMS');
-  assert.throws(() => slabTransferRanges(config, [0], [1, 2], [1]), isCode('BAD_TRANSFER_PARAMS', /must have the same length/));
+  assert.throws(
+    () => slabTransferRanges(config, [0], [1, 2], [1]),
+    isCode('BAD_TRANSFER_PARAMS', /must have the same length/),
+  );
   assert.throws(() => slabTransferRanges(config, [0], [-1], [1]), bad);
   assert.throws(() => slabTransferRanges(config, [0], [0], [1]), bad);
   assert.throws(() => slabTransferRanges(config, [0], [1], [0]), bad);

@@ -27,12 +27,18 @@ export interface PageRange {
 
 /** Byte offset of page `blockId` inside any slab. */
 export function pageOffset(config: KVCacheConfig, blockId: number): number {
-  assert(Number.isInteger(blockId) && blockId >= 0 && blockId < config.numBlocks, `block id ${blockId} out of range [0, ${config.numBlocks})`);
+  assert(
+    Number.isInteger(blockId) && blockId >= 0 && blockId < config.numBlocks,
+    `block id ${blockId} out of range [0, ${config.numBlocks})`,
+  );
   return blockId * config.pageBytes;
 }
 
 export function pageRange(config: KVCacheConfig, slab: number, blockId: number): PageRange {
-  assert(Number.isInteger(slab) && slab >= 0 && slab < config.numSlabs, `slab ${slab} out of range [0, ${config.numSlabs})`);
+  assert(
+    Number.isInteger(slab) && slab >= 0 && slab < config.numSlabs,
+    `slab ${slab} out of range [0, ${config.numSlabs})`,
+  );
   return { slab, offset: pageOffset(config, blockId), length: config.pageBytes };
 }
 
@@ -63,7 +69,9 @@ export interface LayerTransferGeometry {
 }
 
 function badShape(layout: string, shape: readonly number[], why: string): HandoffError {
-  return new HandoffError('BAD_CONFIG', `Unsupported ${layout} cache shape [${shape.join(', ')}]: ${why}`, { shape: [...shape] });
+  return new HandoffError('BAD_CONFIG', `Unsupported ${layout} cache shape [${shape.join(', ')}]: ${why}`, {
+    shape: [...shape],
+  });
 }
 
 /** Geometry of a contiguous (row-major) cache tensor of `shape` with `elemSize`-byte elements. */
@@ -72,19 +80,31 @@ export function layerTransferGeometry(
   elemSize: number,
   opts: { remoteNumBlocks?: number; layout?: KvTensorLayout } = {},
 ): LayerTransferGeometry {
-  if (!shape.every((d) => Number.isInteger(d) && d > 0)) throw badShape('KV', shape, 'dimensions must be positive integers');
-  if (!(Number.isInteger(elemSize) && elemSize > 0)) throw new HandoffError('BAD_CONFIG', `element size must be a positive integer, got ${elemSize}`);
+  if (!shape.every((d) => Number.isInteger(d) && d > 0))
+    throw badShape('KV', shape, 'dimensions must be positive integers');
+  if (!(Number.isInteger(elemSize) && elemSize > 0))
+    throw new HandoffError('BAD_CONFIG', `element size must be a positive integer, got ${elemSize}`);
   const layout = opts.layout ?? inferLayout(shape);
   const numBlocks = layout === 'separated' ? (shape[1] as number) : (shape[0] as number);
   const remoteNumBlocks = opts.remoteNumBlocks ?? numBlocks;
-  if (!(Number.isInteger(remoteNumBlocks) && remoteNumBlocks > 0)) throw new HandoffError('BAD_CONFIG', `remoteNumBlocks must be a positive integer, got ${remoteNumBlocks}`);
+  if (!(Number.isInteger(remoteNumBlocks) && remoteNumBlocks > 0))
+    throw new HandoffError('BAD_CONFIG', `remoteNumBlocks must be a positive integer, got ${remoteNumBlocks}`);
   if (layout === 'mla') {
     if (shape.length !== 3) throw badShape('MLA', shape, 'expected [numBlocks, blockSize, latent]');
     const [, bs, latent] = shape as [number, number, number];
     const slotBytes = latent * elemSize;
     return {
-      layout, numBlocks, remoteNumBlocks, blockSize: bs, blockLen: bs * slotBytes, slotBytes, blockStride: bs * latent,
-      localKvStride: null, remoteKvStride: null, transfersPerBlock: 1, splitKvRegions: false,
+      layout,
+      numBlocks,
+      remoteNumBlocks,
+      blockSize: bs,
+      blockLen: bs * slotBytes,
+      slotBytes,
+      blockStride: bs * latent,
+      localKvStride: null,
+      remoteKvStride: null,
+      transfersPerBlock: 1,
+      splitKvRegions: false,
     };
   }
   if (shape.length !== 5) throw badShape('K/V', shape, 'expected rank 5 [2, NB, bs, H, D] or [NB, 2, bs, H, D]');
@@ -94,22 +114,40 @@ export function layerTransferGeometry(
   if (layout === 'separated') {
     if (a !== 2) throw badShape('K/V', shape, 'separated layout needs shape[0] == 2');
     return {
-      layout, numBlocks, remoteNumBlocks, blockSize: bs, blockLen: blockElems * elemSize, slotBytes: slotElems * elemSize,
-      blockStride: blockElems, localKvStride: b * blockElems, remoteKvStride: remoteNumBlocks * blockElems,
-      transfersPerBlock: 2, splitKvRegions: true,
+      layout,
+      numBlocks,
+      remoteNumBlocks,
+      blockSize: bs,
+      blockLen: blockElems * elemSize,
+      slotBytes: slotElems * elemSize,
+      blockStride: blockElems,
+      localKvStride: b * blockElems,
+      remoteKvStride: remoteNumBlocks * blockElems,
+      transfersPerBlock: 2,
+      splitKvRegions: true,
     };
   }
   if (b !== 2) throw badShape('K/V', shape, 'interleaved layout needs shape[1] == 2');
   return {
-    layout, numBlocks, remoteNumBlocks, blockSize: bs, blockLen: blockElems * elemSize, slotBytes: slotElems * elemSize,
-    blockStride: 2 * blockElems, localKvStride: blockElems, remoteKvStride: blockElems, transfersPerBlock: 2, splitKvRegions: false,
+    layout,
+    numBlocks,
+    remoteNumBlocks,
+    blockSize: bs,
+    blockLen: blockElems * elemSize,
+    slotBytes: slotElems * elemSize,
+    blockStride: 2 * blockElems,
+    localKvStride: blockElems,
+    remoteKvStride: blockElems,
+    transfersPerBlock: 2,
+    splitKvRegions: false,
   };
 }
 
 function inferLayout(shape: readonly number[]): KvTensorLayout {
   if (shape.length === 3) return 'mla';
   if (shape.length !== 5) throw badShape('K/V', shape, `rank ${shape.length} is none of the three layouts`);
-  if (shape[0] === 2 && shape[1] === 2) throw badShape('K/V', shape, 'ambiguous (2 blocks and 2 K/V): pass opts.layout');
+  if (shape[0] === 2 && shape[1] === 2)
+    throw badShape('K/V', shape, 'ambiguous (2 blocks and 2 K/V): pass opts.layout');
   if (shape[0] === 2) return 'separated';
   if (shape[1] === 2) return 'interleaved';
   throw badShape('K/V', shape, 'neither shape[0] nor shape[1] is the K/V axis of size 2');
@@ -137,10 +175,16 @@ function checkIds(what: string, ids: readonly number[], min: number, limit: numb
 
 function checkPairs(localIds: readonly number[], remoteIds: readonly number[]): void {
   if (localIds.length !== remoteIds.length) {
-    throw new HandoffError('BAD_TRANSFER_PARAMS', `local and remote block ids must have the same length (${localIds.length} vs ${remoteIds.length})`);
+    throw new HandoffError(
+      'BAD_TRANSFER_PARAMS',
+      `local and remote block ids must have the same length (${localIds.length} vs ${remoteIds.length})`,
+    );
   }
   if (new Set(localIds).size !== localIds.length) {
-    throw new HandoffError('BAD_TRANSFER_PARAMS', `local block ids must be distinct: two copies into one page (${localIds.join(',')})`);
+    throw new HandoffError(
+      'BAD_TRANSFER_PARAMS',
+      `local block ids must be distinct: two copies into one page (${localIds.join(',')})`,
+    );
   }
 }
 
@@ -155,7 +199,10 @@ export function computeBlockTransferOffsets(
   checkPairs(localIds, remoteIds);
   const g = geometry;
   // Invariant: the geometry was derived with this element size (a K or V block is blockLen bytes).
-  assert(g.blockLen === (g.layout === 'interleaved' ? (g.localKvStride as number) : g.blockStride) * elemSize, `element size ${elemSize} does not match the geometry`);
+  assert(
+    g.blockLen === (g.layout === 'interleaved' ? (g.localKvStride as number) : g.blockStride) * elemSize,
+    `element size ${elemSize} does not match the geometry`,
+  );
   const remoteN = remoteNumBlocks ?? g.remoteNumBlocks;
   checkIds('local block id', localIds, 0, g.numBlocks);
   checkIds('remote block id', remoteIds, 0, remoteN);
@@ -163,7 +210,11 @@ export function computeBlockTransferOffsets(
   const ranges: TransferRange[] = [];
   localIds.forEach((lb, i) => {
     const rb = remoteIds[i] as number;
-    ranges.push({ localOffset: elemSize * lb * g.blockStride, remoteOffset: elemSize * rb * g.blockStride, length: g.blockLen });
+    ranges.push({
+      localOffset: elemSize * lb * g.blockStride,
+      remoteOffset: elemSize * rb * g.blockStride,
+      length: g.blockLen,
+    });
     if (g.transfersPerBlock === 2) {
       ranges.push({
         localOffset: elemSize * ((g.localKvStride as number) + lb * g.blockStride),
@@ -173,7 +224,11 @@ export function computeBlockTransferOffsets(
     }
   });
   const merged = coalesce(ranges);
-  return { localOffsets: merged.map((r) => r.localOffset), remoteOffsets: merged.map((r) => r.remoteOffset), sizes: merged.map((r) => r.length) };
+  return {
+    localOffsets: merged.map((r) => r.localOffset),
+    remoteOffsets: merged.map((r) => r.remoteOffset),
+    sizes: merged.map((r) => r.length),
+  };
 }
 
 /** Sort by local offset and merge runs that are contiguous on both the local and the remote side. */
@@ -216,7 +271,8 @@ export function slabTransferRanges(
   checkIds('local block id', localIds, 1, config.numBlocks);
   checkIds('remote block id', remoteIds, 1, opts.remoteNumBlocks ?? Number.MAX_SAFE_INTEGER);
   checkIds('slab', slabs, 0, config.numSlabs);
-  if (new Set(slabs).size !== slabs.length) throw new HandoffError('BAD_TRANSFER_PARAMS', `slabs must be distinct (${slabs.join(',')})`);
+  if (new Set(slabs).size !== slabs.length)
+    throw new HandoffError('BAD_TRANSFER_PARAMS', `slabs must be distinct (${slabs.join(',')})`);
   const pages = localIds.map((lb, i) => ({
     localOffset: lb * config.pageBytes,
     remoteOffset: (remoteIds[i] as number) * config.pageBytes,

@@ -24,10 +24,14 @@ export function watchStream(lc: PageLifecycle, stream: Stream, pageBytes: number
       const op = sub.op;
       if (op.kind === 'zero') lc.zeroEnqueued(opId, op.blockIds, op.slabs);
       if (op.kind === 'kernel') lc.forwardEnqueued(opId, sub.footprint ?? []);
-      if (op.kind === 'copy') lc.forwardEnqueued(opId, op.pairs.flatMap(([src, dst]) => [
-        { slab: 0, block: src, start: 0, end: pageBytes, write: false },
-        { slab: 0, block: dst, start: 0, end: pageBytes, write: true },
-      ]));
+      if (op.kind === 'copy')
+        lc.forwardEnqueued(
+          opId,
+          op.pairs.flatMap(([src, dst]) => [
+            { slab: 0, block: src, start: 0, end: pageBytes, write: false },
+            { slab: 0, block: dst, start: 0, end: pageBytes, write: true },
+          ]),
+        );
     },
     executed(opId) {
       // Op ids are unique per device: each call ignores an id it was not told about (a sleep op).

@@ -10,7 +10,13 @@ import { SeededRng } from '../util/env.ts';
 import { decodeFp8E4m3 } from './codecs.ts';
 import { KVCacheManager } from './kv_cache_manager.ts';
 import { pageRange, slabBytes } from './layout.ts';
-import { compressorSlotSpan, fullAttentionSlotSpans, mambaStateSpans, mlaSlotSpans, type ByteSpan } from './page_format.ts';
+import {
+  compressorSlotSpan,
+  fullAttentionSlotSpans,
+  mambaStateSpans,
+  mlaSlotSpans,
+  type ByteSpan,
+} from './page_format.ts';
 import { MODEL_PRESETS, presetKVGroups } from './presets.ts';
 import { attentionSlabs, makeKVCacheConfig, realPageBytes, type KVCacheSpec, type MLAAttentionSpec } from './spec.ts';
 
@@ -81,7 +87,8 @@ test('why zeroing exists: stale f32 compressor bytes read as fp8 MLA latent are 
     const values = normals(rng, 16 * compGroup.spec.stateDim);
     for (let t = 0; t < 16; t++) {
       const span = compressorSlotSpan(compGroup.spec, t);
-      for (let k = 0; k < compGroup.spec.stateDim; k++) view.setFloat32(span.offset + 4 * k, values[t * compGroup.spec.stateDim + k]!, true);
+      for (let k = 0; k < compGroup.spec.stateDim; k++)
+        view.setFloat32(span.offset + 4 * k, values[t * compGroup.spec.stateDim + k]!, true);
     }
   }
   // Free A (queue 3, 1, 2), B takes 3 and 1, free B (queue 2, 3, 1): C's MLA page is the compressor's old page 2.
@@ -96,8 +103,12 @@ test('why zeroing exists: stale f32 compressor bytes read as fp8 MLA latent are 
   const latentOfMlaPage = (): number[] =>
     mlaGroup.layerNames.flatMap((_, slab) => {
       const page = pageRange(config, slab, 2);
-      return Array.from({ length: 16 }, (_, t) => mlaSlotSpans(mlaGroup.spec as MLAAttentionSpec, t).latent).flatMap((span) =>
-        Array.from(slabs[slab]!.subarray(page.offset + span.offset, page.offset + span.offset + span.length), decodeFp8E4m3),
+      return Array.from({ length: 16 }, (_, t) => mlaSlotSpans(mlaGroup.spec as MLAAttentionSpec, t).latent).flatMap(
+        (span) =>
+          Array.from(
+            slabs[slab]!.subarray(page.offset + span.offset, page.offset + span.offset + span.length),
+            decodeFp8E4m3,
+          ),
       );
     });
   /** A fully masked attention row: weight 0 for every position, value = the decoded latent. */

@@ -1,7 +1,8 @@
 /**
  * Byte layout inside one page, per spec (offsets relative to the page start; see spec.ts):
  *
- *   mla:            slot t at t*tokenBytes: [ latent fp8 (latentDim) | rope bf16 (ropeDim*2) | scales f32 ((latentDim/scaleTile)*4) ]
+ *   mla:            slot t at t*tokenBytes:
+ *                   [ latent fp8 (latentDim) | rope bf16 (ropeDim*2) | scales f32 ((latentDim/scaleTile)*4) ]
  *   full_attention: K of slot t at t*H*D*2, V of slot t at blockSize*H*D*2 + t*H*D*2
  *   compressor:     slot t at t*stateDim*4 (f32)
  *   mamba:          [ conv state convWidth x convDim f32 | ssm state convDim x ssmStateDim f32 ]
@@ -9,7 +10,13 @@
  * Bytes from realPageBytes(spec) to the padded page end belong to nobody and are never read.
  */
 import { assert } from '../util/assert.ts';
-import { tokenBytes, type CompressorSpec, type FullAttentionSpec, type MambaSpec, type MLAAttentionSpec } from './spec.ts';
+import {
+  tokenBytes,
+  type CompressorSpec,
+  type FullAttentionSpec,
+  type MambaSpec,
+  type MLAAttentionSpec,
+} from './spec.ts';
 
 export interface ByteSpan {
   offset: number;
@@ -20,7 +27,10 @@ function checkSlot(blockSize: number, slot: number): void {
   assert(Number.isInteger(slot) && slot >= 0 && slot < blockSize, `token slot ${slot} outside a block of ${blockSize}`);
 }
 
-export function mlaSlotSpans(spec: MLAAttentionSpec, slot: number): { latent: ByteSpan; rope: ByteSpan; scales: ByteSpan } {
+export function mlaSlotSpans(
+  spec: MLAAttentionSpec,
+  slot: number,
+): { latent: ByteSpan; rope: ByteSpan; scales: ByteSpan } {
   checkSlot(spec.blockSize, slot);
   const base = slot * tokenBytes(spec);
   const ropeAt = base + spec.latentDim;

@@ -15,7 +15,8 @@ function make(zeroing = true): { lc: PageLifecycle; seen: LifecycleViolation[] }
   return { lc: new PageLifecycle('D', 8, PAGE, zeroing, [0, 1], (v) => seen.push(v)), seen };
 }
 
-const reads = (blocks: number[]): PageAccess[] => blocks.map((block) => ({ slab: 0, block, start: 0, end: PAGE, write: false }));
+const reads = (blocks: number[]): PageAccess[] =>
+  blocks.map((block) => ({ slab: 0, block, start: 0, end: PAGE, write: false }));
 const slot = (block: number): PageAccess => ({ slab: 0, block, start: 0, end: 8, write: true });
 const codes = (seen: LifecycleViolation[]): string[] => [...new Set(seen.map((v) => v.invariant))];
 
@@ -135,122 +136,295 @@ interface Site {
 const SITES: Site[] = [
   {
     name: 'allocated(): a page allocated twice without a free in between (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.allocated([1], true); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.allocated([1], true);
+    },
     expect: [['I4', 1, /allocated twice/]],
-    good: (lc) => { lc.allocated([1], true); lc.freed([1]); lc.allocated([1], true); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.freed([1]);
+      lc.allocated([1], true);
+    },
   },
   {
     name: 'freed(): a page freed while a transfer still writes into it (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.freed([1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.freed([1]);
+    },
     expect: [['I4', 1, /freed while transfer 10 is still writing into it/]],
-    good: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.inboundDone(10, [1], true); lc.freed([1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.inboundDone(10, [1], true);
+      lc.freed([1]);
+    },
   },
   {
     name: 'freed(): a page freed while granted to a peer (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.grant('t1', [1], true); lc.freed([1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.grant('t1', [1], true);
+      lc.freed([1]);
+    },
     expect: [['I4', 1, /freed while granted to a peer \(transfer t1\)/]],
-    good: (lc) => { lc.allocated([1], true); lc.grant('t1', [1], true); lc.grant('t1', [1], false); lc.freed([1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.grant('t1', [1], true);
+      lc.grant('t1', [1], false);
+      lc.freed([1]);
+    },
   },
   {
     name: 'zeroEnqueued(): a zero op that does not cover exactly the attention slabs (I6)',
-    bad: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0]);
+    },
     expect: [['I6', null, /zero op 1 covers slabs 0, attention slabs are 0,1/]],
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [1, 0]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [1, 0]);
+    },
   },
   {
     name: 'zeroEnqueued(): zeroing queued for a page the instance does not own (I6)',
-    bad: (lc) => { lc.zeroEnqueued(1, [7], [0, 1]); },
+    bad: (lc) => {
+      lc.zeroEnqueued(1, [7], [0, 1]);
+    },
     expect: [['I6', 7, /zeroing queued for a page the instance does not own \(op 1\)/]],
-    good: (lc) => { lc.allocated([7], true); lc.zeroEnqueued(1, [7], [0, 1]); lc.zeroEnqueued(2, [0], [0, 1]); },
+    good: (lc) => {
+      lc.allocated([7], true);
+      lc.zeroEnqueued(1, [7], [0, 1]);
+      lc.zeroEnqueued(2, [0], [0, 1]);
+    },
   },
   {
     name: 'zeroEnqueued(): zeroing queued while a transfer writes the page (I1)',
-    bad: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.zeroEnqueued(1, [1], [0, 1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+    },
     expect: [['I1', 1, /zeroing queued while transfer 10 writes the page \(op 1\)/]],
     // The same zeroing, of the neighbouring page: a READ into page 1 does not forbid zeroing page 2.
-    good: (lc) => { lc.allocated([1, 2], true); lc.inboundPosted(10, [1]); lc.zeroEnqueued(1, [2], [0, 1]); },
+    good: (lc) => {
+      lc.allocated([1, 2], true);
+      lc.inboundPosted(10, [1]);
+      lc.zeroEnqueued(1, [2], [0, 1]);
+    },
   },
   {
     name: 'zeroRan(): a zeroing from an earlier allocation lands on the page’s new owner (I1)',
-    bad: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.freed([1]); lc.allocated([1], true); lc.zeroRan(1); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.freed([1]);
+      lc.allocated([1], true);
+      lc.zeroRan(1);
+    },
     expect: [['I1', 1, /zeroing from an earlier allocation \(op 1\) landed on the page's new owner/]],
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.zeroRan(1); lc.freed([1]); lc.allocated([1], true); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.zeroRan(1);
+      lc.freed([1]);
+      lc.allocated([1], true);
+    },
   },
   {
     name: 'zeroRan(): a zeroing that runs after a transfer landed wipes it (I1)',
     // Unreachable without first posting the READ over the queued zeroing (inboundPosted()'s report);
     // the wipe itself is the second, distinct report.
-    bad: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.inboundPosted(10, [1]); lc.inboundDone(10, [1], true); lc.zeroRan(1); },
-    expect: [['I1', 1, /transfer 10 writes the page while its zeroing is still queued/], ['I1', 1, /zeroing \(op 1\) ran after a transfer landed and wiped it/]],
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.zeroRan(1); lc.inboundPosted(10, [1]); lc.inboundDone(10, [1], true); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.inboundPosted(10, [1]);
+      lc.inboundDone(10, [1], true);
+      lc.zeroRan(1);
+    },
+    expect: [
+      ['I1', 1, /transfer 10 writes the page while its zeroing is still queued/],
+      ['I1', 1, /zeroing \(op 1\) ran after a transfer landed and wiped it/],
+    ],
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.zeroRan(1);
+      lc.inboundPosted(10, [1]);
+      lc.inboundDone(10, [1], true);
+    },
   },
   {
     name: 'forwardEnqueued(): a forward enqueued that reads a freed page (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.zeroRan(1); lc.freed([1]); lc.forwardEnqueued(2, reads([1])); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.zeroRan(1);
+      lc.freed([1]);
+      lc.forwardEnqueued(2, reads([1]));
+    },
     expect: [['I4', 1, /forward \(op 2\) reads a freed page/]],
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.zeroRan(1); lc.forwardEnqueued(2, reads([1])); lc.forwardRan(2); lc.freed([1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.zeroRan(1);
+      lc.forwardEnqueued(2, reads([1]));
+      lc.forwardRan(2);
+      lc.freed([1]);
+    },
   },
   {
     name: 'forwardEnqueued(): a forward enqueued that writes a freed page (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.freed([1]); lc.forwardEnqueued(2, [slot(1)]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.freed([1]);
+      lc.forwardEnqueued(2, [slot(1)]);
+    },
     expect: [['I4', 1, /forward \(op 2\) writes a freed page/]],
-    good: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, [slot(1)]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, [slot(1)]);
+    },
   },
   {
     name: 'forwardEnqueued(): a forward enqueued before a READ into its page landed (I3)',
-    bad: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.forwardEnqueued(2, reads([1])); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.forwardEnqueued(2, reads([1]));
+    },
     expect: [['I3', 1, /forward \(op 2\) enqueued before transfer 10 into the page landed/]],
-    good: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.inboundDone(10, [1], true); lc.forwardEnqueued(2, reads([1])); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.inboundDone(10, [1], true);
+      lc.forwardEnqueued(2, reads([1]));
+    },
   },
   {
     name: 'forwardEnqueued(): a forward reads a fresh page neither zeroed nor landed (I2)',
-    bad: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, reads([1])); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, reads([1]));
+    },
     expect: [['I2', 1, /forward \(op 2\) reads a page that was neither zeroed nor filled by a transfer/]],
     // Zeroing queued ahead of the forward on the same stream is enough (FIFO).
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.forwardEnqueued(2, reads([1])); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.forwardEnqueued(2, reads([1]));
+    },
   },
   {
     name: 'forwardRan(): a forward wrote its page after the page was freed (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, [slot(1)]); lc.freed([1]); lc.forwardRan(2); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, [slot(1)]);
+      lc.freed([1]);
+      lc.forwardRan(2);
+    },
     expect: [['I4', 1, /forward \(op 2\) wrote the page after it was freed$/]],
-    good: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, [slot(1)]); lc.forwardRan(2); lc.freed([1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, [slot(1)]);
+      lc.forwardRan(2);
+      lc.freed([1]);
+    },
   },
   {
     name: 'forwardRan(): a forward wrote its page after the page was freed and reallocated to a new owner (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, [slot(1)]); lc.freed([1]); lc.allocated([1], true); lc.forwardRan(2); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, [slot(1)]);
+      lc.freed([1]);
+      lc.allocated([1], true);
+      lc.forwardRan(2);
+    },
     expect: [['I4', 1, /forward \(op 2\) wrote the page after it was freed and reallocated/]],
-    good: (lc) => { lc.allocated([1], true); lc.forwardEnqueued(2, [slot(1)]); lc.forwardRan(2); lc.freed([1]); lc.allocated([1], true); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.forwardEnqueued(2, [slot(1)]);
+      lc.forwardRan(2);
+      lc.freed([1]);
+      lc.allocated([1], true);
+    },
   },
   {
     name: 'inboundPosted(): a transfer into a free page (I4)',
-    bad: (lc) => { lc.inboundPosted(10, [1]); },
+    bad: (lc) => {
+      lc.inboundPosted(10, [1]);
+    },
     expect: [['I4', 1, /transfer 10 targets a free page/]],
-    good: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+    },
   },
   {
     name: 'inboundPosted(): a transfer that overwrites a prefix-hit page (I4)',
-    bad: (lc) => { lc.allocated([1], false); lc.inboundPosted(10, [1]); },
+    bad: (lc) => {
+      lc.allocated([1], false);
+      lc.inboundPosted(10, [1]);
+    },
     expect: [['I4', 1, /transfer 10 overwrites a prefix-hit page/]],
-    good: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+    },
   },
   {
     name: 'inboundPosted(): a transfer into a page whose zeroing is still queued (I1)',
-    bad: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.inboundPosted(10, [1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.inboundPosted(10, [1]);
+    },
     expect: [['I1', 1, /transfer 10 writes the page while its zeroing is still queued/]],
-    good: (lc) => { lc.allocated([1], true); lc.zeroEnqueued(1, [1], [0, 1]); lc.zeroRan(1); lc.inboundPosted(10, [1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.zeroEnqueued(1, [1], [0, 1]);
+      lc.zeroRan(1);
+      lc.inboundPosted(10, [1]);
+    },
   },
   {
     name: 'inboundDone(): a transfer landed in a freed page (I4)',
     // Freeing under the transfer is itself reported (freed()); the landing is a second, distinct report.
-    bad: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.freed([1]); lc.inboundDone(10, [1], true); },
-    expect: [['I4', 1, /freed while transfer 10 is still writing/], ['I4', 1, /transfer 10 landed in a freed page/]],
-    good: (lc) => { lc.allocated([1], true); lc.inboundPosted(10, [1]); lc.inboundDone(10, [1], true); lc.freed([1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.freed([1]);
+      lc.inboundDone(10, [1], true);
+    },
+    expect: [
+      ['I4', 1, /freed while transfer 10 is still writing/],
+      ['I4', 1, /transfer 10 landed in a freed page/],
+    ],
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.inboundPosted(10, [1]);
+      lc.inboundDone(10, [1], true);
+      lc.freed([1]);
+    },
   },
   {
     name: 'outboundRan(): a transfer read a producer page after it was freed (I4)',
-    bad: (lc) => { lc.allocated([1], true); lc.outboundPosted(10, [1]); lc.freed([1]); lc.outboundRan(10, [1]); },
+    bad: (lc) => {
+      lc.allocated([1], true);
+      lc.outboundPosted(10, [1]);
+      lc.freed([1]);
+      lc.outboundRan(10, [1]);
+    },
     expect: [['I4', 1, /transfer 10 read the page after it was freed/]],
-    good: (lc) => { lc.allocated([1], true); lc.outboundPosted(10, [1]); lc.outboundRan(10, [1]); lc.freed([1]); },
+    good: (lc) => {
+      lc.allocated([1], true);
+      lc.outboundPosted(10, [1]);
+      lc.outboundRan(10, [1]);
+      lc.freed([1]);
+    },
   },
 ];
 

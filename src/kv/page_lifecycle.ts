@@ -62,8 +62,17 @@ export class PageLifecycle {
   ) {
     this.attnSlabs = new Set(attnSlabs);
     this.pages = Array.from({ length: numBlocks }, (_, b) => ({
-      state: b === 0 ? 'in-use' : 'free', allocated: b === 0, epoch: 0, content: 'valid', hit: false, zeroQueued: b === 0,
-      pendingZeros: 0, inbound: new Set(), outbound: new Set(), grants: new Set(), history: [],
+      state: b === 0 ? 'in-use' : 'free',
+      allocated: b === 0,
+      epoch: 0,
+      content: 'valid',
+      hit: false,
+      zeroQueued: b === 0,
+      pendingZeros: 0,
+      inbound: new Set(),
+      outbound: new Set(),
+      grants: new Set(),
+      history: [],
     }));
   }
 
@@ -91,7 +100,12 @@ export class PageLifecycle {
 
   private violate(invariant: Invariant, block: number | null, message: string): void {
     const hist = block === null ? '' : ` [history: ${this.history(block)}]`;
-    this.report({ invariant, instance: this.instance, block, message: `${this.instance} block ${block ?? '-'}: ${message}${hist}` });
+    this.report({
+      invariant,
+      instance: this.instance,
+      block,
+      message: `${this.instance} block ${block ?? '-'}: ${message}${hist}`,
+    });
   }
 
   /** Pages taken from the pool: `fresh` when popped (stale bytes), not when a prefix hit revived them. */
@@ -113,9 +127,11 @@ export class PageLifecycle {
   freed(blocks: readonly number[]): void {
     for (const b of blocks) {
       const p = this.page(b);
-      if (p.inbound.size > 0) this.violate('I4', b, `freed while transfer ${[...p.inbound].join(',')} is still writing into it`);
+      if (p.inbound.size > 0)
+        this.violate('I4', b, `freed while transfer ${[...p.inbound].join(',')} is still writing into it`);
       // A transfer still queued to read the page is harmless once its grant is gone (it will be refused).
-      if (p.grants.size > 0) this.violate('I4', b, `freed while granted to a peer (transfer ${[...p.grants].join(',')})`);
+      if (p.grants.size > 0)
+        this.violate('I4', b, `freed while granted to a peer (transfer ${[...p.grants].join(',')})`);
       p.allocated = false;
       this.move(b, 'freed', 'pool');
     }
@@ -123,11 +139,14 @@ export class PageLifecycle {
 
   zeroEnqueued(opId: number, blocks: readonly number[], slabs: readonly number[]): void {
     const attn = [...this.attnSlabs].sort((a, b) => a - b).join(',');
-    if ([...slabs].sort((a, b) => a - b).join(',') !== attn) this.violate('I6', null, `zero op ${opId} covers slabs ${slabs.join(',')}, attention slabs are ${attn}`);
+    if ([...slabs].sort((a, b) => a - b).join(',') !== attn)
+      this.violate('I6', null, `zero op ${opId} covers slabs ${slabs.join(',')}, attention slabs are ${attn}`);
     for (const b of blocks) {
       const p = this.page(b);
-      if (b !== 0 && !p.allocated) this.violate('I6', b, `zeroing queued for a page the instance does not own (op ${opId})`);
-      if (p.inbound.size > 0) this.violate('I1', b, `zeroing queued while transfer ${[...p.inbound].join(',')} writes the page (op ${opId})`);
+      if (b !== 0 && !p.allocated)
+        this.violate('I6', b, `zeroing queued for a page the instance does not own (op ${opId})`);
+      if (p.inbound.size > 0)
+        this.violate('I1', b, `zeroing queued while transfer ${[...p.inbound].join(',')} writes the page (op ${opId})`);
       p.pendingZeros++;
       p.zeroQueued = true;
       this.move(b, 'zero-queued', `op ${opId}`);
@@ -142,8 +161,10 @@ export class PageLifecycle {
     z.blocks.forEach((b, i) => {
       const p = this.page(b);
       p.pendingZeros--;
-      if (p.epoch !== z.epochs[i] && p.allocated) this.violate('I1', b, `zeroing from an earlier allocation (op ${opId}) landed on the page's new owner`);
-      else if (p.state === 'landed') this.violate('I1', b, `zeroing (op ${opId}) ran after a transfer landed and wiped it`);
+      if (p.epoch !== z.epochs[i] && p.allocated)
+        this.violate('I1', b, `zeroing from an earlier allocation (op ${opId}) landed on the page's new owner`);
+      else if (p.state === 'landed')
+        this.violate('I1', b, `zeroing (op ${opId}) ran after a transfer landed and wiped it`);
       if (p.pendingZeros === 0 && p.epoch === z.epochs[i]) p.content = 'valid';
       this.move(b, 'zeroed', `op ${opId}`);
     });
@@ -159,16 +180,26 @@ export class PageLifecycle {
       const key = `${a.block}:${a.write}`;
       if (seen.has(key)) continue;
       seen.add(key);
-      if (!p.allocated) this.violate('I4', a.block, `forward (op ${opId}) ${a.write ? 'writes' : 'reads'} a freed page`);
+      if (!p.allocated)
+        this.violate('I4', a.block, `forward (op ${opId}) ${a.write ? 'writes' : 'reads'} a freed page`);
       if (a.write) {
         writes.push({ block: a.block, epoch: p.epoch });
         // A whole-page write (a Mamba state page; slabs are shared by groups) leaves no stale byte.
         if (a.start === 0 && a.end === this.pageBytes) p.content = 'valid';
         continue;
       }
-      if (p.inbound.size > 0) this.violate('I3', a.block, `forward (op ${opId}) enqueued before transfer ${[...p.inbound].join(',')} into the page landed`);
+      if (p.inbound.size > 0)
+        this.violate(
+          'I3',
+          a.block,
+          `forward (op ${opId}) enqueued before transfer ${[...p.inbound].join(',')} into the page landed`,
+        );
       else if (this.zeroing && p.content === 'fresh' && !p.zeroQueued) {
-        this.violate('I2', a.block, `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`);
+        this.violate(
+          'I2',
+          a.block,
+          `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`,
+        );
       }
     }
     this.forwards.set(opId, { writes });
@@ -180,7 +211,12 @@ export class PageLifecycle {
     this.forwards.delete(opId);
     for (const w of f.writes) {
       const p = this.page(w.block);
-      if (!p.allocated || p.epoch !== w.epoch) this.violate('I4', w.block, `forward (op ${opId}) wrote the page after it was freed${p.allocated ? ' and reallocated' : ''}`);
+      if (!p.allocated || p.epoch !== w.epoch)
+        this.violate(
+          'I4',
+          w.block,
+          `forward (op ${opId}) wrote the page after it was freed${p.allocated ? ' and reallocated' : ''}`,
+        );
       else this.move(w.block, 'in-use', `op ${opId}`);
     }
   }
@@ -190,8 +226,14 @@ export class PageLifecycle {
     for (const b of blocks) {
       const p = this.page(b);
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
-      else if (p.hit) this.violate('I4', b, `transfer ${itemId} overwrites a prefix-hit page (valid KV that other requests may be reading)`);
-      if (p.pendingZeros > 0) this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
+      else if (p.hit)
+        this.violate(
+          'I4',
+          b,
+          `transfer ${itemId} overwrites a prefix-hit page (valid KV that other requests may be reading)`,
+        );
+      if (p.pendingZeros > 0)
+        this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
       p.inbound.add(itemId);
       this.move(b, 'read-posted', `wr ${itemId}`);
     }
@@ -215,7 +257,8 @@ export class PageLifecycle {
 
   /** The transfer reads the pages now: they must still hold what was granted. */
   outboundRan(itemId: number, blocks: readonly number[]): void {
-    for (const b of blocks) if (!this.page(b).allocated) this.violate('I4', b, `transfer ${itemId} read the page after it was freed`);
+    for (const b of blocks)
+      if (!this.page(b).allocated) this.violate('I4', b, `transfer ${itemId} read the page after it was freed`);
     this.outboundDone(itemId, blocks);
   }
 

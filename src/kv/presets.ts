@@ -24,7 +24,15 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 0,
           layerNames: ['layers.0.attn', 'layers.1.attn'],
-          spec: { type: 'mla', blockSize: BLOCK_SIZE, latentDim: 56, ropeDim: 8, scaleTile: 28, dtype: 'uint8', kvQuantMode: 'fp8_ds_mla' },
+          spec: {
+            type: 'mla',
+            blockSize: BLOCK_SIZE,
+            latentDim: 56,
+            ropeDim: 8,
+            scaleTile: 28,
+            dtype: 'uint8',
+            kvQuantMode: 'fp8_ds_mla',
+          },
         },
         {
           groupId: 1,
@@ -37,7 +45,14 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 0,
           layerNames: ['layers.0.attn', 'layers.2.attn'],
-          spec: { type: 'full_attention', blockSize: BLOCK_SIZE, numKvHeads: 2, headSize: 16, dtype: 'bf16', kvQuantMode: 'none' },
+          spec: {
+            type: 'full_attention',
+            blockSize: BLOCK_SIZE,
+            numKvHeads: 2,
+            headSize: 16,
+            dtype: 'bf16',
+            kvQuantMode: 'none',
+          },
         },
         {
           groupId: 1,
@@ -50,7 +65,14 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 0,
           layerNames: ['layers.0.attn', 'layers.1.attn'],
-          spec: { type: 'full_attention', blockSize: BLOCK_SIZE, numKvHeads: 2, headSize: 16, dtype: 'bf16', kvQuantMode: 'none' },
+          spec: {
+            type: 'full_attention',
+            blockSize: BLOCK_SIZE,
+            numKvHeads: 2,
+            headSize: 16,
+            dtype: 'bf16',
+            kvQuantMode: 'none',
+          },
         },
       ];
   }

@@ -40,7 +40,10 @@ export class SingleTypeManager {
     private readonly pool: BlockPool,
     readonly recordsNewBlockIds: boolean,
   ) {
-    assert(Number.isInteger(spec.blockSize) && spec.blockSize > 0, `group ${groupId}: bad block size ${spec.blockSize}`);
+    assert(
+      Number.isInteger(spec.blockSize) && spec.blockSize > 0,
+      `group ${groupId}: bad block size ${spec.blockSize}`,
+    );
     this.blockSize = spec.blockSize;
     this.isMamba = spec.type === 'mamba';
     assert(!(this.isMamba && recordsNewBlockIds), 'Mamba groups never record pages for zeroing');
@@ -86,7 +89,11 @@ export class SingleTypeManager {
     const hashes = extendBlockHashes([], tokenIds, this.blockSize, this.groupId, hitIds.length);
     return hitIds.map((id, i) => {
       const block = this.pool.block(id);
-      assert(block.blockHash === hashes[i], () => `group ${this.groupId}: prefix-hit page ${id} no longer holds block ${i} of the prompt (evicted between getComputedBlocks and allocateSlots?)`);
+      assert(
+        block.blockHash === hashes[i],
+        () =>
+          `group ${this.groupId}: prefix-hit page ${id} no longer holds block ${i} of the prompt (evicted between getComputedBlocks and allocateSlots?)`,
+      );
       return block;
     });
   }
@@ -134,14 +141,21 @@ export class SingleTypeManager {
     const state = this.requests.get(requestId);
     if (state === undefined) return;
     const numFull = Math.floor(Math.min(numTokens, tokenIds.length) / this.blockSize);
-    assert(numFull <= state.blocks.length, () => `group ${this.groupId}: ${numFull} full blocks to cache but only ${state.blocks.length} pages`);
+    assert(
+      numFull <= state.blocks.length,
+      () => `group ${this.groupId}: ${numFull} full blocks to cache but only ${state.blocks.length} pages`,
+    );
     if (numFull <= state.numCachedBlocks) return;
     extendBlockHashes(state.hashes, tokenIds, this.blockSize, this.groupId, numFull);
     for (let i = state.numCachedBlocks; i < numFull; i++) {
       const block = state.blocks[i] as KVCacheBlock;
       const hash = state.hashes[i] as BlockHash;
       if (block.blockHash === null) this.pool.cacheBlock(block, hash);
-      else assert(block.blockHash === hash, () => `group ${this.groupId}: page ${block.blockId} cached under another prefix`);
+      else
+        assert(
+          block.blockHash === hash,
+          () => `group ${this.groupId}: page ${block.blockId} cached under another prefix`,
+        );
     }
     state.numCachedBlocks = numFull;
   }
@@ -173,7 +187,10 @@ export class SingleTypeManager {
 
   /** The request's pages [floor(start/bs), cdiv(end, bs)), clipped to the pages it holds. */
   blockIdsInRange(requestId: string, startToken: number, endToken: number): number[] {
-    assert(Number.isInteger(startToken) && startToken >= 0 && endToken >= startToken, `bad token range [${startToken}, ${endToken})`);
+    assert(
+      Number.isInteger(startToken) && startToken >= 0 && endToken >= startToken,
+      `bad token range [${startToken}, ${endToken})`,
+    );
     const blocks = this.requests.get(requestId)?.blocks ?? [];
     return blocks.slice(Math.floor(startToken / this.blockSize), cdiv(endToken, this.blockSize)).map((b) => b.blockId);
   }
@@ -181,12 +198,18 @@ export class SingleTypeManager {
   /** Record again the request's pages from token `startToken` on (e.g. after a failed async load). */
   rerecordFrom(requestId: string, startToken: number): void {
     assert(this.recordsNewBlockIds, 'only recording groups re-record pages');
-    assert(Number.isInteger(startToken) && startToken >= 0 && startToken % this.blockSize === 0, `group ${this.groupId}: start token ${startToken} is not block aligned`);
+    assert(
+      Number.isInteger(startToken) && startToken >= 0 && startToken % this.blockSize === 0,
+      `group ${this.groupId}: start token ${startToken} is not block aligned`,
+    );
     const state = this.requests.get(requestId);
     if (state === undefined) return;
     const from = startToken / this.blockSize;
     // Invariant: a prefix-hit page is shared, published KV; zeroing it would corrupt every holder.
-    assert(from >= state.numHitBlocks, () => `group ${this.groupId}: re-recording from block ${from} would zero prefix-hit pages`);
+    assert(
+      from >= state.numHitBlocks,
+      () => `group ${this.groupId}: re-recording from block ${from} would zero prefix-hit pages`,
+    );
     for (const b of state.blocks.slice(from)) this.newBlockIds.push(b.blockId);
   }
 }

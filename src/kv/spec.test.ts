@@ -2,7 +2,14 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { MODEL_PRESETS, presetKVGroups } from './presets.ts';
-import { attentionSlabs, makeKVCacheConfig, pageBytes, realPageBytes, tokenBytes, type KVCacheGroupSpec } from './spec.ts';
+import {
+  attentionSlabs,
+  makeKVCacheConfig,
+  pageBytes,
+  realPageBytes,
+  tokenBytes,
+  type KVCacheGroupSpec,
+} from './spec.ts';
 
 test('needsKvCacheZeroing: dsv4-mini yes (mixed precision), hybrid-mini yes (Mamba), llama-mini no', () => {
   const got = Object.fromEntries(MODEL_PRESETS.map((p) => [p, makeKVCacheConfig(presetKVGroups(p), 8)]));
@@ -27,7 +34,14 @@ test('page sizes: fp8 MLA token = latent + 2*rope + 4*scales; groups padded to o
 });
 
 test('two attention specs of the same precision are not mixed precision', () => {
-  const spec = { type: 'full_attention', blockSize: 16, numKvHeads: 1, headSize: 8, dtype: 'bf16', kvQuantMode: 'none' } as const;
+  const spec = {
+    type: 'full_attention',
+    blockSize: 16,
+    numKvHeads: 1,
+    headSize: 8,
+    dtype: 'bf16',
+    kvQuantMode: 'none',
+  } as const;
   const groups: KVCacheGroupSpec[] = [
     { groupId: 0, layerNames: ['a'], spec },
     { groupId: 1, layerNames: ['b'], spec: { ...spec, numKvHeads: 2 } },

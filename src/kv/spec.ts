@@ -9,7 +9,8 @@
  *             layer j of group A and layer j of group B alias these bytes.
  *
  * Per-token page formats (byte offsets inside one page, token slot t of blockSize):
- *   mla (fp8_ds_mla-like):  t*tokenBytes + [ latent fp8 (latentDim) | rope bf16 (ropeDim*2) | scales f32 ((latentDim/scaleTile)*4) ]
+ *   mla (fp8_ds_mla-like):  t*tokenBytes +
+ *                           [ latent fp8 (latentDim) | rope bf16 (ropeDim*2) | scales f32 ((latentDim/scaleTile)*4) ]
  *   full_attention (bf16):  K at t*H*D*2, V at blockSize*H*D*2 + t*H*D*2     (K block then V block)
  *   compressor (f32):       t*stateDim*4
  *   mamba (f32, one running state per request): [ conv state convWidth x convDim | ssm state convDim x ssmStateDim ]

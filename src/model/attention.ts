@@ -138,7 +138,15 @@ export class GqaLayer {
       const pos = chunk.startPos + i;
       for (let h = 0; h < numHeads; h++) {
         const kvh = Math.floor(h / group);
-        const set: SlotSet = { numSlots: slots, keys, kStride: kvDim, kOff: kvh * D, values, vStride: kvDim, vOff: kvh * D };
+        const set: SlotSet = {
+          numSlots: slots,
+          keys,
+          kStride: kvDim,
+          kOff: kvh * D,
+          values,
+          vStride: kvDim,
+          vOff: kvh * D,
+        };
         attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, probs, att, h * D, fc);
       }
       matVec(w.wo, att, 0, proj, 0, fc);

@@ -11,7 +11,8 @@ import { benchModel } from './bench.ts';
 test('benchModel: positive finite figures, ratio consistent with its parts', async () => {
   const r = await benchModel({ preset: 'llama-mini', env: new RealEnv(1), tokens: 8 });
   assert.equal(r.preset, 'llama-mini');
-  for (const k of ['tokensPerSec', 'gflops', 'rooflineGflops', 'ratio'] as const) assert.ok(Number.isFinite(r[k]) && r[k] > 0, `${k} = ${r[k]}`);
+  for (const k of ['tokensPerSec', 'gflops', 'rooflineGflops', 'ratio'] as const)
+    assert.ok(Number.isFinite(r[k]) && r[k] > 0, `${k} = ${r[k]}`);
   assert.ok(Math.abs(r.ratio - r.gflops / r.rooflineGflops) < 1e-12);
 });
 

@@ -56,7 +56,10 @@ export async function benchModel(opts: { preset: ModelPreset; env: Env; tokens: 
   const groups = presetKVGroups(preset);
   const pagesPerRequest = Math.ceil((2 * tokens + 1) / BLOCK_SIZE);
   const kvConfig = makeKVCacheConfig(groups, 1 + groups.length * pagesPerRequest);
-  const slabs = Array.from({ length: kvConfig.numSlabs }, () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes));
+  const slabs = Array.from(
+    { length: kvConfig.numSlabs },
+    () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes),
+  );
   let next = 1;
   const blockTables = groups.map((g) => {
     const n = g.spec.type === 'mamba' ? 1 : pagesPerRequest;

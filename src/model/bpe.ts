@@ -62,7 +62,8 @@ export class BytePairEncoder {
         maxLen = Math.max(maxLen, bytes.length);
       }
     }
-    for (let b = 0; b < 256; b++) assert(this.ranks.has(String.fromCharCode(b)), `every single byte is a token (byte ${b})`);
+    for (let b = 0; b < 256; b++)
+      assert(this.ranks.has(String.fromCharCode(b)), `every single byte is a token (byte ${b})`);
     assert(maxLen < LEN_LIMIT && this.ranks.size < 2 ** 16, 'ranks fit the heap key');
     for (const [text, rank] of Object.entries(spec.special_tokens)) this.specialBytes.set(rank, this.utf8.encode(text));
     this.maxTokenBytes = maxLen;

@@ -27,7 +27,15 @@ export class CompressorBranch {
   ) {}
 
   /** Compress token i (normed input xn) into its slot; keep its query for `attend`. */
-  writeToken(table: readonly number[], slabs: Uint8Array[], i: number, numTokens: number, pos: number, xn: Float64Array, fc: FlopCounter): void {
+  writeToken(
+    table: readonly number[],
+    slabs: Uint8Array[],
+    i: number,
+    numTokens: number,
+    pos: number,
+    xn: Float64Array,
+    fc: FlopCounter,
+  ): void {
     const { spec } = this.cache;
     const sd = spec.stateDim;
     const state = this.state.get(sd);
@@ -48,9 +56,29 @@ export class CompressorBranch {
   attend(i: number, pos: number, out: Float64Array, fc: FlopCounter): void {
     const sd = this.cache.spec.stateDim;
     const states = this.states.get(0);
-    const set: SlotSet = { numSlots: this.numSlots, keys: states, kStride: sd, kOff: 0, values: states, vStride: sd, vOff: 0 };
+    const set: SlotSet = {
+      numSlots: this.numSlots,
+      keys: states,
+      kStride: sd,
+      kOff: 0,
+      values: states,
+      vStride: sd,
+      vOff: 0,
+    };
     const att = this.att.get(sd).subarray(0, sd);
-    attendSlots(this.queries.get(0), i * sd, sd, set, sd, pos, 1 / Math.sqrt(sd), this.probs.get(this.numSlots), att, 0, fc);
+    attendSlots(
+      this.queries.get(0),
+      i * sd,
+      sd,
+      set,
+      sd,
+      pos,
+      1 / Math.sqrt(sd),
+      this.probs.get(this.numSlots),
+      att,
+      0,
+      fc,
+    );
     matVec(this.w.wo, att, 0, out, 0, fc);
   }
 }

@@ -13,18 +13,33 @@ import { buildWeights } from './weights.ts';
 import { kvConfigFor } from './fixtures.ts';
 
 const where = (l: LayerPlan): string =>
-  l.kind === 'mla' ? `mla g${l.cache.group}s${l.cache.slab}+comp g${l.compressor.group}s${l.compressor.slab}` : `${l.kind} g${l.cache.group}s${l.cache.slab}`;
+  l.kind === 'mla'
+    ? `mla g${l.cache.group}s${l.cache.slab}+comp g${l.compressor.group}s${l.compressor.slab}`
+    : `${l.kind} g${l.cache.group}s${l.cache.slab}`;
 
 test('layers follow the KV groups: dsv4 MLA+compressor, hybrid attention/Mamba alternating, llama GQA', () => {
-  assert.deepEqual(modelConfig('dsv4-mini', kvConfigFor('dsv4-mini')).layers.map(where), ['mla g0s0+comp g1s0', 'mla g0s1+comp g1s1']);
-  assert.deepEqual(modelConfig('hybrid-mini', kvConfigFor('hybrid-mini')).layers.map(where), ['gqa g0s0', 'mamba g1s0', 'gqa g0s1', 'mamba g1s1']);
+  assert.deepEqual(modelConfig('dsv4-mini', kvConfigFor('dsv4-mini')).layers.map(where), [
+    'mla g0s0+comp g1s0',
+    'mla g0s1+comp g1s1',
+  ]);
+  assert.deepEqual(modelConfig('hybrid-mini', kvConfigFor('hybrid-mini')).layers.map(where), [
+    'gqa g0s0',
+    'mamba g1s0',
+    'gqa g0s1',
+    'mamba g1s1',
+  ]);
   assert.deepEqual(modelConfig('llama-mini', kvConfigFor('llama-mini')).layers.map(where), ['gqa g0s0', 'gqa g0s1']);
 });
 
-test('a KV config that is not the preset\'s is refused with BAD_CONFIG', () => {
+test("a KV config that is not the preset's is refused with BAD_CONFIG", () => {
   const wrong = [
     kvConfigFor('llama-mini'),
-    makeKVCacheConfig(presetKVGroups('dsv4-mini').map((g) => (g.groupId === 1 ? { ...g, spec: { ...g.spec, stateDim: 24 } } : g)) as never, 8),
+    makeKVCacheConfig(
+      presetKVGroups('dsv4-mini').map((g) =>
+        g.groupId === 1 ? { ...g, spec: { ...g.spec, stateDim: 24 } } : g,
+      ) as never,
+      8,
+    ),
   ];
   for (const kv of wrong) {
     assert.throws(

@@ -136,9 +136,15 @@ function layerPlan(index: number, parts: Map<string, CachePlace<KVCacheSpec>>): 
   if (attn?.spec.type === 'full_attention' && !comp && !mamba) {
     const spec = attn.spec;
     if (NUM_QUERY_HEADS % spec.numKvHeads !== 0 || spec.headSize % 2 !== 0) {
-      throw new HandoffError('BAD_CONFIG', `GQA needs ${NUM_QUERY_HEADS} query heads divisible by kv heads, even head size`);
+      throw new HandoffError(
+        'BAD_CONFIG',
+        `GQA needs ${NUM_QUERY_HEADS} query heads divisible by kv heads, even head size`,
+      );
     }
     return { kind: 'gqa', index, numHeads: NUM_QUERY_HEADS, cache: { ...attn, spec } };
   }
-  throw new HandoffError('BAD_CONFIG', `layer ${index}: unsupported combination of caches ${[...parts.keys()].join('+')}`);
+  throw new HandoffError(
+    'BAD_CONFIG',
+    `layer ${index}: unsupported combination of caches ${[...parts.keys()].join('+')}`,
+  );
 }

@@ -17,7 +17,10 @@ export function kvConfigFor(preset: ModelPreset, numBlocks = 64): KVCacheConfig 
 /** One zeroed slab per layer index; over SharedArrayBuffers when `shared`. */
 export function makeSlabs(kv: KVCacheConfig, shared = false): Uint8Array[] {
   const bytes = kv.numBlocks * kv.pageBytes;
-  return Array.from({ length: kv.numSlabs }, () => new Uint8Array(shared ? new SharedArrayBuffer(bytes) : new ArrayBuffer(bytes)));
+  return Array.from(
+    { length: kv.numSlabs },
+    () => new Uint8Array(shared ? new SharedArrayBuffer(bytes) : new ArrayBuffer(bytes)),
+  );
 }
 
 /** Hands out block ids 1, 2, 3, ... (never the null block), like a fresh BlockPool. */
@@ -84,7 +87,10 @@ export function generate(
   for (const [i, n] of chunks.entries()) {
     pages.cover(tables, pos + n);
     const last = i === chunks.length - 1;
-    const r = request(id, prompt.slice(pos, pos + n), pos, tables, { sample: last, sampling: { ...sampling, outputIndex: 0 } });
+    const r = request(id, prompt.slice(pos, pos + n), pos, tables, {
+      sample: last,
+      sampling: { ...sampling, outputIndex: 0 },
+    });
     const out = model.forward({ step: i, requests: [r] }, slabs).outputs[0] as ForwardOutput;
     if (last) outs.push(out);
     pos += n;

@@ -14,11 +14,25 @@ import { kvConfigFor, makeSlabs, PageCounter, promptTokens, request } from './fi
 import type { ForwardArgs } from './types.ts';
 
 const page = (slab: number, block: number, end: number): PageAccess => ({ slab, block, start: 0, end, write: false });
-const w = (slab: number, block: number, start: number, end: number): PageAccess => ({ slab, block, start, end, write: true });
+const w = (slab: number, block: number, start: number, end: number): PageAccess => ({
+  slab,
+  block,
+  start,
+  end,
+  write: true,
+});
 
 test('dsv4-mini: whole-page reads of every table page in both slabs; writes of exactly positions 14..17 (80 B slots, merged)', () => {
   const kv = kvConfigFor('dsv4-mini');
-  const args: ForwardArgs = { step: 0, requests: [request('r', [1, 2, 3, 4], 14, [[1, 2, 3], [4, 5, 6]])] };
+  const args: ForwardArgs = {
+    step: 0,
+    requests: [
+      request('r', [1, 2, 3, 4], 14, [
+        [1, 2, 3],
+        [4, 5, 6],
+      ]),
+    ],
+  };
   const want: PageAccess[] = [];
   for (const slab of [0, 1]) {
     for (const block of [1, 2, 3, 4, 5, 6]) {
@@ -35,20 +49,28 @@ test('hybrid-mini: K and V are separate write ranges; the Mamba page is read onl
   const kvSlot = 2 * 16 * 2; // numKvHeads * headSize * bf16
   const first = forwardFootprint(kv, { step: 0, requests: [request('r', [5, 6], 0, [[1], [7]])] });
   const resumed = forwardFootprint(kv, { step: 1, requests: [request('r', [8], 2, [[1], [7]])] });
-  const attn = (start: number, n: number): PageAccess[] => [0, 1].flatMap((slab) => [
-    page(slab, 1, kv.pageBytes),
-    w(slab, 1, start * kvSlot, (start + n) * kvSlot),
-    w(slab, 1, 16 * kvSlot + start * kvSlot, 16 * kvSlot + (start + n) * kvSlot),
-  ]);
-  const mamba = (read: boolean): PageAccess[] => [0, 1].flatMap((slab) => [...(read ? [page(slab, 7, kv.pageBytes)] : []), w(slab, 7, 0, kv.pageBytes)]);
-  const order = (xs: PageAccess[]): PageAccess[] => [...xs].sort((a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start);
+  const attn = (start: number, n: number): PageAccess[] =>
+    [0, 1].flatMap((slab) => [
+      page(slab, 1, kv.pageBytes),
+      w(slab, 1, start * kvSlot, (start + n) * kvSlot),
+      w(slab, 1, 16 * kvSlot + start * kvSlot, 16 * kvSlot + (start + n) * kvSlot),
+    ]);
+  const mamba = (read: boolean): PageAccess[] =>
+    [0, 1].flatMap((slab) => [...(read ? [page(slab, 7, kv.pageBytes)] : []), w(slab, 7, 0, kv.pageBytes)]);
+  const order = (xs: PageAccess[]): PageAccess[] =>
+    [...xs].sort(
+      (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,
+    );
   assert.deepEqual(first, order([...attn(0, 2), ...mamba(false)]));
   assert.deepEqual(resumed, order([...attn(2, 1), ...mamba(true)]));
 });
 
 test('two requests sharing a read-only prefix page: one read entry per (slab, block), writes kept apart', () => {
   const kv = kvConfigFor('llama-mini');
-  const acc = forwardFootprint(kv, { step: 0, requests: [request('a', [1], 16, [[1, 2]]), request('b', [1], 16, [[1, 3]])] });
+  const acc = forwardFootprint(kv, {
+    step: 0,
+    requests: [request('a', [1], 16, [[1, 2]]), request('b', [1], 16, [[1, 3]])],
+  });
   assert.equal(acc.filter((a) => a.block === 1 && a.slab === 0).length, 1);
   assert.equal(acc.filter((a) => a.write).length, 2 * 2 * 2); // requests x slabs x (K, V)
 });

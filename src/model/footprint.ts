@@ -64,5 +64,7 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
     }
     out.push({ slab, block, start, end, write });
   }
-  return out.sort((a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start);
+  return out.sort(
+    (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,
+  );
 }

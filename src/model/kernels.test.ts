@@ -16,8 +16,13 @@ const init: ModelKernelInit = { preset: 'dsv4-mini', seed: 21, kvConfig: kvConfi
 const args: ForwardArgs = {
   step: 0,
   requests: [
-    request('a', promptTokens(18, 1), 0, [[1, 2], [3, 4]]),
-    request('b', promptTokens(5, 2), 0, [[5], [6]], { sampling: { temperature: 1, topK: 40, seed: 3, outputIndex: 0 } }),
+    request('a', promptTokens(18, 1), 0, [
+      [1, 2],
+      [3, 4],
+    ]),
+    request('b', promptTokens(5, 2), 0, [[5], [6]], {
+      sampling: { temperature: 1, topK: 40, seed: 3, outputIndex: 0 },
+    }),
   ],
 };
 
@@ -39,7 +44,7 @@ test('createKernels: forward on SharedArrayBuffer slabs equals the in-process mo
   slabs.forEach((s, i) => assert.deepEqual(new Uint8Array(s), want.slabs[i]));
 });
 
-test('the module satisfies the device\'s KernelModule type (checked by tsc) and exports createKernels', async () => {
+test("the module satisfies the device's KernelModule type (checked by tsc) and exports createKernels", async () => {
   const mod: KernelModule = await import('./kernels.ts');
   assert.equal(typeof mod.createKernels, 'function');
 });
@@ -59,7 +64,12 @@ test('createKernels in a worker thread writes the shared slabs the host sees, an
     parentPort.postMessage(kernels.forward(workerData.args, slabs));
   `;
   const worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(source)}`), {
-    workerData: { moduleUrl: new URL('./kernels.ts', import.meta.url).href, init, args, buffers: slabs.map((s) => s.buffer) },
+    workerData: {
+      moduleUrl: new URL('./kernels.ts', import.meta.url).href,
+      init,
+      args,
+      buffers: slabs.map((s) => s.buffer),
+    },
   });
   const result = await new Promise<ForwardResult>((resolve, reject) => {
     worker.once('message', resolve);

@@ -77,7 +77,8 @@ export class MlaLayer {
     const scale = 1 / Math.sqrt(dim);
     for (let i = 0; i < n; i++) {
       const pos = chunk.startPos + i;
-      for (let h = 0; h < numHeads; h++) attendSlots(q, i * qDim + h * dim, dim, set, L, pos, scale, probs, att, h * L, fc);
+      for (let h = 0; h < numHeads; h++)
+        attendSlots(q, i * qDim + h * dim, dim, set, L, pos, scale, probs, att, h * L, fc);
       matVec(w.wo, att, 0, proj, 0, fc);
       this.compressor.attend(i, pos, comp, fc);
       const hid = chunk.hidden[i] as Float64Array;

@@ -13,7 +13,8 @@ import { generate, kvConfigFor, makeSlabs, PageCounter, promptTokens, request } 
 import type { ForwardOutput, SamplingParams } from './types.ts';
 
 const SEED = 11;
-const summary = (outs: ForwardOutput[]): Array<[number | null, string | null]> => outs.map((o) => [o.tokenId, o.logitsHash]);
+const summary = (outs: ForwardOutput[]): Array<[number | null, string | null]> =>
+  outs.map((o) => [o.tokenId, o.logitsHash]);
 
 function fresh(preset: ModelPreset, numBlocks = 64) {
   const kv = kvConfigFor(preset, numBlocks);
@@ -74,8 +75,11 @@ for (const preset of MODEL_PRESETS) {
     for (let s = 1; s <= 3; s++) {
       const pos = prompt.length + s - 1;
       b.pages.cover(tables, pos + 1);
-      const me = request('r', [outBatched[s - 1]?.tokenId as number], pos, tables, { sampling: { ...sampling, outputIndex: s } });
-      const reqs = s % 2 === 0 ? [me, request('x', [8 + s], 30 + s, other)] : [request('x', [8 + s], 30 + s, other), me];
+      const me = request('r', [outBatched[s - 1]?.tokenId as number], pos, tables, {
+        sampling: { ...sampling, outputIndex: s },
+      });
+      const reqs =
+        s % 2 === 0 ? [me, request('x', [8 + s], 30 + s, other)] : [request('x', [8 + s], 30 + s, other), me];
       res = b.model.forward({ step: 1 + s, requests: reqs }, b.slabs);
       outBatched.push(res.outputs.find((o) => o.requestId === 'r') as ForwardOutput);
     }
@@ -97,7 +101,10 @@ for (const preset of MODEL_PRESETS) {
     const p = fresh(preset);
     const pTables = p.pages.cover([], n);
     const prefillLen = hasMamba ? n - 1 : n;
-    const pOut = p.model.forward({ step: 0, requests: [request('r', prompt.slice(0, prefillLen), 0, pTables, { sample: !hasMamba })] }, p.slabs);
+    const pOut = p.model.forward(
+      { step: 0, requests: [request('r', prompt.slice(0, prefillLen), 0, pTables, { sample: !hasMamba })] },
+      p.slabs,
+    );
 
     // Decode side (instance D): different block ids, pages copied byte for byte, in every slab.
     const d = { model: createModel(preset, SEED, kv), slabs: makeSlabs(kv), pages: new PageCounter(kv, 20) };
@@ -108,7 +115,10 @@ for (const preset of MODEL_PRESETS) {
         const src = p.slabs[slab] as Uint8Array;
         (pTables[g] as number[]).forEach((pb, i) => {
           const db = (dTables[g] as number[])[i] as number;
-          (d.slabs[slab] as Uint8Array).set(src.subarray(pb * kv.pageBytes, (pb + 1) * kv.pageBytes), db * kv.pageBytes);
+          (d.slabs[slab] as Uint8Array).set(
+            src.subarray(pb * kv.pageBytes, (pb + 1) * kv.pageBytes),
+            db * kv.pageBytes,
+          );
         });
       }
     }
@@ -124,7 +134,12 @@ for (const preset of MODEL_PRESETS) {
       tokens = [o.tokenId as number];
     }
     assert.deepEqual(summary(outs), summary(refOut.slice(0, 3)));
-    if (!hasMamba) assert.deepEqual(summary(outs.slice(0, 1)), summary(pOut.outputs), 'D recomputing token N-1 samples what P sampled');
+    if (!hasMamba)
+      assert.deepEqual(
+        summary(outs.slice(0, 1)),
+        summary(pOut.outputs),
+        'D recomputing token N-1 samples what P sampled',
+      );
   });
 }
 
@@ -132,10 +147,14 @@ test('dsv4-mini: both cache groups influence the output (MLA latent and compress
   const prompt = promptTokens(20, 6);
   const base = fresh('dsv4-mini');
   const tables = base.pages.cover([], prompt.length);
-  base.model.forward({ step: 0, requests: [request('r', prompt.slice(0, 19), 0, tables, { sample: false })] }, base.slabs);
+  base.model.forward(
+    { step: 0, requests: [request('r', prompt.slice(0, 19), 0, tables, { sample: false })] },
+    base.slabs,
+  );
   const snapshot = base.slabs.map((s) => s.slice());
   const run = (): string | null =>
-    base.model.forward({ step: 1, requests: [request('r', prompt.slice(19), 19, tables)] }, base.slabs).outputs[0]?.logitsHash ?? null;
+    base.model.forward({ step: 1, requests: [request('r', prompt.slice(19), 19, tables)] }, base.slabs).outputs[0]
+      ?.logitsHash ?? null;
   const restore = (): void => base.slabs.forEach((s, i) => s.set(snapshot[i] as Uint8Array));
   const ref = run();
   for (const group of [0, 1]) {

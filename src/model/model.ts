@@ -47,7 +47,8 @@ class TinyTransformer implements Model {
     this.layers = config.layers.map((plan, i): Layer => {
       const w = weights.layers[i];
       if (plan.kind === 'gqa' && w?.kind === 'gqa') return new GqaLayer(config, plan.cache, plan.numHeads, w);
-      if (plan.kind === 'mla' && w?.kind === 'mla') return new MlaLayer(config, plan.cache, plan.compressor, plan.numHeads, w);
+      if (plan.kind === 'mla' && w?.kind === 'mla')
+        return new MlaLayer(config, plan.cache, plan.compressor, plan.numHeads, w);
       if (plan.kind === 'mamba' && w?.kind === 'mamba') return new MambaLayer(config, plan.cache, w);
       assert(false, `layer ${i}: weights do not match the plan`);
     });
@@ -64,7 +65,11 @@ class TinyTransformer implements Model {
   private checkSlabs(slabs: Uint8Array[]): void {
     const { numSlabs, numBlocks, pageBytes } = this.kvConfig;
     assert(slabs.length === numSlabs, () => `expected ${numSlabs} slabs, got ${slabs.length}`);
-    for (const s of slabs) assert(s.byteLength === numBlocks * pageBytes, () => `slab of ${s.byteLength} bytes, expected ${numBlocks * pageBytes}`);
+    for (const s of slabs)
+      assert(
+        s.byteLength === numBlocks * pageBytes,
+        () => `slab of ${s.byteLength} bytes, expected ${numBlocks * pageBytes}`,
+      );
   }
 
   private forwardOne(req: ForwardRequest, slabs: Uint8Array[]): ForwardOutput {
@@ -75,18 +80,28 @@ class TinyTransformer implements Model {
     });
     const chunk: Chunk = { startPos: req.startPos, hidden, blockTables: req.blockTables };
     for (const layer of this.layers) layer.forward(chunk, slabs, this.counter);
-    if (!req.sample) return { requestId: req.requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false };
+    if (!req.sample)
+      return { requestId: req.requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false };
     const last = hidden[hidden.length - 1] as Float64Array;
     rmsNorm(last, 0, cfg.hidden, weights.finalNorm, cfg.rmsEps, this.finalHidden, 0);
     matVec(weights.lmHead, this.finalHidden, 0, this.logits, 0, this.counter);
     const s = sampleToken(this.logits, req.sampling);
-    return { requestId: req.requestId, tokenId: s.tokenId, logprob: s.logprob, logitsHash: logitsHash(this.logits), nanLogits: s.nanLogits };
+    return {
+      requestId: req.requestId,
+      tokenId: s.tokenId,
+      logprob: s.logprob,
+      logitsHash: logitsHash(this.logits),
+      nanLogits: s.nanLogits,
+    };
   }
 }
 
 /** Shape checks on args that crossed a thread boundary as `unknown` (programmer errors if wrong). */
 export function checkArgs(args: ForwardArgs, kvConfig: KVCacheConfig): void {
-  assert(typeof args === 'object' && args !== null && Array.isArray(args.requests), 'forward args need a requests array');
+  assert(
+    typeof args === 'object' && args !== null && Array.isArray(args.requests),
+    'forward args need a requests array',
+  );
   assert(args.requests.length <= MAX_REQUESTS_PER_STEP, `more than ${MAX_REQUESTS_PER_STEP} requests in one step`);
   const ids = new Set<string>();
   for (const r of args.requests) {
@@ -95,8 +110,14 @@ export function checkArgs(args: ForwardArgs, kvConfig: KVCacheConfig): void {
     assert(Array.isArray(r.tokenIds) && r.tokenIds.length > 0, `${r.requestId}: a forward computes at least one token`);
     assert(r.tokenIds.length <= MAX_TOKENS_PER_REQUEST_STEP, `${r.requestId}: chunk too long`);
     assert(Number.isInteger(r.startPos) && r.startPos >= 0, `${r.requestId}: bad startPos ${r.startPos}`);
-    assert(Array.isArray(r.blockTables) && r.blockTables.length === kvConfig.groups.length, `${r.requestId}: one block table per KV group`);
-    assert(typeof r.sample === 'boolean' && typeof r.sampling === 'object' && r.sampling !== null, `${r.requestId}: bad sampling`);
+    assert(
+      Array.isArray(r.blockTables) && r.blockTables.length === kvConfig.groups.length,
+      `${r.requestId}: one block table per KV group`,
+    );
+    assert(
+      typeof r.sample === 'boolean' && typeof r.sampling === 'object' && r.sampling !== null,
+      `${r.requestId}: bad sampling`,
+    );
   }
 }
 

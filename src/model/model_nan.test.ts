@@ -19,14 +19,18 @@ const X = 9; // the recycled block
 
 function runNew(preset: ModelPreset, slabs: Uint8Array[], tables: number[][]): ForwardOutput {
   const kv = kvConfigFor(preset);
-  return createModel(preset, SEED, kv).forward({ step: 1, requests: [request('new', PROMPT, 0, tables)] }, slabs).outputs[0] as ForwardOutput;
+  return createModel(preset, SEED, kv).forward({ step: 1, requests: [request('new', PROMPT, 0, tables)] }, slabs)
+    .outputs[0] as ForwardOutput;
 }
 
 /** Runs an earlier request 'old' whose `oldGroup` page is block X, leaving that group's f32 bytes in X. */
 function slabsAfterOldRequest(preset: ModelPreset, oldTables: number[][]): Uint8Array[] {
   const kv = kvConfigFor(preset);
   const slabs = makeSlabs(kv);
-  createModel(preset, SEED, kv).forward({ step: 0, requests: [request('old', promptTokens(16, 1), 0, oldTables, { sample: false })] }, slabs);
+  createModel(preset, SEED, kv).forward(
+    { step: 0, requests: [request('old', promptTokens(16, 1), 0, oldTables, { sample: false })] },
+    slabs,
+  );
   return slabs;
 }
 
@@ -36,20 +40,39 @@ function zeroPage(preset: ModelPreset, slabs: Uint8Array[], block: number): void
 }
 
 test('dsv4-mini: a freed compressor page (f32) reused as an MLA page without zeroing poisons the output; zeroed, it equals a fresh run', () => {
-  const fresh = runNew('dsv4-mini', makeSlabs(kvConfigFor('dsv4-mini')), [[1, 2], [3, 4]]);
+  const fresh = runNew('dsv4-mini', makeSlabs(kvConfigFor('dsv4-mini')), [
+    [1, 2],
+    [3, 4],
+  ]);
   assert.equal(fresh.nanLogits, false);
 
   const stale = slabsAfterOldRequest('dsv4-mini', [[5], [X]]); // X held compressor states of 'old'
   const { pageBytes } = kvConfigFor('dsv4-mini');
   const staleLatentBytes = [...(stale[0] as Uint8Array).subarray(X * pageBytes + 4 * 80, X * pageBytes + 16 * 80)];
-  assert.ok(staleLatentBytes.some((b) => Number.isNaN(decodeFp8E4m3(b))), 'f32 bytes read as fp8 e4m3 include NaN codes');
+  assert.ok(
+    staleLatentBytes.some((b) => Number.isNaN(decodeFp8E4m3(b))),
+    'f32 bytes read as fp8 e4m3 include NaN codes',
+  );
 
-  const poisoned = runNew('dsv4-mini', stale.map((s) => s.slice()), [[1, X], [3, 4]]);
-  assert.ok(poisoned.nanLogits || poisoned.logitsHash !== fresh.logitsHash, 'without zeroing the output must be corrupted');
+  const poisoned = runNew(
+    'dsv4-mini',
+    stale.map((s) => s.slice()),
+    [
+      [1, X],
+      [3, 4],
+    ],
+  );
+  assert.ok(
+    poisoned.nanLogits || poisoned.logitsHash !== fresh.logitsHash,
+    'without zeroing the output must be corrupted',
+  );
   assert.equal(poisoned.nanLogits, true, 'with these bytes the corruption is NaN logits (0 * NaN in the masked slots)');
 
   zeroPage('dsv4-mini', stale, X);
-  const zeroed = runNew('dsv4-mini', stale, [[1, X], [3, 4]]);
+  const zeroed = runNew('dsv4-mini', stale, [
+    [1, X],
+    [3, 4],
+  ]);
   assert.deepEqual([zeroed.tokenId, zeroed.logitsHash, zeroed.nanLogits], [fresh.tokenId, fresh.logitsHash, false]);
 });
 
@@ -57,8 +80,15 @@ test('hybrid-mini: a Mamba state page (f32) reused as a bf16 attention page with
   const fresh = runNew('hybrid-mini', makeSlabs(kvConfigFor('hybrid-mini')), [[1, 2], [3]]);
   assert.equal(fresh.nanLogits, false);
   const stale = slabsAfterOldRequest('hybrid-mini', [[5], [X]]); // X held the Mamba conv/SSM state of 'old'
-  const poisoned = runNew('hybrid-mini', stale.map((s) => s.slice()), [[1, X], [3]]);
-  assert.ok(poisoned.nanLogits || poisoned.logitsHash !== fresh.logitsHash, 'without zeroing the output must be corrupted');
+  const poisoned = runNew(
+    'hybrid-mini',
+    stale.map((s) => s.slice()),
+    [[1, X], [3]],
+  );
+  assert.ok(
+    poisoned.nanLogits || poisoned.logitsHash !== fresh.logitsHash,
+    'without zeroing the output must be corrupted',
+  );
   // Low halves of f32 values read as bf16 have random exponents: some are Inf/NaN or overflow a score.
   assert.equal(poisoned.nanLogits, true, 'with these bytes the corruption is NaN logits');
   zeroPage('hybrid-mini', stale, X);

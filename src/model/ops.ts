@@ -19,7 +19,14 @@ export interface FlopCounter {
   flops: number;
 }
 
-export function matVec(lin: Linear, x: Float64Array, xOff: number, out: Float64Array | Float32Array, outOff: number, fc: FlopCounter): void {
+export function matVec(
+  lin: Linear,
+  x: Float64Array,
+  xOff: number,
+  out: Float64Array | Float32Array,
+  outOff: number,
+  fc: FlopCounter,
+): void {
   const { rows, cols, w } = lin;
   assert(xOff + cols <= x.length && outOff + rows <= out.length, 'matVec: operand out of range');
   const c4 = cols - (cols % 4);
@@ -41,7 +48,15 @@ export function matVec(lin: Linear, x: Float64Array, xOff: number, out: Float64A
 }
 
 /** out = x / rms(x) * weight, over n values starting at off. */
-export function rmsNorm(x: ArrayLike<number>, off: number, n: number, weight: Float32Array, eps: number, out: Float64Array, outOff: number): void {
+export function rmsNorm(
+  x: ArrayLike<number>,
+  off: number,
+  n: number,
+  weight: Float32Array,
+  eps: number,
+  out: Float64Array,
+  outOff: number,
+): void {
   let ss = 0;
   for (let i = 0; i < n; i++) {
     const v = x[off + i] as number;

@@ -38,7 +38,13 @@ test('bf16 GQA slot: K at t*H*D*2, V at blockSize*H*D*2 + t*H*D*2, little endian
     assert.equal(u16(slab, kAt + 2 * i), f32ToBf16Bits(k[i] as number));
     assert.equal(u16(slab, vAt + 2 * i), f32ToBf16Bits(v[i] as number));
   }
-  assert.equal(nonZeroOutside(slab, [[kAt, kAt + 64], [vAt, vAt + 64]]), 0);
+  assert.equal(
+    nonZeroOutside(slab, [
+      [kAt, kAt + 64],
+      [vAt, vAt + 64],
+    ]),
+    0,
+  );
   const keys = new Float64Array(16 * 32);
   const values = new Float64Array(16 * 32);
   assert.equal(readKvPages(slab, spec, PAGE, [2], keys, values), 16);
@@ -58,7 +64,8 @@ test('fp8 MLA slot: codes, bf16 rope and f32 scales (amax/448 per 28) at their o
     const amax = Math.max(...Array.from(lat.subarray(tile * 28, tile * 28 + 28), Math.abs));
     const scale = Math.fround(amax / 448);
     assert.equal(f32At(slab, base + 72 + 4 * tile), scale);
-    for (let i = 0; i < 28; i++) assert.equal(slab[base + tile * 28 + i], encodeFp8E4m3((lat[tile * 28 + i] as number) / scale));
+    for (let i = 0; i < 28; i++)
+      assert.equal(slab[base + tile * 28 + i], encodeFp8E4m3((lat[tile * 28 + i] as number) / scale));
   }
   for (let i = 0; i < 8; i++) assert.equal(u16(slab, base + 56 + 2 * i), f32ToBf16Bits(lat[56 + i] as number));
   assert.equal(nonZeroOutside(slab, [[base, base + 80]]), 0);

@@ -3,14 +3,22 @@
  * endian). Writers encode one token slot; readers decode WHOLE pages of a block table into f64
  * arrays, every slot of every page, so stale bytes anywhere in a page reach the attention.
  *
- *   mla:            slot t at t*tokenBytes: [ latent fp8 e4m3 (latentDim) | rope bf16 (ropeDim) | scales f32 (latentDim/scaleTile) ]
+ *   mla:            slot t at t*tokenBytes:
+ *                   [ latent fp8 e4m3 (latentDim) | rope bf16 (ropeDim) | scales f32 (latentDim/scaleTile) ]
  *   full_attention: K of slot t at t*H*D*2, V at blockSize*H*D*2 + t*H*D*2, bf16
  *   compressor:     slot t at t*stateDim*4, f32
  *   mamba:          [ conv state convWidth x convDim | ssm state convDim x ssmStateDim ], f32
  */
 import { assert } from '../util/assert.ts';
 import { bf16BitsToF32, decodeFp8E4m3, encodeFp8E4m3, f32ToBf16Bits, FP8_E4M3_MAX } from '../kv/codecs.ts';
-import { tokenBytes, type AttentionSpec, type CompressorSpec, type FullAttentionSpec, type MambaSpec, type MLAAttentionSpec } from '../kv/spec.ts';
+import {
+  tokenBytes,
+  type AttentionSpec,
+  type CompressorSpec,
+  type FullAttentionSpec,
+  type MambaSpec,
+  type MLAAttentionSpec,
+} from '../kv/spec.ts';
 
 const views = new WeakMap<Uint8Array, DataView>();
 
@@ -24,11 +32,19 @@ export function slabView(slab: Uint8Array): DataView {
 }
 
 /** The page and slot of token position `pos` through a block table. */
-export function slotLocation(table: readonly number[], blockSize: number, pos: number, numBlocks: number): { block: number; slot: number } {
+export function slotLocation(
+  table: readonly number[],
+  blockSize: number,
+  pos: number,
+  numBlocks: number,
+): { block: number; slot: number } {
   const index = Math.floor(pos / blockSize);
   const block = table[index];
   assert(block !== undefined, () => `block table of ${table.length} pages does not cover position ${pos}`);
-  assert(Number.isInteger(block) && block >= 1 && block < numBlocks, () => `block id ${block} is the null block or out of range`);
+  assert(
+    Number.isInteger(block) && block >= 1 && block < numBlocks,
+    () => `block id ${block} is the null block or out of range`,
+  );
   return { block, slot: pos % blockSize };
 }
 
@@ -47,12 +63,23 @@ export function slotByteRanges(spec: AttentionSpec, slot: number): Array<[number
 }
 
 function checkTable(slab: Uint8Array, pageBytes: number, table: readonly number[]): void {
-  for (const b of table) assert(Number.isInteger(b) && b >= 1 && (b + 1) * pageBytes <= slab.byteLength, `bad block id ${b}`);
+  for (const b of table)
+    assert(Number.isInteger(b) && b >= 1 && (b + 1) * pageBytes <= slab.byteLength, `bad block id ${b}`);
 }
 
 // ---- full attention (bf16 K/V) ----
 
-export function writeKvSlot(slab: Uint8Array, spec: FullAttentionSpec, pageBytes: number, block: number, slot: number, k: Float64Array, kOff: number, v: Float64Array, vOff: number): void {
+export function writeKvSlot(
+  slab: Uint8Array,
+  spec: FullAttentionSpec,
+  pageBytes: number,
+  block: number,
+  slot: number,
+  k: Float64Array,
+  kOff: number,
+  v: Float64Array,
+  vOff: number,
+): void {
   const dv = slabView(slab);
   const hd = spec.numKvHeads * spec.headSize;
   const kBase = block * pageBytes + slot * hd * 2;
@@ -64,12 +91,22 @@ export function writeKvSlot(slab: Uint8Array, spec: FullAttentionSpec, pageBytes
 }
 
 /** Decode K and V of every slot of every page in `table` into [slot][numKvHeads * headSize]; returns the slot count. */
-export function readKvPages(slab: Uint8Array, spec: FullAttentionSpec, pageBytes: number, table: readonly number[], keys: Float64Array, values: Float64Array): number {
+export function readKvPages(
+  slab: Uint8Array,
+  spec: FullAttentionSpec,
+  pageBytes: number,
+  table: readonly number[],
+  keys: Float64Array,
+  values: Float64Array,
+): number {
   checkTable(slab, pageBytes, table);
   const dv = slabView(slab);
   const hd = spec.numKvHeads * spec.headSize;
   const bs = spec.blockSize;
-  assert(keys.length >= table.length * bs * hd && values.length >= table.length * bs * hd, 'readKvPages: output too small');
+  assert(
+    keys.length >= table.length * bs * hd && values.length >= table.length * bs * hd,
+    'readKvPages: output too small',
+  );
   for (let p = 0; p < table.length; p++) {
     const page = (table[p] as number) * pageBytes;
     for (let t = 0; t < bs; t++) {
@@ -88,7 +125,15 @@ export function readKvPages(slab: Uint8Array, spec: FullAttentionSpec, pageBytes
 // ---- MLA latent (fp8 e4m3 NoPE part with per-tile f32 scales, bf16 rope part) ----
 
 /** Store latent[off .. off+latentDim) as fp8 (scale = amax/448 per tile) and the next ropeDim values as bf16. */
-export function writeLatentSlot(slab: Uint8Array, spec: MLAAttentionSpec, pageBytes: number, block: number, slot: number, latent: Float64Array, off: number): void {
+export function writeLatentSlot(
+  slab: Uint8Array,
+  spec: MLAAttentionSpec,
+  pageBytes: number,
+  block: number,
+  slot: number,
+  latent: Float64Array,
+  off: number,
+): void {
   const dv = slabView(slab);
   const base = block * pageBytes + slot * tokenBytes(spec);
   const ropeBase = base + spec.latentDim;
@@ -115,7 +160,13 @@ export function writeLatentSlot(slab: Uint8Array, spec: MLAAttentionSpec, pageBy
 }
 
 /** Decode every slot of every page into [slot][latentDim + ropeDim] (dequantized NoPE, then rope). */
-export function readLatentPages(slab: Uint8Array, spec: MLAAttentionSpec, pageBytes: number, table: readonly number[], out: Float64Array): number {
+export function readLatentPages(
+  slab: Uint8Array,
+  spec: MLAAttentionSpec,
+  pageBytes: number,
+  table: readonly number[],
+  out: Float64Array,
+): number {
   checkTable(slab, pageBytes, table);
   const dv = slabView(slab);
   const bs = spec.blockSize;
@@ -137,7 +188,8 @@ export function readLatentPages(slab: Uint8Array, spec: MLAAttentionSpec, pageBy
           out[o + j] = decodeFp8E4m3(dv.getUint8(base + j)) * scale;
         }
       }
-      for (let i = 0; i < spec.ropeDim; i++) out[o + spec.latentDim + i] = bf16BitsToF32(dv.getUint16(ropeBase + 2 * i, true));
+      for (let i = 0; i < spec.ropeDim; i++)
+        out[o + spec.latentDim + i] = bf16BitsToF32(dv.getUint16(ropeBase + 2 * i, true));
     }
   }
   return table.length * bs;
@@ -145,13 +197,27 @@ export function readLatentPages(slab: Uint8Array, spec: MLAAttentionSpec, pageBy
 
 // ---- compressor state (f32) ----
 
-export function writeStateSlot(slab: Uint8Array, spec: CompressorSpec, pageBytes: number, block: number, slot: number, state: Float64Array, off: number): void {
+export function writeStateSlot(
+  slab: Uint8Array,
+  spec: CompressorSpec,
+  pageBytes: number,
+  block: number,
+  slot: number,
+  state: Float64Array,
+  off: number,
+): void {
   const dv = slabView(slab);
   const base = block * pageBytes + slot * spec.stateDim * 4;
   for (let i = 0; i < spec.stateDim; i++) dv.setFloat32(base + 4 * i, state[off + i] as number, true);
 }
 
-export function readStatePages(slab: Uint8Array, spec: CompressorSpec, pageBytes: number, table: readonly number[], out: Float64Array): number {
+export function readStatePages(
+  slab: Uint8Array,
+  spec: CompressorSpec,
+  pageBytes: number,
+  table: readonly number[],
+  out: Float64Array,
+): number {
   checkTable(slab, pageBytes, table);
   const dv = slabView(slab);
   const n = table.length * spec.blockSize;
@@ -167,7 +233,14 @@ export function readStatePages(slab: Uint8Array, spec: CompressorSpec, pageBytes
 
 // ---- Mamba running state (f32 conv state, then f32 SSM state) ----
 
-export function readMambaState(slab: Uint8Array, spec: MambaSpec, pageBytes: number, block: number, conv: Float32Array, ssm: Float32Array): void {
+export function readMambaState(
+  slab: Uint8Array,
+  spec: MambaSpec,
+  pageBytes: number,
+  block: number,
+  conv: Float32Array,
+  ssm: Float32Array,
+): void {
   checkTable(slab, pageBytes, [block]);
   const dv = slabView(slab);
   const base = block * pageBytes;
@@ -177,7 +250,14 @@ export function readMambaState(slab: Uint8Array, spec: MambaSpec, pageBytes: num
   for (let i = 0; i < ssm.length; i++) ssm[i] = dv.getFloat32(base + 4 * (nConv + i), true);
 }
 
-export function writeMambaState(slab: Uint8Array, spec: MambaSpec, pageBytes: number, block: number, conv: Float32Array, ssm: Float32Array): void {
+export function writeMambaState(
+  slab: Uint8Array,
+  spec: MambaSpec,
+  pageBytes: number,
+  block: number,
+  conv: Float32Array,
+  ssm: Float32Array,
+): void {
   checkTable(slab, pageBytes, [block]);
   const dv = slabView(slab);
   const base = block * pageBytes;

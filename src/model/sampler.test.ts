@@ -12,7 +12,9 @@ import type { SamplingParams } from './types.ts';
 import { argmax, drawSeed, logitsHash, sampleToken } from './sampler.ts';
 
 const f32 = (xs: number[]): Float32Array => Float32Array.from(xs);
-const logitsArb = fc.array(fc.float({ min: Math.fround(-20), max: Math.fround(20), noNaN: true }), { minLength: 1, maxLength: 64 }).map(f32);
+const logitsArb = fc
+  .array(fc.float({ min: Math.fround(-20), max: Math.fround(20), noNaN: true }), { minLength: 1, maxLength: 64 })
+  .map(f32);
 
 test('greedy: argmax, lowest index on ties; logprob is the log-softmax of the raw logits', () => {
   const out = sampleToken(f32([1, 3, 3, 2]), { temperature: 0, seed: 0, outputIndex: 0 });
@@ -26,36 +28,58 @@ test('NaN logits: flagged, token = argmax treating NaN as -Infinity at any tempe
   for (const temperature of [0, 0.7, 2]) {
     const out = sampleToken(f32([1, NaN, 5, 5, NaN]), { temperature, seed: 1, outputIndex: 3 });
     assert.deepEqual(out, { tokenId: 2, logprob: null, nanLogits: true });
-    assert.deepEqual(sampleToken(f32([NaN, NaN]), { temperature, seed: 1, outputIndex: 3 }), { tokenId: 0, logprob: null, nanLogits: true });
+    assert.deepEqual(sampleToken(f32([NaN, NaN]), { temperature, seed: 1, outputIndex: 3 }), {
+      tokenId: 0,
+      logprob: null,
+      nanLogits: true,
+    });
   }
   assert.equal(argmax(f32([-Infinity, -Infinity])), 0);
-  assert.deepEqual(sampleToken(f32([1, Infinity, 2]), { temperature: 0.5, seed: 1, outputIndex: 0 }), { tokenId: 1, logprob: null, nanLogits: false });
+  assert.deepEqual(sampleToken(f32([1, Infinity, 2]), { temperature: 0.5, seed: 1, outputIndex: 0 }), {
+    tokenId: 1,
+    logprob: null,
+    nanLogits: false,
+  });
 });
 
 test('seeded sampling is a function of (logits, params) only; top-k 1 and a tiny top-p are greedy', () => {
   fc.assert(
-    fc.property(logitsArb, fc.integer({ min: 0, max: 2 ** 31 }), fc.nat(1000), fc.float({ min: Math.fround(0.1), max: 3, noNaN: true }), (logits, seed, outputIndex, temperature) => {
-      const p = { temperature, seed, outputIndex };
-      assert.deepEqual(sampleToken(logits, p), sampleToken(logits.slice(), p));
-      assert.equal(sampleToken(logits, { ...p, topK: 1 }).tokenId, argmax(logits));
-      assert.equal(sampleToken(logits, { ...p, topP: 1e-9 }).tokenId, argmax(logits));
-    }),
+    fc.property(
+      logitsArb,
+      fc.integer({ min: 0, max: 2 ** 31 }),
+      fc.nat(1000),
+      fc.float({ min: Math.fround(0.1), max: 3, noNaN: true }),
+      (logits, seed, outputIndex, temperature) => {
+        const p = { temperature, seed, outputIndex };
+        assert.deepEqual(sampleToken(logits, p), sampleToken(logits.slice(), p));
+        assert.equal(sampleToken(logits, { ...p, topK: 1 }).tokenId, argmax(logits));
+        assert.equal(sampleToken(logits, { ...p, topP: 1e-9 }).tokenId, argmax(logits));
+      },
+    ),
   );
 });
 
 test('top-k and top-p: the sampled token is always inside the kept set', () => {
   fc.assert(
-    fc.property(logitsArb, fc.integer({ min: 1, max: 10 }), fc.double({ min: 0.05, max: 1, noNaN: true }), fc.nat(), (logits, topK, topP, seed) => {
-      const t = sampleToken(logits, { temperature: 1, topK, seed, outputIndex: 0 }).tokenId;
-      const chosen = logits[t] as number;
-      assert.ok(logits.filter((v) => v > chosen).length < topK, 'fewer than k logits beat the sampled one');
-      const u = sampleToken(logits, { temperature: 1, topP, seed, outputIndex: 0 }).tokenId;
-      const max = Math.max(...logits);
-      const probs = [...logits].map((v) => Math.exp(v - max));
-      const z = probs.reduce((a, b) => a + b, 0);
-      const massAbove = probs.filter((pv, i) => (logits[i] as number) > (logits[u] as number)).reduce((a, b) => a + b / z, 0);
-      assert.ok(massAbove < topP + 1e-12, 'the mass ranked above the sampled token is below top-p');
-    }),
+    fc.property(
+      logitsArb,
+      fc.integer({ min: 1, max: 10 }),
+      fc.double({ min: 0.05, max: 1, noNaN: true }),
+      fc.nat(),
+      (logits, topK, topP, seed) => {
+        const t = sampleToken(logits, { temperature: 1, topK, seed, outputIndex: 0 }).tokenId;
+        const chosen = logits[t] as number;
+        assert.ok(logits.filter((v) => v > chosen).length < topK, 'fewer than k logits beat the sampled one');
+        const u = sampleToken(logits, { temperature: 1, topP, seed, outputIndex: 0 }).tokenId;
+        const max = Math.max(...logits);
+        const probs = [...logits].map((v) => Math.exp(v - max));
+        const z = probs.reduce((a, b) => a + b, 0);
+        const massAbove = probs
+          .filter((pv, i) => (logits[i] as number) > (logits[u] as number))
+          .reduce((a, b) => a + b / z, 0);
+        assert.ok(massAbove < topP + 1e-12, 'the mass ranked above the sampled token is below top-p');
+      },
+    ),
   );
 });
 
@@ -67,20 +91,28 @@ test('sampling follows softmax(logits / T): frequencies over 6000 seeded draws',
     counts[t] = (counts[t] ?? 0) + 1;
   }
   assert.equal(counts[3], 0);
-  [1000, 2000, 3000].forEach((want, i) => assert.ok(Math.abs((counts[i] as number) - want) < 150, `token ${i}: ${counts[i]} vs ${want}`));
+  [1000, 2000, 3000].forEach((want, i) =>
+    assert.ok(Math.abs((counts[i] as number) - want) < 150, `token ${i}: ${counts[i]} vs ${want}`),
+  );
   // Temperature 0.5 squares the odds: 1 : 4 : 9.
   const sharp = [0, 0, 0];
   for (let i = 0; i < 7000; i++) {
     const t = sampleToken(logits, { temperature: 0.5, seed: 7, outputIndex: i }).tokenId;
     sharp[t] = (sharp[t] ?? 0) + 1;
   }
-  [500, 2000, 4500].forEach((want, i) => assert.ok(Math.abs((sharp[i] as number) - want) < 200, `T=0.5 token ${i}: ${sharp[i]} vs ${want}`));
+  [500, 2000, 4500].forEach((want, i) =>
+    assert.ok(Math.abs((sharp[i] as number) - want) < 200, `T=0.5 token ${i}: ${sharp[i]} vs ${want}`),
+  );
 });
 
 test('different seeds or output indices draw differently', () => {
   const logits = new Float32Array(1000); // uniform over 1000 tokens
-  const bySeed = new Set(Array.from({ length: 50 }, (_, s) => sampleToken(logits, { temperature: 1, seed: s, outputIndex: 0 }).tokenId));
-  const byIndex = new Set(Array.from({ length: 50 }, (_, i) => sampleToken(logits, { temperature: 1, seed: 1, outputIndex: i }).tokenId));
+  const bySeed = new Set(
+    Array.from({ length: 50 }, (_, s) => sampleToken(logits, { temperature: 1, seed: s, outputIndex: 0 }).tokenId),
+  );
+  const byIndex = new Set(
+    Array.from({ length: 50 }, (_, i) => sampleToken(logits, { temperature: 1, seed: 1, outputIndex: i }).tokenId),
+  );
   assert.ok(bySeed.size > 30 && byIndex.size > 30);
 });
 
@@ -93,7 +125,11 @@ test('logitsHash: equal bytes hash equal; one flipped bit (even 0 vs -0) hashes 
   const bytes = new Uint8Array(b.buffer);
   bytes[5] = (bytes[5] as number) ^ 1;
   assert.notEqual(logitsHash(a), logitsHash(b));
-  assert.equal(logitsHash(new Float32Array(a.buffer, 4, 2)), logitsHash(f32([-2, 0])), 'a view hashes only its own bytes');
+  assert.equal(
+    logitsHash(new Float32Array(a.buffer, 4, 2)),
+    logitsHash(f32([-2, 0])),
+    'a view hashes only its own bytes',
+  );
 });
 
 /** The distinct tokens drawn over `n` seeds (outputIndex 0). */
@@ -106,7 +142,11 @@ function drawn(logits: Float32Array, p: Omit<SamplingParams, 'seed' | 'outputInd
 test('top-p boundary: logits [0,0] with top_p 0.5 always give token 0 (the first tied token alone reaches half the mass); just above 0.5 both are kept', () => {
   assert.deepEqual(drawn(f32([0, 0]), { temperature: 1, topP: 0.5 }), [0]);
   assert.deepEqual(drawn(f32([0, 0]), { temperature: 1, topP: 0.5 + 1e-9 }), [0, 1]);
-  assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 0.5 }), [0, 1], 'two of four equal tokens reach exactly 0.5');
+  assert.deepEqual(
+    drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 0.5 }),
+    [0, 1],
+    'two of four equal tokens reach exactly 0.5',
+  );
   assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 0.75 }), [0, 1, 2]);
   assert.deepEqual(drawn(f32([0, 0, 0, 0]), { temperature: 1, topP: 1 }), [0, 1, 2, 3]);
 });
@@ -120,8 +160,13 @@ test('top-k boundary: top_k = k keeps exactly the k largest logits, ties to the 
   assert.deepEqual(drawn(desc, { temperature: 3, topK: 2 }), [1, 3]);
   assert.deepEqual(drawn(desc, { temperature: 3, topK: 3 }), [1, 2, 3]);
   assert.deepEqual(drawn(desc, { temperature: 3, topK: 4 }), [1, 2, 3, 4]);
-  assert.deepEqual(drawn(f32([2, 1, 1, 1, 0]), { temperature: 3, topK: 3 }), [0, 1, 2], 'the tie at the cut goes to the lower index');
-  for (const topK of [5, 6, 0]) assert.deepEqual(drawn(desc, { temperature: 3, topK }), [0, 1, 2, 3, 4], `top_k ${topK}`);
+  assert.deepEqual(
+    drawn(f32([2, 1, 1, 1, 0]), { temperature: 3, topK: 3 }),
+    [0, 1, 2],
+    'the tie at the cut goes to the lower index',
+  );
+  for (const topK of [5, 6, 0])
+    assert.deepEqual(drawn(desc, { temperature: 3, topK }), [0, 1, 2, 3, 4], `top_k ${topK}`);
 });
 
 /**
@@ -159,8 +204,14 @@ function referenceSample(logits: Float32Array, p: SamplingParams): { kept: numbe
 
 test('top-p property: the kept set is the shortest prefix, by probability desc then index, whose mass reaches top_p (after top-k); each draw matches the reference', () => {
   // Small integer alphabets make ties and exact boundaries common; `atPrefix` puts top_p exactly on a prefix's mass.
-  const logits = fc.oneof(logitsArb, fc.array(fc.constantFrom(0, 0, 1, -1, 2), { minLength: 1, maxLength: 12 }).map(f32));
-  const topPSpec = fc.oneof(fc.record({ free: fc.double({ min: 0.01, max: 1, noNaN: true }) }), fc.record({ atPrefix: fc.nat(12) }));
+  const logits = fc.oneof(
+    logitsArb,
+    fc.array(fc.constantFrom(0, 0, 1, -1, 2), { minLength: 1, maxLength: 12 }).map(f32),
+  );
+  const topPSpec = fc.oneof(
+    fc.record({ free: fc.double({ min: 0.01, max: 1, noNaN: true }) }),
+    fc.record({ atPrefix: fc.nat(12) }),
+  );
   let boundaryCases = 0;
   fc.assert(
     fc.property(

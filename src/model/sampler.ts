@@ -66,13 +66,19 @@ export function drawSeed(seed: number, outputIndex: number): number {
  * whole vocabulary. Ranking uses the logits, never the weights: exp() can map distinct logits to one
  * weight.
  */
-function topLogits(logits: Float32Array, w: Float64Array, max: number, enough: (desc: Float32Array) => boolean): Float32Array {
+function topLogits(
+  logits: Float32Array,
+  w: Float64Array,
+  max: number,
+  enough: (desc: Float32Array) => boolean,
+): Float32Array {
   for (let delta = 0.25; ; delta = delta < 1e6 ? delta * 2 : Infinity) {
     let n = 0;
     for (let i = 0; i < logits.length; i++) if ((w[i] as number) > 0 && (logits[i] as number) >= max - delta) n++;
     const desc = new Float32Array(n);
     n = 0;
-    for (let i = 0; i < logits.length; i++) if ((w[i] as number) > 0 && (logits[i] as number) >= max - delta) desc[n++] = logits[i] as number;
+    for (let i = 0; i < logits.length; i++)
+      if ((w[i] as number) > 0 && (logits[i] as number) >= max - delta) desc[n++] = logits[i] as number;
     desc.sort().reverse();
     if (delta === Infinity || enough(desc)) return desc;
   }
@@ -101,7 +107,13 @@ function applyTopK(logits: Float32Array, w: Float64Array, max: number, k: number
  * Keep the shortest prefix of the (logit desc, index asc) order whose weight reaches topP of the
  * total. A weight is a function of its logit alone, so the sorted logits give the prefix sums.
  */
-function applyTopP(logits: Float32Array, w: Float64Array, max: number, topP: number, weightOf: (logit: number) => number): void {
+function applyTopP(
+  logits: Float32Array,
+  w: Float64Array,
+  max: number,
+  topP: number,
+  weightOf: (logit: number) => number,
+): void {
   if (topP >= 1) return;
   let total = 0;
   for (let i = 0; i < w.length; i++) total += w[i] as number;
@@ -133,7 +145,8 @@ export function sampleToken(logits: Float32Array, p: SamplingParams): SampleResu
     const lp = (logits[t] as number) - lse;
     return Number.isFinite(lp) ? lp : null;
   };
-  if (p.temperature === 0 || !Number.isFinite(max)) return { tokenId: best, logprob: logprobOf(best), nanLogits: false };
+  if (p.temperature === 0 || !Number.isFinite(max))
+    return { tokenId: best, logprob: logprobOf(best), nanLogits: false };
   const weightOf = (logit: number): number => Math.exp((logit - max) / p.temperature);
   const w = new Float64Array(logits.length);
   for (let i = 0; i < w.length; i++) w[i] = weightOf(logits[i] as number);

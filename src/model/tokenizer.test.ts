@@ -26,30 +26,40 @@ test('GPT-2 ids: known encodings, EOS is 50256, special-token text is plain text
 });
 
 test('encode/decode round-trips any text', () => {
-  fc.assert(fc.property(fc.string({ unit: 'grapheme', maxLength: 40 }), (text) => assert.equal(decode(encode(text)), text)));
+  fc.assert(
+    fc.property(fc.string({ unit: 'grapheme', maxLength: 40 }), (text) => assert.equal(decode(encode(text)), text)),
+  );
 });
 
 test('IncrementalDecoder: pieces concatenate to the full text and never end in a half character', () => {
   const text = 'naïve 🙂 café 日本語 🚀🚀 done';
   const ids = encode(text);
-  assert.ok(ids.some((id) => decode([id]).includes('\uFFFD')), 'the sample must split a character across tokens');
+  assert.ok(
+    ids.some((id) => decode([id]).includes('\uFFFD')),
+    'the sample must split a character across tokens',
+  );
   const dec = new IncrementalDecoder();
   const pieces = ids.map((id) => dec.push(id));
   assert.equal(pieces.join('') + dec.flush(), text);
   assert.ok(pieces.every((p) => !p.includes('\uFFFD')));
   assert.ok(pieces.includes(''), 'something was held back');
   fc.assert(
-    fc.property(fc.string({ unit: 'grapheme', maxLength: 30 }).filter((s) => !s.includes('\uFFFD')), (t) => {
-      const d = new IncrementalDecoder();
-      const out = encode(t).map((id) => d.push(id));
-      assert.equal(out.join('') + d.flush(), t);
-      assert.ok(out.every((p) => !p.includes('\uFFFD')));
-    }),
+    fc.property(
+      fc.string({ unit: 'grapheme', maxLength: 30 }).filter((s) => !s.includes('\uFFFD')),
+      (t) => {
+        const d = new IncrementalDecoder();
+        const out = encode(t).map((id) => d.push(id));
+        assert.equal(out.join('') + d.flush(), t);
+        assert.ok(out.every((p) => !p.includes('\uFFFD')));
+      },
+    ),
   );
 });
 
 test('ids equal js-tiktoken on a corpus: prose, code, unicode, whitespace runs, long pieces', () => {
-  const files = ['../../README.md', './bpe.ts', '../serve/openai_request.ts'].map((f) => readFileSync(new URL(f, import.meta.url), 'utf8'));
+  const files = ['../../README.md', './bpe.ts', '../serve/openai_request.ts'].map((f) =>
+    readFileSync(new URL(f, import.meta.url), 'utf8'),
+  );
   const samples = [
     ...files,
     ...files.flatMap((f) => f.split('\n')),
@@ -72,18 +82,38 @@ test('ids equal js-tiktoken on a corpus: prose, code, unicode, whitespace runs, 
 
 test('property: ids equal js-tiktoken on random strings, including long runs that need many merges', () => {
   const runs = fc
-    .array(fc.tuple(fc.constantFrom('a', 'e', 'ab', ' ', '\n', '1', '-', '=', 'é', '日', '🙂', "'s", ' the'), fc.integer({ min: 1, max: 60 })), { maxLength: 8 })
+    .array(
+      fc.tuple(
+        fc.constantFrom('a', 'e', 'ab', ' ', '\n', '1', '-', '=', 'é', '日', '🙂', "'s", ' the'),
+        fc.integer({ min: 1, max: 60 }),
+      ),
+      { maxLength: 8 },
+    )
     .map((parts) => parts.map(([p, k]) => p.repeat(k)).join(''));
-  const text = fc.oneof(fc.string({ unit: 'grapheme', maxLength: 60 }), fc.string({ unit: 'binary', maxLength: 60 }), fc.string({ maxLength: 80 }), runs);
-  fc.assert(fc.property(text, (t) => assert.deepEqual(encode(t), refEncode(t))), { numRuns: 500 });
+  const text = fc.oneof(
+    fc.string({ unit: 'grapheme', maxLength: 60 }),
+    fc.string({ unit: 'binary', maxLength: 60 }),
+    fc.string({ maxLength: 80 }),
+    runs,
+  );
+  fc.assert(
+    fc.property(text, (t) => assert.deepEqual(encode(t), refEncode(t))),
+    { numRuns: 500 },
+  );
 });
 
 test('MAX_TOKEN_BYTES: no text has fewer than ceil(length / MAX_TOKEN_BYTES) tokens (the edge refuses by length on it)', () => {
   // (That MAX_TOKEN_BYTES is the longest token of the ranks is asserted when the tokenizer is built.)
   fc.assert(
-    fc.property(fc.oneof(fc.string({ unit: 'binary', maxLength: 400 }), fc.constantFrom('Ã'.repeat(500), ' '.repeat(900), 'a'.repeat(900))), (t) => {
-      assert.ok(encode(t).length >= Math.ceil(t.length / MAX_TOKEN_BYTES));
-    }),
+    fc.property(
+      fc.oneof(
+        fc.string({ unit: 'binary', maxLength: 400 }),
+        fc.constantFrom('Ã'.repeat(500), ' '.repeat(900), 'a'.repeat(900)),
+      ),
+      (t) => {
+        assert.ok(encode(t).length >= Math.ceil(t.length / MAX_TOKEN_BYTES));
+      },
+    ),
   );
 });
 

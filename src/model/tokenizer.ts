@@ -24,7 +24,10 @@ let encoder: BytePairEncoder | null = null;
 function bpe(): BytePairEncoder {
   if (encoder === null) {
     encoder = new BytePairEncoder(gpt2);
-    assert(encoder.maxTokenBytes === MAX_TOKEN_BYTES, () => `the longest GPT-2 token has ${encoder?.maxTokenBytes} bytes, not ${MAX_TOKEN_BYTES}`);
+    assert(
+      encoder.maxTokenBytes === MAX_TOKEN_BYTES,
+      () => `the longest GPT-2 token has ${encoder?.maxTokenBytes} bytes, not ${MAX_TOKEN_BYTES}`,
+    );
     assert(encoder.vocabSize === VOCAB_SIZE, 'the ranks are GPT-2 (50257 ids)');
   }
   return encoder;
@@ -36,7 +39,8 @@ export function encode(text: string): number[] {
 }
 
 export function decode(ids: readonly number[]): string {
-  for (const id of ids) assert(Number.isInteger(id) && id >= 0 && id < VOCAB_SIZE, () => `token id ${id} out of the vocabulary`);
+  for (const id of ids)
+    assert(Number.isInteger(id) && id >= 0 && id < VOCAB_SIZE, () => `token id ${id} out of the vocabulary`);
   return bpe().decode(ids);
 }
 

@@ -184,7 +184,11 @@ class WeightMaker {
 
 export function buildWeights(cfg: ModelConfig, seed: number): ModelWeights {
   const m = new WeightMaker(seed);
-  const embed: Linear = { rows: cfg.vocabSize, cols: cfg.hidden, w: m.normalish('embed', cfg.vocabSize * cfg.hidden, 0.4) };
+  const embed: Linear = {
+    rows: cfg.vocabSize,
+    cols: cfg.hidden,
+    w: m.normalish('embed', cfg.vocabSize * cfg.hidden, 0.4),
+  };
   const lmHead: Linear = cfg.tiedEmbeddings
     ? embed
     : { rows: cfg.vocabSize, cols: cfg.hidden, w: m.normalish('lm_head', cfg.vocabSize * cfg.hidden, 0.4) };

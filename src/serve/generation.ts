@@ -19,7 +19,12 @@ import { StopChecker } from './stop_checker.ts';
 
 export interface GenerationSink {
   onPiece(p: Piece): void;
-  onFinish(f: { piece: Piece; finishReason: ApiFinishReason; kvTransferParams: Record<string, unknown> | null; usage: Usage }): void;
+  onFinish(f: {
+    piece: Piece;
+    finishReason: ApiFinishReason;
+    kvTransferParams: Record<string, unknown> | null;
+    usage: Usage;
+  }): void;
   onError(e: HandoffError): void;
 }
 
@@ -105,7 +110,10 @@ export class Generation {
       this.timeToken();
       this.completionTokens++;
       const isLast = i === o.newTokenIds.length - 1;
-      const isStopToken = isLast && o.finishReason === 'stop' && ((id === EOS_TOKEN_ID && !this.api.ignoreEos) || this.api.stopTokenIds.includes(id));
+      const isStopToken =
+        isLast &&
+        o.finishReason === 'stop' &&
+        ((id === EOS_TOKEN_ID && !this.api.ignoreEos) || this.api.stopTokenIds.includes(id));
       const tokenText = decode([id]);
       piece.tokenIds.push(id);
       piece.tokenTexts.push(tokenText);
@@ -134,12 +142,19 @@ export class Generation {
     this.observer?.finished(o.finishReason, this.api.promptTokenIds.length, this.completionTokens);
     if (o.finishReason === 'error' || o.finishReason === 'abort') {
       if (this.cancelled) return;
-      this.sink.onError(o.error ?? new HandoffError('REQUEST_ABORTED', `request ${this.requestId} was aborted by the server`));
+      this.sink.onError(
+        o.error ?? new HandoffError('REQUEST_ABORTED', `request ${this.requestId} was aborted by the server`),
+      );
       return;
     }
     const tail = this.stops.push(this.decoder.flush());
     piece.text += tail.text + this.stops.flush();
-    this.sink.onFinish({ piece, finishReason: o.finishReason, kvTransferParams: o.kvTransferParams, usage: this.usage() });
+    this.sink.onFinish({
+      piece,
+      finishReason: o.finishReason,
+      kvTransferParams: o.kvTransferParams,
+      usage: this.usage(),
+    });
   }
 
   private timeToken(): void {

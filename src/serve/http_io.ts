@@ -32,11 +32,17 @@ export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYT
     if (!(e instanceof SyntaxError)) throw e;
     throw new HandoffError('BAD_REQUEST', `request body is not valid JSON: ${(e as Error).message}`);
   }
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new HandoffError('BAD_REQUEST', 'request body must be a JSON object');
+  if (value === null || typeof value !== 'object' || Array.isArray(value))
+    throw new HandoffError('BAD_REQUEST', 'request body must be a JSON object');
   return value as Record<string, unknown>;
 }
 
-export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
   if (res.headersSent) {
     res.end();
     return;
@@ -44,8 +50,14 @@ export function sendJson(res: ServerResponse, status: number, body: unknown, hea
   const text = JSON.stringify(body);
   // A request body we stopped reading half way (too large) would stall the next request on this
   // keep-alive connection: close the connection after this response. (Node drains bodies never read.)
-  const close: Record<string, string> = res.req !== undefined && res.req.readableDidRead && !res.req.complete ? { connection: 'close' } : {};
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers, ...close });
+  const close: Record<string, string> =
+    res.req !== undefined && res.req.readableDidRead && !res.req.complete ? { connection: 'close' } : {};
+  res.writeHead(status, {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(text),
+    ...headers,
+    ...close,
+  });
   res.end(text);
 }
 
@@ -70,7 +82,12 @@ export function toHandoffError(e: unknown, log?: Logger): HandoffError {
 }
 
 /** An error answered with another status than its code's (e.g. an upstream's status in the proxy). */
-export function sendErrorWithStatus(res: ServerResponse, status: number, err: HandoffError, headers: Record<string, string> = {}): void {
+export function sendErrorWithStatus(
+  res: ServerResponse,
+  status: number,
+  err: HandoffError,
+  headers: Record<string, string> = {},
+): void {
   sendJson(res, status, err.toJSON(), headers);
 }
 
@@ -78,8 +95,9 @@ export function sendErrorWithStatus(res: ServerResponse, status: number, err: Ha
 export function requestIdFrom(req: IncomingMessage): string | null {
   const raw = req.headers[REQUEST_ID_HEADER];
   if (raw === undefined) return null;
-  const v = Array.isArray(raw) ? raw[0] ?? '' : raw;
-  if (!REQUEST_ID_RE.test(v)) throw new HandoffError('BAD_REQUEST', 'X-Request-Id must be 1-128 characters of [A-Za-z0-9._:@-]');
+  const v = Array.isArray(raw) ? (raw[0] ?? '') : raw;
+  if (!REQUEST_ID_RE.test(v))
+    throw new HandoffError('BAD_REQUEST', 'X-Request-Id must be 1-128 characters of [A-Za-z0-9._:@-]');
   return v;
 }
 
@@ -88,9 +106,12 @@ export function checkBearer(req: IncomingMessage, apiKey: string | null): void {
   if (apiKey === null) return;
   const header = req.headers['authorization'] ?? '';
   const m = /^Bearer\s+(.+)$/i.exec(header);
-  const given = createHash('sha256').update(m?.[1] ?? '').digest();
+  const given = createHash('sha256')
+    .update(m?.[1] ?? '')
+    .digest();
   const want = createHash('sha256').update(apiKey).digest();
-  if (!m || !timingSafeEqual(given, want)) throw new HandoffError('UNAUTHORIZED', 'missing or wrong API key (Authorization: Bearer <key>)');
+  if (!m || !timingSafeEqual(given, want))
+    throw new HandoffError('UNAUTHORIZED', 'missing or wrong API key (Authorization: Bearer <key>)');
 }
 
 /** Path without the query string. */

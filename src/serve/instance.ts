@@ -72,7 +72,10 @@ export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
 const ROLE_TO_KV_ROLE = { prefill: 'kv_producer', decode: 'kv_consumer', both: 'kv_both' } as const;
 
 /** The connector config for a role: null = no connector (colocated without a config). */
-export function resolveTransferConfig(role: ServeRole, raw: string | Record<string, unknown> | null): OneSidedConfig | null {
+export function resolveTransferConfig(
+  role: ServeRole,
+  raw: string | Record<string, unknown> | null,
+): OneSidedConfig | null {
   if (raw === null) return role === 'both' ? null : parseKvTransferConfig({ kv_role: ROLE_TO_KV_ROLE[role] }).config;
   let obj: unknown = raw;
   if (typeof raw === 'string') {
@@ -83,10 +86,14 @@ export function resolveTransferConfig(role: ServeRole, raw: string | Record<stri
       throw new HandoffError('BAD_CONFIG', `--kv-transfer-config is not valid JSON: ${(e as Error).message}`);
     }
   }
-  if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) throw new HandoffError('BAD_CONFIG', '--kv-transfer-config must be a JSON object');
+  if (obj === null || typeof obj !== 'object' || Array.isArray(obj))
+    throw new HandoffError('BAD_CONFIG', '--kv-transfer-config must be a JSON object');
   const withRole = { kv_role: ROLE_TO_KV_ROLE[role], ...(obj as Record<string, unknown>) };
   if (withRole.kv_role !== ROLE_TO_KV_ROLE[role]) {
-    throw new HandoffError('BAD_CONFIG', `kv_role '${String(withRole.kv_role)}' contradicts --role ${role} (expected '${ROLE_TO_KV_ROLE[role]}')`);
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `kv_role '${String(withRole.kv_role)}' contradicts --role ${role} (expected '${ROLE_TO_KV_ROLE[role]}')`,
+    );
   }
   const parsed = parseKvTransferConfig(withRole);
   return parsed.connector === 'NullConnector' ? null : parsed.config;
@@ -106,7 +113,10 @@ function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: numb
     .filter((g) => g.spec.type !== 'mamba')
     .reduce((n, g) => n + Math.ceil(maxModelLen / g.spec.blockSize), 1);
   if (numBlocks < need) {
-    throw new HandoffError('BAD_CONFIG', `--num-blocks ${numBlocks} cannot hold one request of --max-model-len ${maxModelLen} tokens (needs >= ${need})`);
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `--num-blocks ${numBlocks} cannot hold one request of --max-model-len ${maxModelLen} tokens (needs >= ${need})`,
+    );
   }
 }
 
@@ -115,7 +125,8 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   const scheduler = { ...opts.scheduler };
   const maxModelLen = scheduler.maxModelLen ?? DEFAULT_SCHEDULER_CONFIG.maxModelLen;
   checkCapacity(opts.preset, opts.numBlocks, maxModelLen);
-  if (transferConfig && opts.device !== 'threaded') throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
+  if (transferConfig && opts.device !== 'threaded')
+    throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
   const engineId = `${opts.role}-${hexId(env, 6)}`;
   const built = await buildInstance(
     {
@@ -128,18 +139,40 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       makeDevice:
         opts.device === 'threaded'
           ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
-          : simDevice(opts.preset, opts.modelSeed, { raceCheck: opts.raceCheck, ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }) }),
+          : simDevice(opts.preset, opts.modelSeed, {
+              raceCheck: opts.raceCheck,
+              ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }),
+            }),
       connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },
     env,
     log,
   );
   const { engine: e, connector } = built;
-  const lifecycle = opts.raceCheck ? attachLifecycleOracle(e, engineId, (v) => log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`)) : null;
+  const lifecycle = opts.raceCheck
+    ? attachLifecycleOracle(e, engineId, (v) =>
+        log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`),
+      )
+    : null;
   const info = instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen);
-  const readStats = (): InstanceStatsSnapshot => ({ ...snapshot(e, connector), lifecycleViolations: lifecycle?.violations() ?? null });
-  const served = { submit: e.submit.bind(e), abort: e.abort.bind(e), get crashed() { return e.core.crashed; } };
-  const server = new InstanceServer(served, { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info }, env, readStats, log);
+  const readStats = (): InstanceStatsSnapshot => ({
+    ...snapshot(e, connector),
+    lifecycleViolations: lifecycle?.violations() ?? null,
+  });
+  const served = {
+    submit: e.submit.bind(e),
+    abort: e.abort.bind(e),
+    get crashed() {
+      return e.core.crashed;
+    },
+  };
+  const server = new InstanceServer(
+    served,
+    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info },
+    env,
+    readStats,
+    log,
+  );
   let port: number;
   try {
     port = await server.listen(opts.port, opts.host);
@@ -220,7 +253,10 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,
     transfer: c ? c.transfer.stats() : null,
-    races: e.device.raceChecker ? (e.device.raceChecker as RaceChecker).races().length + (e.device.raceChecker as RaceChecker).stats().droppedReports : null,
+    races: e.device.raceChecker
+      ? (e.device.raceChecker as RaceChecker).races().length +
+        (e.device.raceChecker as RaceChecker).stats().droppedReports
+      : null,
     drainReadLatenciesMs: () => (c ? c.worker.drainReadLatencies() : []),
   };
 }

@@ -33,7 +33,10 @@ test('contradictions and malformed configs are BAD_CONFIG', () => {
 
 test('a pool that cannot hold one request of max_model_len is refused at startup', async () => {
   await assert.rejects(
-    startInstance({ ...DEFAULT_INSTANCE_OPTIONS, port: 0, device: 'sim', numBlocks: 16, scheduler: { maxModelLen: 1024 } }, new RealEnv(1)),
+    startInstance(
+      { ...DEFAULT_INSTANCE_OPTIONS, port: 0, device: 'sim', numBlocks: 16, scheduler: { maxModelLen: 1024 } },
+      new RealEnv(1),
+    ),
     badConfig,
   );
 });

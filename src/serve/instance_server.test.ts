@@ -21,7 +21,13 @@ let keyed: Instance;
 const env = new RealEnv(7);
 
 before(async () => {
-  const base = { ...DEFAULT_INSTANCE_OPTIONS, port: 0, device: 'sim' as const, numBlocks: 160, scheduler: { maxModelLen: 512 } };
+  const base = {
+    ...DEFAULT_INSTANCE_OPTIONS,
+    port: 0,
+    device: 'sim' as const,
+    numBlocks: 160,
+    scheduler: { maxModelLen: 512 },
+  };
   // The threaded device: its steps leave the event loop free, so a disconnect is seen mid-generation.
   inst = await startInstance({ ...base, device: 'threaded' }, env);
   keyed = await startInstance({ ...base, apiKey: 'sekrit' }, env);
@@ -32,8 +38,17 @@ after(async () => {
   await keyed.close();
 });
 
-async function post(path: string, body: unknown, headers: Record<string, string> = {}, url = inst.url): Promise<{ status: number; json: any; headers: Headers; text: string }> {
-  const r = await fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+async function post(
+  path: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+  url = inst.url,
+): Promise<{ status: number; json: any; headers: Headers; text: string }> {
+  const r = await fetch(`${url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
   const text = await r.text();
   let json: unknown = null;
   try {
@@ -50,7 +65,16 @@ async function waitIdle(i: Instance): Promise<void> {
 }
 
 test('completions: OpenAI shape, usage, token ids, logprobs; the same seed gives the same tokens', async () => {
-  const body = { model: 'dsv4-mini', prompt: 'Hello there', max_tokens: 6, temperature: 0.8, seed: 42, ignore_eos: true, logprobs: 0, return_token_ids: true };
+  const body = {
+    model: 'dsv4-mini',
+    prompt: 'Hello there',
+    max_tokens: 6,
+    temperature: 0.8,
+    seed: 42,
+    ignore_eos: true,
+    logprobs: 0,
+    return_token_ids: true,
+  };
   const a = await post('/v1/completions', body);
   const b = await post('/v1/completions', body);
   assert.equal(a.status, 200, a.text);
@@ -78,14 +102,23 @@ test('streaming: SSE chunks, the text equals the non-streamed text, usage chunk,
   const usage = chunks.at(-1);
   assert.deepEqual(usage.choices, []);
   assert.equal(usage.usage.completion_tokens, 5);
-  const text = chunks.slice(0, -1).map((c) => c.choices[0].text).join('');
+  const text = chunks
+    .slice(0, -1)
+    .map((c) => c.choices[0].text)
+    .join('');
   assert.equal(text, whole.json.choices[0].text);
   assert.equal(chunks.at(-2).choices[0].finish_reason, 'length');
 });
 
 test('chat through the openai client: JSON and stream agree, the assistant role comes first', async () => {
   const client = new OpenAI({ baseURL: `${inst.url}/v1`, apiKey: 'unused', maxRetries: 0 });
-  const req = { model: 'dsv4-mini', messages: [{ role: 'user' as const, content: 'Say something' }], max_tokens: 7, temperature: 0, seed: 1 };
+  const req = {
+    model: 'dsv4-mini',
+    messages: [{ role: 'user' as const, content: 'Say something' }],
+    max_tokens: 7,
+    temperature: 0,
+    seed: 1,
+  };
   const full = await client.chat.completions.create(req);
   assert.equal(full.choices[0]?.message.role, 'assistant');
   let streamed = '';
@@ -97,7 +130,10 @@ test('chat through the openai client: JSON and stream agree, the assistant role 
   assert.equal(streamed, full.choices[0]?.message.content);
   assert.equal(roles, 1);
   const models = await client.models.list();
-  assert.deepEqual(models.data.map((m) => m.id), ['dsv4-mini']);
+  assert.deepEqual(
+    models.data.map((m) => m.id),
+    ['dsv4-mini'],
+  );
 });
 
 test('bad requests get 4xx OpenAI error JSON and the server keeps serving', async () => {
@@ -134,28 +170,99 @@ test('bad requests get 4xx OpenAI error JSON and the server keeps serving', asyn
   assert.equal(inst.engine.kv.getNumFreeBlocks(), 159, 'refused requests allocated nothing');
 });
 
-test('errors name the offending field (param) in the client\'s terms; refused vLLM fields are named', async () => {
+test("errors name the offending field (param) in the client's terms; refused vLLM fields are named", async () => {
   const cases: Array<[string, unknown, number, string, string, RegExp]> = [
-    ['/v1/completions', { prompt: 'x', max_tokens: 0 }, 400, 'BAD_REQUEST', 'max_tokens', /max_tokens must be at least 1, got 0/],
+    [
+      '/v1/completions',
+      { prompt: 'x', max_tokens: 0 },
+      400,
+      'BAD_REQUEST',
+      'max_tokens',
+      /max_tokens must be at least 1, got 0/,
+    ],
     ['/v1/completions', { prompt: 'x', model: 'gpt-4' }, 404, 'NOT_FOUND', 'model', /gpt-4/],
-    ['/v1/completions', { prompt: 'x', min_p: 0.1 }, 400, 'BAD_REQUEST', 'min_p', /^min_p is not supported by this server/],
-    ['/v1/completions', { prompt: 'x', repetition_penalty: 1.3 }, 400, 'BAD_REQUEST', 'repetition_penalty', /not supported/],
-    ['/v1/completions', { prompt: Array(100_000).fill(11) }, 400, 'PROMPT_TOO_LONG', 'prompt', /100000 tokens; this model takes at most 511/],
-    ['/v1/completions', { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100_000).fill(1) } }, 400, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids', /100000 entries; at most 65536/],
-    ['/v1/completions', { prompt: 'x', kv_transfer_params: { do_remote_prefill: true } }, 400, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.do_remote_prefill', /needs a decode instance/],
+    [
+      '/v1/completions',
+      { prompt: 'x', min_p: 0.1 },
+      400,
+      'BAD_REQUEST',
+      'min_p',
+      /^min_p is not supported by this server/,
+    ],
+    [
+      '/v1/completions',
+      { prompt: 'x', repetition_penalty: 1.3 },
+      400,
+      'BAD_REQUEST',
+      'repetition_penalty',
+      /not supported/,
+    ],
+    [
+      '/v1/completions',
+      { prompt: Array(100_000).fill(11) },
+      400,
+      'PROMPT_TOO_LONG',
+      'prompt',
+      /100000 tokens; this model takes at most 511/,
+    ],
+    [
+      '/v1/completions',
+      { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100_000).fill(1) } },
+      400,
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_block_ids',
+      /100000 entries; at most 65536/,
+    ],
+    [
+      '/v1/completions',
+      { prompt: 'x', kv_transfer_params: { do_remote_prefill: true } },
+      400,
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.do_remote_prefill',
+      /needs a decode instance/,
+    ],
     ['/v1/chat/completions', { messages: [] }, 400, 'BAD_REQUEST', 'messages', /messages must not be empty/],
-    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }] }, 400, 'BAD_REQUEST', 'tools', /tools is not supported/],
-    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } }, 400, 'BAD_REQUEST', 'response_format', /only \{"type": "text"\}/],
+    [
+      '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }] },
+      400,
+      'BAD_REQUEST',
+      'tools',
+      /tools is not supported/,
+    ],
+    [
+      '/v1/chat/completions',
+      { messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } },
+      400,
+      'BAD_REQUEST',
+      'response_format',
+      /only \{"type": "text"\}/,
+    ],
   ];
   for (const [path, body, status, code, param, message] of cases) {
     const r = await post(path, body);
     const what = JSON.stringify(body).slice(0, 60);
     assert.equal(r.status, status, `${what} → ${r.text.slice(0, 200)}`);
-    assert.deepEqual({ code: r.json.error.code, param: r.json.error.param, type: r.json.error.type }, { code, param, type: 'invalid_request_error' }, what);
+    assert.deepEqual(
+      { code: r.json.error.code, param: r.json.error.param, type: r.json.error.type },
+      { code, param, type: 'invalid_request_error' },
+      what,
+    );
     assert.match(r.json.error.message, message, what);
   }
   // Neutral values of the same fields, and OpenAI's bookkeeping fields, are accepted.
-  const ok = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, min_p: 0, repetition_penalty: 1, min_tokens: 0, skip_special_tokens: true, tools: [], user: 'u', metadata: { a: 'b' }, store: false });
+  const ok = await post('/v1/chat/completions', {
+    messages: [{ role: 'user', content: 'hi' }],
+    max_tokens: 2,
+    min_p: 0,
+    repetition_penalty: 1,
+    min_tokens: 0,
+    skip_special_tokens: true,
+    tools: [],
+    user: 'u',
+    metadata: { a: 'b' },
+    store: false,
+  });
   assert.equal(ok.status, 200, ok.text);
 });
 
@@ -167,7 +274,11 @@ test('include_stop_str_in_output: the text ends with the stop string, streamed o
   for (const stream of [false, true]) {
     const r = await post('/v1/completions', { ...base, stop, include_stop_str_in_output: true, stream });
     const text = stream
-      ? new SseParser().push(r.text).filter((e) => e !== '[DONE]').map((e) => JSON.parse(e).choices[0]?.text ?? '').join('')
+      ? new SseParser()
+          .push(r.text)
+          .filter((e) => e !== '[DONE]')
+          .map((e) => JSON.parse(e).choices[0]?.text ?? '')
+          .join('')
       : r.json.choices[0].text;
     assert.equal(text, free.slice(0, free.indexOf(stop) + stop.length), `stream=${stream}`);
   }
@@ -175,8 +286,16 @@ test('include_stop_str_in_output: the text ends with the stop string, streamed o
 
 test('API key: /v1/* needs the bearer key, /health does not', async () => {
   assert.equal((await post('/v1/completions', { prompt: 'x', max_tokens: 1 }, {}, keyed.url)).status, 401);
-  assert.equal((await post('/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer wrong' }, keyed.url)).status, 401);
-  assert.equal((await post('/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer sekrit' }, keyed.url)).status, 200);
+  assert.equal(
+    (await post('/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer wrong' }, keyed.url))
+      .status,
+    401,
+  );
+  assert.equal(
+    (await post('/v1/completions', { prompt: 'x', max_tokens: 1 }, { authorization: 'Bearer sekrit' }, keyed.url))
+      .status,
+    200,
+  );
   assert.equal((await fetch(`${keyed.url}/health`)).status, 200);
 });
 
@@ -198,7 +317,11 @@ test('stop strings: the text ends right before the first stop string, finish_rea
   for (const stream of [false, true]) {
     const r = await post('/v1/completions', { ...base, stop: [stop, 'zzzz-never'], stream });
     const text = stream
-      ? new SseParser().push(r.text).filter((e) => e !== '[DONE]').map((e) => JSON.parse(e).choices[0]?.text ?? '').join('')
+      ? new SseParser()
+          .push(r.text)
+          .filter((e) => e !== '[DONE]')
+          .map((e) => JSON.parse(e).choices[0]?.text ?? '')
+          .join('')
       : r.json.choices[0].text;
     assert.equal(text, free.slice(0, free.indexOf(stop)), `stream=${stream}`);
   }
@@ -211,13 +334,22 @@ test('a client that disconnects mid-stream aborts its request and its pages come
   await new Promise<void>((resolve, reject) => {
     const timer = env.setTimer(10_000, () => reject(new Error('no first chunk')));
     const u = new URL(`${inst.url}/v1/completions`);
-    const req = httpRequest({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
-      res.once('data', () => {
-        req.destroy(); // gone after the first token
-        timer.cancel();
-        resolve();
-      });
-    });
+    const req = httpRequest(
+      {
+        host: u.hostname,
+        port: u.port,
+        path: u.pathname,
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+      },
+      (res) => {
+        res.once('data', () => {
+          req.destroy(); // gone after the first token
+          timer.cancel();
+          resolve();
+        });
+      },
+    );
     req.on('error', () => undefined);
     req.end(JSON.stringify({ prompt: 'never finish', max_tokens: 400, ignore_eos: true, stream: true }));
   });
@@ -238,7 +370,13 @@ test('/metrics: Prometheus text with the engine gauges, latency histograms and c
   const r = await fetch(`${inst.url}/metrics`);
   assert.match(r.headers.get('content-type') ?? '', /text\/plain/);
   const text = await r.text();
-  for (const name of ['handoff_num_requests_running', 'handoff_kv_cache_usage_perc', 'handoff_pages_zeroed_total', 'handoff_time_to_first_token_seconds_bucket', 'handoff_transfer_grants_refused_total']) {
+  for (const name of [
+    'handoff_num_requests_running',
+    'handoff_kv_cache_usage_perc',
+    'handoff_pages_zeroed_total',
+    'handoff_time_to_first_token_seconds_bucket',
+    'handoff_transfer_grants_refused_total',
+  ]) {
     assert.match(text, new RegExp(`^${name}\\{`, 'm'), name);
   }
   assert.match(text, /^handoff_kv_free_pages\{role="both",model="dsv4-mini"\} 159$/m);
@@ -249,11 +387,33 @@ test('/metrics: Prometheus text with the engine gauges, latency histograms and c
 
 test('--race-check: the page lifecycle oracle watches the real threaded engine; a violation is counted and logged, serving goes on', async () => {
   const errors: string[] = [];
-  const log = { error: (_: unknown, msg: string) => errors.push(msg), warn: () => {}, info: () => {}, debug: () => {} } as unknown as Parameters<typeof startInstance>[2];
-  const rc = await startInstance({ ...DEFAULT_INSTANCE_OPTIONS, port: 0, device: 'threaded', raceCheck: true, numBlocks: 160, scheduler: { maxModelLen: 512 } }, env, log);
-  const violations = async (): Promise<number> => Number(/^handoff_lifecycle_violations_total\{[^}]*\} (\d+)$/m.exec(await (await fetch(`${rc.url}/metrics`)).text())?.[1]);
+  const log = {
+    error: (_: unknown, msg: string) => errors.push(msg),
+    warn: () => {},
+    info: () => {},
+    debug: () => {},
+  } as unknown as Parameters<typeof startInstance>[2];
+  const rc = await startInstance(
+    {
+      ...DEFAULT_INSTANCE_OPTIONS,
+      port: 0,
+      device: 'threaded',
+      raceCheck: true,
+      numBlocks: 160,
+      scheduler: { maxModelLen: 512 },
+    },
+    env,
+    log,
+  );
+  const violations = async (): Promise<number> =>
+    Number(
+      /^handoff_lifecycle_violations_total\{[^}]*\} (\d+)$/m.exec(await (await fetch(`${rc.url}/metrics`)).text())?.[1],
+    );
   try {
-    assert.equal((await post('/v1/completions', { prompt: 'watched', max_tokens: 4, ignore_eos: true }, {}, rc.url)).status, 200);
+    assert.equal(
+      (await post('/v1/completions', { prompt: 'watched', max_tokens: 4, ignore_eos: true }, {}, rc.url)).status,
+      200,
+    );
     await waitIdle(rc);
     assert.equal(await violations(), 0, 'a normal completion breaks no invariant');
     // Drive the pool directly: copy out of a page after freeing it (a use after free).
@@ -261,10 +421,18 @@ test('--race-check: the page lifecycle oracle watches the real threaded engine; 
     const [freed, dst] = pool.getNewBlocks(2);
     assert.ok(freed && dst);
     pool.freeBlocks([freed]);
-    await rc.engine.device.compute.enqueue({ op: { kind: 'copy', pairs: [[freed.blockId, dst.blockId]], slabs: [0] }, label: { what: 'cow' } }).done;
+    await rc.engine.device.compute.enqueue({
+      op: { kind: 'copy', pairs: [[freed.blockId, dst.blockId]], slabs: [0] },
+      label: { what: 'cow' },
+    }).done;
     pool.freeBlocks([dst]);
     // I4 (the page is free) and, on this zeroing preset, I2 (nobody zeroed it): each counted and logged once.
-    assert.ok(errors.some((m) => new RegExp(`page lifecycle violation: .*block ${freed.blockId}: .*reads a freed page`).test(m)), errors.join('\n'));
+    assert.ok(
+      errors.some((m) =>
+        new RegExp(`page lifecycle violation: .*block ${freed.blockId}: .*reads a freed page`).test(m),
+      ),
+      errors.join('\n'),
+    );
     assert.equal(await violations(), errors.length);
     assert.equal((await post('/v1/completions', { prompt: 'still serving', max_tokens: 2 }, {}, rc.url)).status, 200);
   } finally {
@@ -274,7 +442,10 @@ test('--race-check: the page lifecycle oracle watches the real threaded engine; 
 
 test('toHandoffError: an AssertionFailure in a request path is re-thrown (the bug crashes), other errors still map to INTERNAL', () => {
   const bug = new AssertionFailure('a page freed twice');
-  assert.throws(() => toHandoffError(bug), (e: unknown) => e === bug);
+  assert.throws(
+    () => toHandoffError(bug),
+    (e: unknown) => e === bug,
+  );
   const internal = toHandoffError(new TypeError('x is undefined'));
   assert.equal(internal.code, 'INTERNAL');
   assert.equal(internal.httpStatus, 500);

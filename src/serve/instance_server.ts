@@ -130,7 +130,11 @@ export class InstanceServer {
   private health(res: ServerResponse): void {
     const crashed = this.engine.crashed;
     if (crashed || this.closing) {
-      sendJson(res, 503, new HandoffError('INTERNAL', crashed ? `engine loop crashed: ${crashed.message}` : 'shutting down').toJSON());
+      sendJson(
+        res,
+        503,
+        new HandoffError('INTERNAL', crashed ? `engine loop crashed: ${crashed.message}` : 'shutting down').toJSON(),
+      );
       return;
     }
     sendJson(res, 200, { status: 'ok', role: this.opts.info.role });
@@ -138,21 +142,42 @@ export class InstanceServer {
 
   private models(): unknown {
     const created = Math.floor(this.env.wallMs() / 1000);
-    return { object: 'list', data: [{ id: this.opts.modelName, object: 'model', created, owned_by: 'handoff', max_model_len: this.opts.maxModelLen }] };
+    return {
+      object: 'list',
+      data: [
+        {
+          id: this.opts.modelName,
+          object: 'model',
+          created,
+          owned_by: 'handoff',
+          max_model_len: this.opts.maxModelLen,
+        },
+      ],
+    };
   }
 
   /** A P/D half sent to an instance that cannot play it would silently compute everything locally. */
-  private checkTransferRole(p: { do_remote_decode?: boolean | undefined; do_remote_prefill?: boolean | undefined } | null): void {
+  private checkTransferRole(
+    p: { do_remote_decode?: boolean | undefined; do_remote_prefill?: boolean | undefined } | null,
+  ): void {
     const kvRole = this.opts.info.kv_role;
     if (p?.do_remote_decode === true && kvRole !== 'kv_producer' && kvRole !== 'kv_both') {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_decode needs a prefill instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`, {
-        param: 'kv_transfer_params.do_remote_decode',
-      });
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `do_remote_decode needs a prefill instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`,
+        {
+          param: 'kv_transfer_params.do_remote_decode',
+        },
+      );
     }
     if (p?.do_remote_prefill === true && kvRole !== 'kv_consumer' && kvRole !== 'kv_both') {
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `do_remote_prefill needs a decode instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`, {
-        param: 'kv_transfer_params.do_remote_prefill',
-      });
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `do_remote_prefill needs a decode instance; this one is ${this.opts.info.role} (kv_role ${String(kvRole)})`,
+        {
+          param: 'kv_transfer_params.do_remote_prefill',
+        },
+      );
     }
   }
 
@@ -164,7 +189,11 @@ export class InstanceServer {
     const limits = { maxModelLen: this.opts.maxModelLen };
     const v = validateApiRequest(kind, body, limits);
     if (v.model !== null && v.model !== this.opts.modelName) {
-      throw new HandoffError('NOT_FOUND', `the model '${v.model}' does not exist (this server serves '${this.opts.modelName}')`, { param: 'model' });
+      throw new HandoffError(
+        'NOT_FOUND',
+        `the model '${v.model}' does not exist (this server serves '${this.opts.modelName}')`,
+        { param: 'model' },
+      );
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
@@ -181,7 +210,9 @@ export class InstanceServer {
       promptTokenIds: api.promptTokenIds,
     };
     const onError = (e: HandoffError): void => this.metrics.countError(e.code);
-    const raw = api.stream ? streamSink(res, ctx, api.includeUsage, headers, onError) : jsonSink(res, ctx, headers, onError);
+    const raw = api.stream
+      ? streamSink(res, ctx, api.includeUsage, headers, onError)
+      : jsonSink(res, ctx, headers, onError);
     // Refusals found later by the engine or connector (a grant denied at the READ) name their field too.
     const sink: GenerationSink = { ...raw, onError: (e) => raw.onError(attributeParam(e, kind)) };
     const arrivedMs = this.env.nowMs();

@@ -12,16 +12,33 @@ let inst: Instance;
 const env = new RealEnv(7);
 
 before(async () => {
-  inst = await startInstance({ ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 160, scheduler: { maxModelLen: 512 }, kernelModuleUrl: FAILING_KERNELS_URL }, env);
+  inst = await startInstance(
+    {
+      ...DEFAULT_INSTANCE_OPTIONS,
+      port: 0,
+      numBlocks: 160,
+      scheduler: { maxModelLen: 512 },
+      kernelModuleUrl: FAILING_KERNELS_URL,
+    },
+    env,
+  );
 });
 after(async () => inst.close());
 
 const body = { prompt: 'The KV cache moved', max_tokens: 4, temperature: 0, ignore_eos: true };
 const post = (id: string, extra: Record<string, unknown> = {}) =>
-  fetch(`${inst.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-request-id': id }, body: JSON.stringify({ ...body, ...extra }) });
+  fetch(`${inst.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-request-id': id },
+    body: JSON.stringify({ ...body, ...extra }),
+  });
 
 test('a kernel failure is a 500 for that request only; the server keeps serving', async () => {
-  const [bad, good, badStream] = await Promise.all([post(`${FAIL_REQUEST_PREFIX}a`), post('ok-1'), post(`${FAIL_REQUEST_PREFIX}b`, { stream: true })]);
+  const [bad, good, badStream] = await Promise.all([
+    post(`${FAIL_REQUEST_PREFIX}a`),
+    post('ok-1'),
+    post(`${FAIL_REQUEST_PREFIX}b`, { stream: true }),
+  ]);
   assert.equal(bad.status, 500);
   const err = (await bad.json()) as { error: { code: string; type: string; message: string } };
   assert.equal(err.error.code, 'INTERNAL');

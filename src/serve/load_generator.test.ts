@@ -29,9 +29,26 @@ test('workload: same seed same prompts; lengths within the ranges; different see
 });
 
 test('summary: errors counted, their latencies left out, tokens per second over the wall time', () => {
-  const ok = (ttft: number, itl: number[], tokens: number): RequestOutcome => ({ ok: true, ttftMs: ttft, itlMs: itl, outputTokens: tokens, error: null });
-  const r = summarize([ok(10, [1, 3], 3), ok(30, [2], 2), { ok: false, ttftMs: 999, itlMs: [999], outputTokens: 50, error: 'HTTP 500' }], 500);
-  assert.deepEqual(Object.keys(r).sort(), ['errors', 'itlMsP50', 'itlMsP99', 'requests', 'tokensPerSec', 'ttftMsP50', 'ttftMsP99']);
+  const ok = (ttft: number, itl: number[], tokens: number): RequestOutcome => ({
+    ok: true,
+    ttftMs: ttft,
+    itlMs: itl,
+    outputTokens: tokens,
+    error: null,
+  });
+  const r = summarize(
+    [ok(10, [1, 3], 3), ok(30, [2], 2), { ok: false, ttftMs: 999, itlMs: [999], outputTokens: 50, error: 'HTTP 500' }],
+    500,
+  );
+  assert.deepEqual(Object.keys(r).sort(), [
+    'errors',
+    'itlMsP50',
+    'itlMsP99',
+    'requests',
+    'tokensPerSec',
+    'ttftMsP50',
+    'ttftMsP99',
+  ]);
   assert.equal(r.requests, 3);
   assert.equal(r.errors, 1);
   assert.equal(r.ttftMsP50, 20);

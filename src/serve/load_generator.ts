@@ -57,7 +57,9 @@ export function percentile(sorted: readonly number[], p: number): number {
 }
 
 /** The request bodies of a run: a pure function of the spec's seed. */
-export function makeWorkload(spec: Pick<LoadSpec, 'requests' | 'promptLen' | 'outputLen' | 'seed'>): Array<{ prompt: number[]; maxTokens: number }> {
+export function makeWorkload(
+  spec: Pick<LoadSpec, 'requests' | 'promptLen' | 'outputLen' | 'seed'>,
+): Array<{ prompt: number[]; maxTokens: number }> {
   const rng = new SeededRng(spec.seed);
   const between = ([lo, hi]: [number, number]): number => lo + rng.int(hi - lo + 1);
   return Array.from({ length: spec.requests }, () => {
@@ -84,7 +86,12 @@ export function summarize(outcomes: readonly RequestOutcome[], wallMs: number): 
 }
 
 /** One streaming completion, timed. Never throws: failures are outcomes. */
-export async function timedCompletion(env: Env, spec: LoadSpec, prompt: number[], maxTokens: number): Promise<RequestOutcome> {
+export async function timedCompletion(
+  env: Env,
+  spec: LoadSpec,
+  prompt: number[],
+  maxTokens: number,
+): Promise<RequestOutcome> {
   const outcome: RequestOutcome = { ok: false, ttftMs: null, itlMs: [], outputTokens: 0, error: null };
   const ac = new AbortController();
   const timer = env.setTimer(spec.timeoutMs, () => ac.abort());
@@ -93,7 +100,10 @@ export async function timedCompletion(env: Env, spec: LoadSpec, prompt: number[]
   try {
     const res = await fetch(`${spec.url}/v1/completions`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', ...(spec.apiKey ? { authorization: `Bearer ${spec.apiKey}` } : {}) },
+      headers: {
+        'content-type': 'application/json',
+        ...(spec.apiKey ? { authorization: `Bearer ${spec.apiKey}` } : {}),
+      },
       body: JSON.stringify({
         ...(spec.model ? { model: spec.model } : {}),
         prompt,
@@ -119,7 +129,11 @@ export async function timedCompletion(env: Env, spec: LoadSpec, prompt: number[]
           done = true;
           continue;
         }
-        const ev = JSON.parse(data) as { choices?: unknown[]; usage?: { completion_tokens?: number }; error?: { message?: string } };
+        const ev = JSON.parse(data) as {
+          choices?: unknown[];
+          usage?: { completion_tokens?: number };
+          error?: { message?: string };
+        };
         if (ev.error) throw new Error(ev.error.message ?? 'error event');
         if (ev.usage?.completion_tokens !== undefined) usageTokens = ev.usage.completion_tokens;
         if (!ev.choices || ev.choices.length === 0) continue;
@@ -144,7 +158,11 @@ export async function timedCompletion(env: Env, spec: LoadSpec, prompt: number[]
 }
 
 /** Run the whole load; `onProgress(done, total)` after every request. */
-export async function runLoad(spec: LoadSpec, env: Env, onProgress?: (done: number, total: number) => void): Promise<{ result: BenchServeResult; outcomes: RequestOutcome[] }> {
+export async function runLoad(
+  spec: LoadSpec,
+  env: Env,
+  onProgress?: (done: number, total: number) => void,
+): Promise<{ result: BenchServeResult; outcomes: RequestOutcome[] }> {
   assert((spec.concurrency === null) !== (spec.ratePerSec === null), 'exactly one of concurrency and rate');
   const work = makeWorkload(spec);
   const outcomes: RequestOutcome[] = new Array(work.length);

@@ -31,7 +31,9 @@ export interface InstanceStatsSnapshot {
   drainReadLatenciesMs: () => number[];
 }
 
-const LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48];
+const LATENCY_BUCKETS_S = [
+  0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+];
 
 export class InstanceMetrics {
   readonly registry = new Registry();
@@ -49,7 +51,14 @@ export class InstanceMetrics {
     // Reading is cheap (counters and sizes), so every collector reads for itself.
     const s = read;
     const gauge = (name: string, help: string, f: (x: InstanceStatsSnapshot) => number): void => {
-      new Gauge({ name, help, registers: [reg], collect() { this.set(f(s())); } });
+      new Gauge({
+        name,
+        help,
+        registers: [reg],
+        collect() {
+          this.set(f(s()));
+        },
+      });
     };
     const mirror = (name: string, help: string, f: (x: InstanceStatsSnapshot) => number): void => {
       let last = 0;
@@ -64,36 +73,105 @@ export class InstanceMetrics {
         },
       });
     };
-    const t = (f: (x: TransferStats) => number) => (x: InstanceStatsSnapshot): number => (x.transfer ? f(x.transfer) : 0);
+    const t =
+      (f: (x: TransferStats) => number) =>
+      (x: InstanceStatsSnapshot): number =>
+        x.transfer ? f(x.transfer) : 0;
 
     gauge('handoff_num_requests_running', 'requests in the running queue', (x) => x.running);
     gauge('handoff_num_requests_waiting', 'requests waiting to be scheduled', (x) => x.waiting);
-    gauge('handoff_num_requests_held_for_send', 'finished prefill requests whose pages are held for a decode peer', (x) => x.heldForSend);
+    gauge(
+      'handoff_num_requests_held_for_send',
+      'finished prefill requests whose pages are held for a decode peer',
+      (x) => x.heldForSend,
+    );
     gauge('handoff_kv_cache_usage_perc', 'fraction of KV pages in use (0..1)', (x) => x.kvUsage);
     gauge('handoff_kv_free_pages', 'free KV pages (including evictable prefix-cache pages)', (x) => x.freePages);
     gauge('handoff_kv_total_pages', 'KV pages in the pool (block 0, the null block, excluded)', (x) => x.totalPages);
     mirror('handoff_preemptions_total', 'requests preempted for lack of pages', (x) => x.preemptions);
     mirror('handoff_pages_zero_listed_total', 'new pages put on the zeroing list', (x) => x.pagesZeroListed);
     mirror('handoff_pages_zeroed_total', 'pages zeroed by the worker', (x) => x.pagesZeroed);
-    mirror('handoff_pages_excluded_from_zeroing_total', 'READ destination pages removed from the zeroing list', (x) => x.pagesExcludedFromZeroing);
+    mirror(
+      'handoff_pages_excluded_from_zeroing_total',
+      'READ destination pages removed from the zeroing list',
+      (x) => x.pagesExcludedFromZeroing,
+    );
     mirror('handoff_kv_load_failures_total', 'requests whose KV load failed', (x) => x.kvLoadFailures);
-    mirror('handoff_leases_expired_total', 'held prefill pages freed because no release arrived in time', (x) => x.leasesExpired);
+    mirror(
+      'handoff_leases_expired_total',
+      'held prefill pages freed because no release arrived in time',
+      (x) => x.leasesExpired,
+    );
     mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
-    gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) => (x.races === null ? 0 : 1));
+    gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) =>
+      x.races === null ? 0 : 1,
+    );
     mirror('handoff_races_total', 'unordered conflicting page accesses found by the race checker', (x) => x.races ?? 0);
-    mirror('handoff_lifecycle_violations_total', 'page lifecycle invariant violations found by the lifecycle oracle (--race-check)', (x) => x.lifecycleViolations ?? 0);
-    mirror('handoff_transfer_bytes_read_total', 'bytes pulled by this engine with READs', t((x) => x.bytesRead));
-    mirror('handoff_transfer_bytes_written_total', 'bytes pushed by this engine with WRITEs', t((x) => x.bytesWritten));
-    mirror('handoff_transfer_reads_total', 'READ work requests posted', t((x) => x.readsPosted));
-    mirror('handoff_transfer_read_failures_total', 'READ work requests that failed', t((x) => x.readsFailed));
-    mirror('handoff_transfer_writes_total', 'WRITE work requests posted', t((x) => x.writesPosted));
-    mirror('handoff_transfer_write_failures_total', 'WRITE work requests that failed', t((x) => x.writesFailed));
-    mirror('handoff_transfer_grants_issued_total', 'grants issued for this engine pages', t((x) => x.grantsIssued));
-    mirror('handoff_transfer_grants_refused_total', 'READs/WRITEs refused by this engine (GRANT_DENIED)', t((x) => x.grantsRefused));
-    mirror('handoff_transfer_grants_expired_total', 'grants that expired unused', t((x) => x.grantsExpired));
-    mirror('handoff_transfer_releases_refused_total', 'release/write_done notifications refused (wrong peer or grant token)', t((x) => x.releasesRefused));
-    mirror('handoff_transfer_notifications_failed_total', 'side-channel notifications that failed', t((x) => x.notificationsFailed));
-    mirror('handoff_transfer_bad_frames_total', 'data-plane connections closed for malformed frames', t((x) => x.badFrames));
+    mirror(
+      'handoff_lifecycle_violations_total',
+      'page lifecycle invariant violations found by the lifecycle oracle (--race-check)',
+      (x) => x.lifecycleViolations ?? 0,
+    );
+    mirror(
+      'handoff_transfer_bytes_read_total',
+      'bytes pulled by this engine with READs',
+      t((x) => x.bytesRead),
+    );
+    mirror(
+      'handoff_transfer_bytes_written_total',
+      'bytes pushed by this engine with WRITEs',
+      t((x) => x.bytesWritten),
+    );
+    mirror(
+      'handoff_transfer_reads_total',
+      'READ work requests posted',
+      t((x) => x.readsPosted),
+    );
+    mirror(
+      'handoff_transfer_read_failures_total',
+      'READ work requests that failed',
+      t((x) => x.readsFailed),
+    );
+    mirror(
+      'handoff_transfer_writes_total',
+      'WRITE work requests posted',
+      t((x) => x.writesPosted),
+    );
+    mirror(
+      'handoff_transfer_write_failures_total',
+      'WRITE work requests that failed',
+      t((x) => x.writesFailed),
+    );
+    mirror(
+      'handoff_transfer_grants_issued_total',
+      'grants issued for this engine pages',
+      t((x) => x.grantsIssued),
+    );
+    mirror(
+      'handoff_transfer_grants_refused_total',
+      'READs/WRITEs refused by this engine (GRANT_DENIED)',
+      t((x) => x.grantsRefused),
+    );
+    mirror(
+      'handoff_transfer_grants_expired_total',
+      'grants that expired unused',
+      t((x) => x.grantsExpired),
+    );
+    mirror(
+      'handoff_transfer_releases_refused_total',
+      'release/write_done notifications refused (wrong peer or grant token)',
+      t((x) => x.releasesRefused),
+    );
+    mirror(
+      'handoff_transfer_notifications_failed_total',
+      'side-channel notifications that failed',
+      t((x) => x.notificationsFailed),
+    );
+    mirror(
+      'handoff_transfer_bad_frames_total',
+      'data-plane connections closed for malformed frames',
+      t((x) => x.badFrames),
+    );
 
     new Histogram({
       name: 'handoff_kv_read_seconds',
@@ -104,13 +182,46 @@ export class InstanceMetrics {
         for (const ms of s().drainReadLatenciesMs()) this.observe(ms / 1000);
       },
     });
-    this.ttft = new Histogram({ name: 'handoff_time_to_first_token_seconds', help: 'time from request arrival to its first token', buckets: LATENCY_BUCKETS_S, registers: [reg] });
-    this.itl = new Histogram({ name: 'handoff_inter_token_latency_seconds', help: 'time between consecutive tokens of a request', buckets: LATENCY_BUCKETS_S, registers: [reg] });
-    this.e2e = new Histogram({ name: 'handoff_e2e_request_latency_seconds', help: 'time from arrival to the end of a request', buckets: LATENCY_BUCKETS_S, registers: [reg] });
-    this.finished = new Counter({ name: 'handoff_requests_total', help: 'finished requests by finish reason', labelNames: ['finish_reason'], registers: [reg] });
-    this.promptTokens = new Counter({ name: 'handoff_prompt_tokens_total', help: 'prompt tokens of finished requests', registers: [reg] });
-    this.generationTokens = new Counter({ name: 'handoff_generation_tokens_total', help: 'tokens generated', registers: [reg] });
-    this.httpErrors = new Counter({ name: 'handoff_http_errors_total', help: 'requests answered with an error, by error code', labelNames: ['code'], registers: [reg] });
+    this.ttft = new Histogram({
+      name: 'handoff_time_to_first_token_seconds',
+      help: 'time from request arrival to its first token',
+      buckets: LATENCY_BUCKETS_S,
+      registers: [reg],
+    });
+    this.itl = new Histogram({
+      name: 'handoff_inter_token_latency_seconds',
+      help: 'time between consecutive tokens of a request',
+      buckets: LATENCY_BUCKETS_S,
+      registers: [reg],
+    });
+    this.e2e = new Histogram({
+      name: 'handoff_e2e_request_latency_seconds',
+      help: 'time from arrival to the end of a request',
+      buckets: LATENCY_BUCKETS_S,
+      registers: [reg],
+    });
+    this.finished = new Counter({
+      name: 'handoff_requests_total',
+      help: 'finished requests by finish reason',
+      labelNames: ['finish_reason'],
+      registers: [reg],
+    });
+    this.promptTokens = new Counter({
+      name: 'handoff_prompt_tokens_total',
+      help: 'prompt tokens of finished requests',
+      registers: [reg],
+    });
+    this.generationTokens = new Counter({
+      name: 'handoff_generation_tokens_total',
+      help: 'tokens generated',
+      registers: [reg],
+    });
+    this.httpErrors = new Counter({
+      name: 'handoff_http_errors_total',
+      help: 'requests answered with an error, by error code',
+      labelNames: ['code'],
+      registers: [reg],
+    });
   }
 
   observeTtftMs(ms: number): void {

@@ -22,7 +22,16 @@ const RUNS = 150;
 let inst: Instance;
 
 before(async () => {
-  inst = await startInstance({ ...DEFAULT_INSTANCE_OPTIONS, port: 0, device: 'sim', numBlocks: NUM_BLOCKS, scheduler: { maxModelLen: MAX_MODEL_LEN } }, env);
+  inst = await startInstance(
+    {
+      ...DEFAULT_INSTANCE_OPTIONS,
+      port: 0,
+      device: 'sim',
+      numBlocks: NUM_BLOCKS,
+      scheduler: { maxModelLen: MAX_MODEL_LEN },
+    },
+    env,
+  );
 });
 
 after(async () => {
@@ -31,7 +40,26 @@ after(async () => {
 
 const junk: fc.Arbitrary<unknown> = fc.oneof(
   fc.jsonValue({ maxDepth: 3 }),
-  fc.constantFrom(null, true, false, 0, -1, 1, 2, 1.5, 1e9, -1e9, '', 'x', [], {}, [[]], [null], { type: 'text' }, 'dsv4-mini'),
+  fc.constantFrom(
+    null,
+    true,
+    false,
+    0,
+    -1,
+    1,
+    2,
+    1.5,
+    1e9,
+    -1e9,
+    '',
+    'x',
+    [],
+    {},
+    [[]],
+    [null],
+    { type: 'text' },
+    'dsv4-mini',
+  ),
   fc.string({ maxLength: 30 }),
   fc.double({ noNaN: true, noDefaultInfinity: true }),
   fc.array(fc.integer({ min: -5, max: 60_000 }), { maxLength: 80 }),
@@ -53,7 +81,10 @@ const plausibleCommon = {
   stop_token_ids: fc.array(fc.integer({ min: 0, max: 50_256 }), { maxLength: 4 }),
   include_stop_str_in_output: fc.boolean(),
   stream: fc.boolean(),
-  stream_options: fc.record({ include_usage: fc.boolean(), continuous_usage_stats: fc.constantFrom(false, null) }, { requiredKeys: [] }),
+  stream_options: fc.record(
+    { include_usage: fc.boolean(), continuous_usage_stats: fc.constantFrom(false, null) },
+    { requiredKeys: [] },
+  ),
   ignore_eos: fc.boolean(),
   return_token_ids: fc.boolean(),
   user: fc.string({ maxLength: 10 }),
@@ -62,14 +93,30 @@ const plausibleCommon = {
 };
 const plausible = {
   completion: fc.record(
-    { ...plausibleCommon, prompt: fc.oneof(shortText, tokenIds, shortText.map((t) => [t]), tokenIds.map((t) => [t])), logprobs: fc.constantFrom(0, null), echo: fc.constant(false) },
+    {
+      ...plausibleCommon,
+      prompt: fc.oneof(
+        shortText,
+        tokenIds,
+        shortText.map((t) => [t]),
+        tokenIds.map((t) => [t]),
+      ),
+      logprobs: fc.constantFrom(0, null),
+      echo: fc.constant(false),
+    },
     { requiredKeys: ['prompt'] },
   ),
   chat: fc.record(
     {
       ...plausibleCommon,
       messages: fc.array(
-        fc.record({ role: fc.constantFrom('system', 'developer', 'user', 'assistant', 'tool'), content: fc.oneof(shortText, fc.array(fc.record({ type: fc.constant('text'), text: shortText }), { maxLength: 3 })) }),
+        fc.record({
+          role: fc.constantFrom('system', 'developer', 'user', 'assistant', 'tool'),
+          content: fc.oneof(
+            shortText,
+            fc.array(fc.record({ type: fc.constant('text'), text: shortText }), { maxLength: 3 }),
+          ),
+        }),
         { minLength: 1, maxLength: 3 },
       ),
       logprobs: fc.boolean(),
@@ -84,7 +131,11 @@ const kvTransferParams = fc.record(
     do_remote_decode: fc.oneof(fc.boolean(), junk),
     do_remote_prefill: fc.oneof(fc.boolean(), junk),
     remote_engine_id: junk,
-    remote_block_ids: fc.oneof(fc.array(fc.array(fc.nat(300), { maxLength: 6 }), { maxLength: 3 }), fc.array(fc.nat(300), { maxLength: 6 }), junk),
+    remote_block_ids: fc.oneof(
+      fc.array(fc.array(fc.nat(300), { maxLength: 6 }), { maxLength: 3 }),
+      fc.array(fc.nat(300), { maxLength: 6 }),
+      junk,
+    ),
     remote_host: junk,
     remote_port: fc.oneof(fc.integer({ min: -1, max: 70_000 }), junk),
     transfer_id: junk,
@@ -99,12 +150,21 @@ const kvTransferParams = fc.record(
  * we implement; one or two fields we refuse (neutral-looking or junk); random kv_transfer_params.
  */
 function mutation(kind: 'completion' | 'chat'): fc.Arbitrary<Record<string, unknown>> {
-  const known = [...Object.keys(plausibleCommon), ...(kind === 'chat' ? ['messages', 'logprobs', 'top_logprobs'] : ['prompt', 'logprobs', 'echo'])];
-  const refusedValue = fc.oneof(fc.constantFrom(null, 0, 1, true, false, [], {}, 'none', 'auto', { type: 'text' }, ['text']), junk);
+  const known = [
+    ...Object.keys(plausibleCommon),
+    ...(kind === 'chat' ? ['messages', 'logprobs', 'top_logprobs'] : ['prompt', 'logprobs', 'echo']),
+  ];
+  const refusedValue = fc.oneof(
+    fc.constantFrom(null, 0, 1, true, false, [], {}, 'none', 'auto', { type: 'text' }, ['text']),
+    junk,
+  );
   return fc.oneof(
     { arbitrary: fc.constant({}), weight: 3 },
     { arbitrary: fc.dictionary(fc.constantFrom(...known), junk, { minKeys: 1, maxKeys: 2 }), weight: 3 },
-    { arbitrary: fc.dictionary(fc.constantFrom(...refusableFields(kind)), refusedValue, { minKeys: 1, maxKeys: 2 }), weight: 2 },
+    {
+      arbitrary: fc.dictionary(fc.constantFrom(...refusableFields(kind)), refusedValue, { minKeys: 1, maxKeys: 2 }),
+      weight: 2,
+    },
     { arbitrary: kvTransferParams.map((p) => ({ kv_transfer_params: p })), weight: 1 },
   );
 }
@@ -113,12 +173,19 @@ function mutation(kind: 'completion' | 'chat'): fc.Arbitrary<Record<string, unkn
 const extras = fc.dictionary(fc.string({ maxLength: 12 }), junk, { maxKeys: 3 });
 
 const body = (kind: 'completion' | 'chat'): fc.Arbitrary<Record<string, unknown>> =>
-  fc.tuple(plausible[kind], mutation(kind), extras).map(([valid, mutated, extra]) => ({ ...extra, ...valid, ...mutated }));
+  fc
+    .tuple(plausible[kind], mutation(kind), extras)
+    .map(([valid, mutated, extra]) => ({ ...extra, ...valid, ...mutated }));
 
 const outcomes = new Map<string, number>();
 
 async function check(path: string, body: unknown): Promise<void> {
-  const r = await fetch(`${inst.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(30_000) });
+  const r = await fetch(`${inst.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(30_000),
+  });
   const text = await r.text();
   const what = `${r.status} for ${JSON.stringify(body).slice(0, 400)} → ${text.slice(0, 300)}`;
   assert.ok(r.status < 500, `a 5xx: ${what}`);
@@ -146,19 +213,35 @@ function count(outcome: string): void {
 }
 
 test('fuzz /v1/completions: every field, random types, extra fields: 2xx or a well-formed 4xx, never 5xx', async () => {
-  await fc.assert(fc.asyncProperty(body('completion'), (b) => check('/v1/completions', b)), { numRuns: RUNS });
+  await fc.assert(
+    fc.asyncProperty(body('completion'), (b) => check('/v1/completions', b)),
+    { numRuns: RUNS },
+  );
 });
 
 test('fuzz /v1/chat/completions: every field, random types, extra fields: 2xx or a well-formed 4xx, never 5xx', async () => {
-  await fc.assert(fc.asyncProperty(body('chat'), (b) => check('/v1/chat/completions', b)), { numRuns: RUNS });
+  await fc.assert(
+    fc.asyncProperty(body('chat'), (b) => check('/v1/chat/completions', b)),
+    { numRuns: RUNS },
+  );
 });
 
 test('after the fuzz: /health is 200, a normal request succeeds, every page is back', async () => {
   const top = [...outcomes].sort((a, b) => b[1] - a[1]);
-  console.log(`# ${top.length} distinct outcomes; most frequent: ${top.slice(0, 12).map(([k, n]) => `${k}: ${n}`).join('; ')}`);
-  for (const path of ['/v1/completions', '/v1/chat/completions']) assert.ok((outcomes.get(`${path} 200`) ?? 0) >= RUNS / 10, `${path}: many fuzzed requests really generated`);
+  console.log(
+    `# ${top.length} distinct outcomes; most frequent: ${top
+      .slice(0, 12)
+      .map(([k, n]) => `${k}: ${n}`)
+      .join('; ')}`,
+  );
+  for (const path of ['/v1/completions', '/v1/chat/completions'])
+    assert.ok((outcomes.get(`${path} 200`) ?? 0) >= RUNS / 10, `${path}: many fuzzed requests really generated`);
   assert.equal((await fetch(`${inst.url}/health`)).status, 200);
-  const r = await fetch(`${inst.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'still fine', max_tokens: 3 }) });
+  const r = await fetch(`${inst.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'still fine', max_tokens: 3 }),
+  });
   assert.equal(r.status, 200);
   for (let k = 0; k < 2000 && !inst.engine.core.isIdle(); k++) await env.sleep(5);
   assert.ok(inst.engine.core.isIdle(), 'engine idle');

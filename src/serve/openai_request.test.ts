@@ -11,7 +11,14 @@ import fc from 'fast-check';
 import { HandoffError } from '../util/errors.ts';
 import { encode } from '../model/tokenizer.ts';
 import { applyChatTemplate } from './chat_template.ts';
-import { attributeParam, DEFAULT_COMPLETION_MAX_TOKENS, parseApiRequest, parseApiRequestAsync, promptCharsMax, validateApiRequest } from './openai_request.ts';
+import {
+  attributeParam,
+  DEFAULT_COMPLETION_MAX_TOKENS,
+  parseApiRequest,
+  parseApiRequestAsync,
+  promptCharsMax,
+  validateApiRequest,
+} from './openai_request.ts';
 import { refusableFields } from './request_fields.ts';
 
 const limits = { maxModelLen: 128 };
@@ -39,11 +46,26 @@ test('completions: prompt forms, defaults, vLLM extensions', () => {
   assert.equal(a.stream, false);
   assert.equal(a.includeUsage, false);
   assert.deepEqual(parseApiRequest('completion', { prompt: [5, 6, 7] }, limits).promptTokenIds, [5, 6, 7]);
-  assert.deepEqual(parseApiRequest('completion', { prompt: ['Hello world'] }, limits).promptTokenIds, encode('Hello world'));
+  assert.deepEqual(
+    parseApiRequest('completion', { prompt: ['Hello world'] }, limits).promptTokenIds,
+    encode('Hello world'),
+  );
   assert.deepEqual(parseApiRequest('completion', { prompt: [[9, 8]] }, limits).promptTokenIds, [9, 8]);
   const b = parseApiRequest(
     'completion',
-    { prompt: 'x', max_tokens: 4, max_completion_tokens: 1, stop: 'END', stop_token_ids: [13], ignore_eos: true, top_k: 0, stream: true, stream_options: { include_usage: true }, logprobs: 0, unknown_field: 1 },
+    {
+      prompt: 'x',
+      max_tokens: 4,
+      max_completion_tokens: 1,
+      stop: 'END',
+      stop_token_ids: [13],
+      ignore_eos: true,
+      top_k: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+      logprobs: 0,
+      unknown_field: 1,
+    },
     limits,
   );
   assert.equal(b.maxTokens, 1, 'max_completion_tokens wins, like the proxy sets both');
@@ -59,11 +81,23 @@ test('completions: prompt forms, defaults, vLLM extensions', () => {
 test('chat: the fixed ChatML template, text parts joined, default max_tokens = the rest of the context', () => {
   const messages = [
     { role: 'system', content: 'Be brief.' },
-    { role: 'user', content: [{ type: 'text', text: 'Hi ' }, { type: 'text', text: 'there' }] },
+    {
+      role: 'user',
+      content: [
+        { type: 'text', text: 'Hi ' },
+        { type: 'text', text: 'there' },
+      ],
+    },
   ];
   const r = parseApiRequest('chat', { messages, logprobs: true }, limits);
   const text = '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n';
-  assert.equal(applyChatTemplate([{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi there' }]), text);
+  assert.equal(
+    applyChatTemplate([
+      { role: 'system', content: 'Be brief.' },
+      { role: 'user', content: 'Hi there' },
+    ]),
+    text,
+  );
   assert.deepEqual(r.promptTokenIds, encode(text));
   assert.equal(r.maxTokens, limits.maxModelLen - r.promptTokenIds.length);
   assert.equal(r.logprobs, true);
@@ -97,12 +131,28 @@ test('wrong types, ranges and unsupported features are BAD_REQUEST; long prompts
     ['chat', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: 'x' }] }] }, 'BAD_REQUEST'],
     ['chat', { messages: [{ role: 'user', content: 'x' }], top_logprobs: 2 }, 'BAD_REQUEST'],
   ];
-  for (const [kind, body, want] of bad) assert.equal(code(() => parseApiRequest(kind as 'chat', body, limits)), want, JSON.stringify(body).slice(0, 80));
+  for (const [kind, body, want] of bad)
+    assert.equal(
+      code(() => parseApiRequest(kind as 'chat', body, limits)),
+      want,
+      JSON.stringify(body).slice(0, 80),
+    );
 });
 
 test('property: any JSON body is either accepted consistently or refused with a typed 4xx error', () => {
   const field = fc.oneof(fc.constant(undefined), fc.jsonValue(), fc.integer({ min: -5, max: 200 }), fc.string());
-  const body = fc.record({ prompt: fc.oneof(fc.string(), fc.array(fc.integer({ min: -2, max: 60000 }), { maxLength: 140 }), fc.jsonValue()), max_tokens: field, temperature: field, n: field, stop: field, kv_transfer_params: field, stream: field }, { requiredKeys: [] });
+  const body = fc.record(
+    {
+      prompt: fc.oneof(fc.string(), fc.array(fc.integer({ min: -2, max: 60000 }), { maxLength: 140 }), fc.jsonValue()),
+      max_tokens: field,
+      temperature: field,
+      n: field,
+      stop: field,
+      kv_transfer_params: field,
+      stream: field,
+    },
+    { requiredKeys: [] },
+  );
   fc.assert(
     fc.property(body, (b) => {
       try {
@@ -119,7 +169,7 @@ test('property: any JSON body is either accepted consistently or refused with a 
   );
 });
 
-test('every refusal names its field (param) and says what is wrong, in the client\'s terms', () => {
+test("every refusal names its field (param) and says what is wrong, in the client's terms", () => {
   const user = [{ role: 'user', content: 'x' }];
   const cases: Array<[string, unknown, string, string | null, RegExp]> = [
     ['completion', {}, 'BAD_REQUEST', 'prompt', /prompt is required/],
@@ -128,33 +178,143 @@ test('every refusal names its field (param) and says what is wrong, in the clien
     ['completion', { prompt: [3, 1.5] }, 'BAD_REQUEST', 'prompt[1]', /prompt\[1\] must be a token id .* got 1\.5/],
     ['completion', { prompt: [[7, -1]] }, 'BAD_REQUEST', 'prompt[0][1]', /got -1/],
     ['completion', { prompt: ['a', 'b'] }, 'BAD_REQUEST', 'prompt', /batch of 2 prompts/],
-    ['completion', { prompt: Array(100_000).fill(1) }, 'PROMPT_TOO_LONG', 'prompt', /the prompt has 100000 tokens; this model takes at most 127/],
+    [
+      'completion',
+      { prompt: Array(100_000).fill(1) },
+      'PROMPT_TOO_LONG',
+      'prompt',
+      /the prompt has 100000 tokens; this model takes at most 127/,
+    ],
     ['completion', { prompt: 'x', max_tokens: 0 }, 'BAD_REQUEST', 'max_tokens', /max_tokens must be at least 1, got 0/],
-    ['completion', { prompt: 'x', max_tokens: 'many' }, 'BAD_REQUEST', 'max_tokens', /max_tokens must be a number, got "many"/],
-    ['completion', { prompt: 'x', max_completion_tokens: 129 }, 'BAD_REQUEST', 'max_completion_tokens', /\[1, 128\].*got 129/],
-    ['completion', { prompt: 'x', temperature: 3 }, 'BAD_REQUEST', 'temperature', /temperature must be at most 2, got 3/],
+    [
+      'completion',
+      { prompt: 'x', max_tokens: 'many' },
+      'BAD_REQUEST',
+      'max_tokens',
+      /max_tokens must be a number, got "many"/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', max_completion_tokens: 129 },
+      'BAD_REQUEST',
+      'max_completion_tokens',
+      /\[1, 128\].*got 129/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', temperature: 3 },
+      'BAD_REQUEST',
+      'temperature',
+      /temperature must be at most 2, got 3/,
+    ],
     ['completion', { prompt: 'x', top_p: 0 }, 'BAD_REQUEST', 'top_p', /top_p must be greater than 0/],
     ['completion', { prompt: 'x', stop: 5 }, 'BAD_REQUEST', 'stop', /stop must be a string or a list of strings/],
     ['completion', { prompt: 'x', stop: ['ok', ''] }, 'BAD_REQUEST', 'stop[1]', /stop\[1\] must not be empty/],
-    ['completion', { prompt: 'x', stop: Array(17).fill('a') }, 'BAD_REQUEST', 'stop', /stop has 17 entries; at most 16/],
+    [
+      'completion',
+      { prompt: 'x', stop: Array(17).fill('a') },
+      'BAD_REQUEST',
+      'stop',
+      /stop has 17 entries; at most 16/,
+    ],
     ['completion', { prompt: 'x', stream: 'yes' }, 'BAD_REQUEST', 'stream', /stream must be true or false, got "yes"/],
     ['completion', { prompt: 'x', logprobs: 3 }, 'BAD_REQUEST', 'logprobs', /logprobs: 0/],
-    ['completion', { prompt: 'x', stream_options: { continuous_usage_stats: true } }, 'BAD_REQUEST', 'stream_options.continuous_usage_stats', /not supported/],
-    ['completion', { prompt: 'x', kv_transfer_params: 'yes' }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params', /kv_transfer_params must be an object, got "yes"/],
-    ['completion', { prompt: 'x', kv_transfer_params: { remote_port: 70000 } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_port', /remote_port must be at most 65535, got 70000/],
-    ['completion', { prompt: 'x', kv_transfer_params: { grant: 'not-hex' } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.grant', /hex/],
-    ['completion', { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100_000).fill(3) } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids', /remote_block_ids has 100000 entries; at most 65536/],
-    ['completion', { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100).fill([1]) } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids', /has 100 groups; at most 64/],
-    ['completion', { prompt: 'x', kv_transfer_params: { remote_block_ids: [[1, 2], [3, -4]] } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids[1][1]', /must be a page id .* got -4/],
-    ['completion', { prompt: 'x', kv_transfer_params: { remote_block_ids: [[1], 'x'] } }, 'BAD_TRANSFER_PARAMS', 'kv_transfer_params.remote_block_ids[1]', /must be a list of page ids/],
+    [
+      'completion',
+      { prompt: 'x', stream_options: { continuous_usage_stats: true } },
+      'BAD_REQUEST',
+      'stream_options.continuous_usage_stats',
+      /not supported/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: 'yes' },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params',
+      /kv_transfer_params must be an object, got "yes"/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: { remote_port: 70000 } },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_port',
+      /remote_port must be at most 65535, got 70000/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: { grant: 'not-hex' } },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.grant',
+      /hex/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100_000).fill(3) } },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_block_ids',
+      /remote_block_ids has 100000 entries; at most 65536/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: { remote_block_ids: Array(100).fill([1]) } },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_block_ids',
+      /has 100 groups; at most 64/,
+    ],
+    [
+      'completion',
+      {
+        prompt: 'x',
+        kv_transfer_params: {
+          remote_block_ids: [
+            [1, 2],
+            [3, -4],
+          ],
+        },
+      },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_block_ids[1][1]',
+      /must be a page id .* got -4/,
+    ],
+    [
+      'completion',
+      { prompt: 'x', kv_transfer_params: { remote_block_ids: [[1], 'x'] } },
+      'BAD_TRANSFER_PARAMS',
+      'kv_transfer_params.remote_block_ids[1]',
+      /must be a list of page ids/,
+    ],
     ['chat', { messages: [] }, 'BAD_REQUEST', 'messages', /messages must not be empty/],
     ['chat', { messages: 'hi' }, 'BAD_REQUEST', 'messages', /messages must be a list, got "hi"/],
-    ['chat', { messages: [{ role: 'wizard', content: 'x' }] }, 'BAD_REQUEST', 'messages[0].role', /must be one of "system", .* got "wizard"/],
-    ['chat', { messages: [...user, { role: 'user' }] }, 'BAD_REQUEST', 'messages[1].content', /messages\[1\]\.content is required/],
-    ['chat', { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: 'x' }] }] }, 'BAD_REQUEST', 'messages[0].content[0].type', /must be "text", got "image_url"/],
+    [
+      'chat',
+      { messages: [{ role: 'wizard', content: 'x' }] },
+      'BAD_REQUEST',
+      'messages[0].role',
+      /must be one of "system", .* got "wizard"/,
+    ],
+    [
+      'chat',
+      { messages: [...user, { role: 'user' }] },
+      'BAD_REQUEST',
+      'messages[1].content',
+      /messages\[1\]\.content is required/,
+    ],
+    [
+      'chat',
+      { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: 'x' }] }] },
+      'BAD_REQUEST',
+      'messages[0].content[0].type',
+      /must be "text", got "image_url"/,
+    ],
     ['chat', { messages: user, top_logprobs: 2 }, 'BAD_REQUEST', 'top_logprobs', /top_logprobs must be 0/],
     ['chat', { messages: user, metadata: 5 }, 'BAD_REQUEST', 'metadata', /metadata must be an object/],
-    ['chat', { messages: user, tools: [{ type: 'function', function: { name: 'f' } }] }, 'BAD_REQUEST', 'tools', /tools is not supported by this server/],
+    [
+      'chat',
+      { messages: user, tools: [{ type: 'function', function: { name: 'f' } }] },
+      'BAD_REQUEST',
+      'tools',
+      /tools is not supported by this server/,
+    ],
   ];
   for (const [kind, body, want, param, message] of cases) {
     const what = JSON.stringify(body).slice(0, 80);
@@ -168,20 +328,71 @@ test('every refusal names its field (param) and says what is wrong, in the clien
 });
 
 test('property: no refusal is a bare zod message ("Invalid input", "Too big: ...") and each names a field or the body', () => {
-  const anyValue = fc.oneof(fc.jsonValue(), fc.array(fc.integer({ min: -3, max: 60_000 }), { maxLength: 200 }), fc.string({ maxLength: 300 }));
-  const completion = fc.dictionary(fc.constantFrom('prompt', 'max_tokens', 'stop', 'temperature', 'top_p', 'seed', 'stream_options', 'kv_transfer_params', 'logprobs', 'stop_token_ids', 'user', 'metadata'), anyValue);
-  const params = fc.dictionary(fc.constantFrom('remote_block_ids', 'remote_port', 'grant', 'remote_engine_id', 'do_remote_prefill', 'remote_num_tokens'), anyValue);
-  const chat = fc.record({ messages: fc.oneof(anyValue, fc.array(fc.dictionary(fc.constantFrom('role', 'content'), fc.oneof(anyValue, fc.constantFrom('user', 'tool'))), { maxLength: 3 })), kv_transfer_params: params }, { requiredKeys: [] });
+  const anyValue = fc.oneof(
+    fc.jsonValue(),
+    fc.array(fc.integer({ min: -3, max: 60_000 }), { maxLength: 200 }),
+    fc.string({ maxLength: 300 }),
+  );
+  const completion = fc.dictionary(
+    fc.constantFrom(
+      'prompt',
+      'max_tokens',
+      'stop',
+      'temperature',
+      'top_p',
+      'seed',
+      'stream_options',
+      'kv_transfer_params',
+      'logprobs',
+      'stop_token_ids',
+      'user',
+      'metadata',
+    ),
+    anyValue,
+  );
+  const params = fc.dictionary(
+    fc.constantFrom(
+      'remote_block_ids',
+      'remote_port',
+      'grant',
+      'remote_engine_id',
+      'do_remote_prefill',
+      'remote_num_tokens',
+    ),
+    anyValue,
+  );
+  const chat = fc.record(
+    {
+      messages: fc.oneof(
+        anyValue,
+        fc.array(
+          fc.dictionary(fc.constantFrom('role', 'content'), fc.oneof(anyValue, fc.constantFrom('user', 'tool'))),
+          { maxLength: 3 },
+        ),
+      ),
+      kv_transfer_params: params,
+    },
+    { requiredKeys: [] },
+  );
   const check = (kind: 'completion' | 'chat', body: unknown): void => {
     const e = refusal(() => parseApiRequest(kind, body, limits));
     if (e === null) return;
     assert.ok(e.httpStatus >= 400 && e.httpStatus < 500, e.code);
     assert.doesNotMatch(e.message, /Invalid input|Too (big|small)|Invalid option|expected .* received/, e.message);
     assert.ok(e.param !== null, `a param for: ${e.message}`);
-    assert.ok(e.message.includes(e.param.split(/[.[]/)[0] ?? '') || e.code === 'PROMPT_TOO_LONG', `the message names ${e.param}: ${e.message}`);
+    assert.ok(
+      e.message.includes(e.param.split(/[.[]/)[0] ?? '') || e.code === 'PROMPT_TOO_LONG',
+      `the message names ${e.param}: ${e.message}`,
+    );
   };
-  fc.assert(fc.property(completion, (b) => check('completion', { prompt: 'x', ...b })), { numRuns: 400 });
-  fc.assert(fc.property(chat, (b) => check('chat', b)), { numRuns: 300 });
+  fc.assert(
+    fc.property(completion, (b) => check('completion', { prompt: 'x', ...b })),
+    { numRuns: 400 },
+  );
+  fc.assert(
+    fc.property(chat, (b) => check('chat', b)),
+    { numRuns: 300 },
+  );
 });
 
 test('vLLM fields we do not implement: refused by name unless neutral; harmless OpenAI fields accepted', () => {
@@ -195,18 +406,68 @@ test('vLLM fields we do not implement: refused by name unless neutral; harmless 
       assert.equal(e.code, 'BAD_REQUEST');
       assert.equal(e.param, field);
       assert.match(e.message, new RegExp(`^${field} is not supported by this server \\(only .+ is accepted\\)$`));
-      assert.equal(code(() => parseApiRequest(kind, { ...base[kind], [field]: null }, limits)), 'ok', `${field}: null is neutral`);
+      assert.equal(
+        code(() => parseApiRequest(kind, { ...base[kind], [field]: null }, limits)),
+        'ok',
+        `${field}: null is neutral`,
+      );
     }
-    assert.equal(code(() => parseApiRequest(kind, { ...base[kind], min_p: 0.05 }, limits)), 'BAD_REQUEST');
-    assert.equal(code(() => parseApiRequest(kind, { ...base[kind], repetition_penalty: 1.2 }, limits)), 'BAD_REQUEST');
-    const neutral = { min_tokens: 0, min_p: 0, repetition_penalty: 1, length_penalty: 1, use_beam_search: false, skip_special_tokens: true, bad_words: [], logit_bias: {}, response_format: { type: 'text' }, n: 1, best_of: 1, presence_penalty: 0, frequency_penalty: 0, priority: 0, add_special_tokens: false };
+    assert.equal(
+      code(() => parseApiRequest(kind, { ...base[kind], min_p: 0.05 }, limits)),
+      'BAD_REQUEST',
+    );
+    assert.equal(
+      code(() => parseApiRequest(kind, { ...base[kind], repetition_penalty: 1.2 }, limits)),
+      'BAD_REQUEST',
+    );
+    const neutral = {
+      min_tokens: 0,
+      min_p: 0,
+      repetition_penalty: 1,
+      length_penalty: 1,
+      use_beam_search: false,
+      skip_special_tokens: true,
+      bad_words: [],
+      logit_bias: {},
+      response_format: { type: 'text' },
+      n: 1,
+      best_of: 1,
+      presence_penalty: 0,
+      frequency_penalty: 0,
+      priority: 0,
+      add_special_tokens: false,
+    };
     const harmless = { user: 'u-1', metadata: { team: 'a' }, store: false, some_future_field: { nested: [1] } };
-    assert.equal(code(() => parseApiRequest(kind, { ...base[kind], ...neutral, ...harmless }, limits)), 'ok', `${kind}: neutral values are accepted`);
+    assert.equal(
+      code(() => parseApiRequest(kind, { ...base[kind], ...neutral, ...harmless }, limits)),
+      'ok',
+      `${kind}: neutral values are accepted`,
+    );
   }
-  assert.equal(code(() => parseApiRequest('chat', { messages: user, tools: [], tool_choice: 'none', parallel_tool_calls: false, add_generation_prompt: true }, limits)), 'ok');
-  assert.equal(code(() => parseApiRequest('chat', { messages: user, tool_choice: 'required' }, limits)), 'BAD_REQUEST');
-  assert.equal(code(() => parseApiRequest('completion', { prompt: 'x', echo: true }, limits)), 'BAD_REQUEST');
-  for (const include of [true, false]) assert.equal(parseApiRequest('completion', { prompt: 'x', include_stop_str_in_output: include }, limits).includeStopStr, include, 'honoured');
+  assert.equal(
+    code(() =>
+      parseApiRequest(
+        'chat',
+        { messages: user, tools: [], tool_choice: 'none', parallel_tool_calls: false, add_generation_prompt: true },
+        limits,
+      ),
+    ),
+    'ok',
+  );
+  assert.equal(
+    code(() => parseApiRequest('chat', { messages: user, tool_choice: 'required' }, limits)),
+    'BAD_REQUEST',
+  );
+  assert.equal(
+    code(() => parseApiRequest('completion', { prompt: 'x', echo: true }, limits)),
+    'BAD_REQUEST',
+  );
+  for (const include of [true, false])
+    assert.equal(
+      parseApiRequest('completion', { prompt: 'x', include_stop_str_in_output: include }, limits).includeStopStr,
+      include,
+      'honoured',
+    );
 });
 
 test('over-long text is refused by its length before tokenizing, and never a prompt that fits', () => {
@@ -218,26 +479,58 @@ test('over-long text is refused by its length before tokenizing, and never a pro
     assert.equal(e?.code, 'PROMPT_TOO_LONG');
     assert.match(e.message, new RegExp(`has ${max + 1} characters; .* at most ${max} characters`));
   }
-  const chat = refusal(() => validateApiRequest('chat', { messages: [{ role: 'user', content: 'b'.repeat(max / 2) }, { role: 'user', content: 'c'.repeat(max / 2) }] }, limits));
+  const chat = refusal(() =>
+    validateApiRequest(
+      'chat',
+      {
+        messages: [
+          { role: 'user', content: 'b'.repeat(max / 2) },
+          { role: 'user', content: 'c'.repeat(max / 2) },
+        ],
+      },
+      limits,
+    ),
+  );
   assert.equal(chat?.code, 'PROMPT_TOO_LONG', 'chat: the messages together');
   assert.equal(chat.param, 'messages');
   // At the bound the text is tokenized; 'a' × max is 4 characters a token, so it is refused by tokens.
-  assert.deepEqual(validateApiRequest('completion', { prompt: 'a'.repeat(max) }, limits).prompt, { text: 'a'.repeat(max), param: 'prompt' });
-  assert.match(refusal(() => parseApiRequest('completion', { prompt: 'a'.repeat(max) }, limits))?.message ?? '', /has 4064 tokens/);
+  assert.deepEqual(validateApiRequest('completion', { prompt: 'a'.repeat(max) }, limits).prompt, {
+    text: 'a'.repeat(max),
+    param: 'prompt',
+  });
+  assert.match(
+    refusal(() => parseApiRequest('completion', { prompt: 'a'.repeat(max) }, limits))?.message ?? '',
+    /has 4064 tokens/,
+  );
   // Token ids are counted, not tokenized.
-  assert.equal(code(() => validateApiRequest('completion', { prompt: Array(limits.maxModelLen).fill(1) }, limits)), 'PROMPT_TOO_LONG');
+  assert.equal(
+    code(() => validateApiRequest('completion', { prompt: Array(limits.maxModelLen).fill(1) }, limits)),
+    'PROMPT_TOO_LONG',
+  );
 });
 
 test('parseApiRequestAsync tokenizes text with the given encoder (and only text); refusals from below get a param', async () => {
   const seen: string[] = [];
   const enc = async (t: string): Promise<number[]> => (seen.push(t), encode(t));
-  assert.deepEqual((await parseApiRequestAsync('completion', { prompt: 'Hello world' }, limits, enc)).promptTokenIds, encode('Hello world'));
+  assert.deepEqual(
+    (await parseApiRequestAsync('completion', { prompt: 'Hello world' }, limits, enc)).promptTokenIds,
+    encode('Hello world'),
+  );
   assert.deepEqual((await parseApiRequestAsync('completion', { prompt: [1, 2] }, limits, enc)).promptTokenIds, [1, 2]);
   assert.deepEqual(seen, ['Hello world']);
-  await assert.rejects(parseApiRequestAsync('completion', { prompt: 'x', max_tokens: 0 }, limits, enc), (e: HandoffError) => e.param === 'max_tokens');
+  await assert.rejects(
+    parseApiRequestAsync('completion', { prompt: 'x', max_tokens: 0 }, limits, enc),
+    (e: HandoffError) => e.param === 'max_tokens',
+  );
   const grant = attributeParam(new HandoffError('GRANT_DENIED', 'grant denied by prefill-1: expired'), 'completion');
   assert.equal(grant.param, 'kv_transfer_params.grant');
-  assert.equal(attributeParam(new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids group 0 has 9 blocks, the prompt needs at most 4'), 'chat').param, 'kv_transfer_params.remote_block_ids');
+  assert.equal(
+    attributeParam(
+      new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids group 0 has 9 blocks, the prompt needs at most 4'),
+      'chat',
+    ).param,
+    'kv_transfer_params.remote_block_ids',
+  );
   assert.equal(attributeParam(new HandoffError('PROMPT_TOO_LONG', 'too long'), 'chat').param, 'messages');
   assert.equal(attributeParam(new HandoffError('OUT_OF_PAGES', 'full'), 'chat').param, null);
 });

@@ -83,14 +83,29 @@ const common = {
   top_p: z.number().gt(0).max(1).nullish(),
   top_k: z.number().int().min(-1).max(VOCAB_SIZE).nullish(),
   seed: z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER).nullish(),
-  stop: z.union([z.string().min(1).max(textMax), z.array(z.string().min(1).max(textMax)).max(16)], { error: 'must be a string or a list of strings' }).nullish(),
-  stop_token_ids: z.array(z.number().int().min(0).max(VOCAB_SIZE - 1)).max(64).nullish(),
+  stop: z
+    .union([z.string().min(1).max(textMax), z.array(z.string().min(1).max(textMax)).max(16)], {
+      error: 'must be a string or a list of strings',
+    })
+    .nullish(),
+  stop_token_ids: z
+    .array(
+      z
+        .number()
+        .int()
+        .min(0)
+        .max(VOCAB_SIZE - 1),
+    )
+    .max(64)
+    .nullish(),
   include_stop_str_in_output: z.boolean().nullish(),
   stream: z.boolean().nullish(),
   stream_options: z
     .object({
       include_usage: z.boolean().nullish(),
-      continuous_usage_stats: z.literal(false, { error: 'is not supported by this server (only false is accepted)' }).nullish(),
+      continuous_usage_stats: z
+        .literal(false, { error: 'is not supported by this server (only false is accepted)' })
+        .nullish(),
     })
     .nullish(),
   ignore_eos: z.boolean().nullish(),
@@ -103,7 +118,11 @@ const common = {
 
 const completionSchema = z.object({
   ...common,
-  logprobs: z.number().int().refine((v) => v === 0, 'top alternatives are not computed: use logprobs: 0 for the sampled tokens').nullish(),
+  logprobs: z
+    .number()
+    .int()
+    .refine((v) => v === 0, 'top alternatives are not computed: use logprobs: 0 for the sampled tokens')
+    .nullish(),
 });
 
 const textPart = z.object({ type: z.literal('text'), text: z.string() });
@@ -113,20 +132,28 @@ const chatSchema = z.object({
     .array(
       z.object({
         role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
-        content: z.union([z.string(), z.array(textPart).max(64)], { error: 'must be a string or a list of {"type": "text", "text": ...} parts' }),
+        content: z.union([z.string(), z.array(textPart).max(64)], {
+          error: 'must be a string or a list of {"type": "text", "text": ...} parts',
+        }),
       }),
     )
     .min(1)
     .max(256),
   logprobs: z.boolean().nullish(),
-  top_logprobs: z.number().int().refine((v) => v === 0, 'top alternatives are not computed (top_logprobs must be 0)').nullish(),
+  top_logprobs: z
+    .number()
+    .int()
+    .refine((v) => v === 0, 'top alternatives are not computed (top_logprobs must be 0)')
+    .nullish(),
 });
 
-const bad = (param: string | null, message: string): HandoffError => new HandoffError('BAD_REQUEST', message, param === null ? undefined : { param });
+const bad = (param: string | null, message: string): HandoffError =>
+  new HandoffError('BAD_REQUEST', message, param === null ? undefined : { param });
 
 /** Step 1 (sync, no tokenizing): the body's fields, and the prompt as text or token ids. */
 export function validateApiRequest(kind: ApiKind, body: unknown, limits: RequestLimits): ValidatedRequest {
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw bad(null, 'the request body must be a JSON object');
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw bad(null, 'the request body must be a JSON object');
   const raw = body as Record<string, unknown>;
   refuseUnsupportedFields(kind, raw);
   // The completion prompt first: a 100,000-id prompt is "too long", not 100,000 zod issues.
@@ -140,12 +167,20 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
   let prompt: PromptInput;
   if (completionPrompt !== null) prompt = completionPrompt;
   else {
-    const messages = (b as z.infer<typeof chatSchema>).messages.map((m) => ({ role: m.role, content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('') }));
+    const messages = (b as z.infer<typeof chatSchema>).messages.map((m) => ({
+      role: m.role,
+      content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join(''),
+    }));
     prompt = checkedText(applyChatTemplate(messages), 'messages', limits);
   }
-  const askedParam = b.max_completion_tokens !== null && b.max_completion_tokens !== undefined ? 'max_completion_tokens' : 'max_tokens';
+  const askedParam =
+    b.max_completion_tokens !== null && b.max_completion_tokens !== undefined ? 'max_completion_tokens' : 'max_tokens';
   const asked = b.max_completion_tokens ?? b.max_tokens ?? null;
-  if (asked !== null && asked > limits.maxModelLen) throw bad(askedParam, `${askedParam} must be in [1, ${limits.maxModelLen}] (the model's maximum length), got ${asked}`);
+  if (asked !== null && asked > limits.maxModelLen)
+    throw bad(
+      askedParam,
+      `${askedParam} must be in [1, ${limits.maxModelLen}] (the model's maximum length), got ${asked}`,
+    );
   const logprobs = kind === 'chat' ? b.logprobs === true : b.logprobs !== null && b.logprobs !== undefined;
   const topK = b.top_k === null || b.top_k === undefined || b.top_k <= 0 ? undefined : b.top_k;
   return {
@@ -194,14 +229,23 @@ export function parseApiRequest(kind: ApiKind, body: unknown, limits: RequestLim
 }
 
 /** Both steps, tokenizing with `encodeText` (e.g. a TokenizerThreads, off the event loop). */
-export async function parseApiRequestAsync(kind: ApiKind, body: unknown, limits: RequestLimits, encodeText: (text: string) => Promise<number[]>): Promise<ApiRequest> {
+export async function parseApiRequestAsync(
+  kind: ApiKind,
+  body: unknown,
+  limits: RequestLimits,
+  encodeText: (text: string) => Promise<number[]>,
+): Promise<ApiRequest> {
   const v = validateApiRequest(kind, body, limits);
   return tokenizedApiRequest(v, 'ids' in v.prompt ? v.prompt.ids : await encodeText(v.prompt.text), limits);
 }
 
 function checkPromptTokens(n: number, param: string, limits: RequestLimits): void {
   if (n >= limits.maxModelLen) {
-    throw new HandoffError('PROMPT_TOO_LONG', `the prompt has ${n} tokens; this model takes at most ${limits.maxModelLen - 1} prompt tokens`, { param });
+    throw new HandoffError(
+      'PROMPT_TOO_LONG',
+      `the prompt has ${n} tokens; this model takes at most ${limits.maxModelLen - 1} prompt tokens`,
+      { param },
+    );
   }
 }
 
@@ -224,9 +268,11 @@ function promptOf(raw: unknown, limits: RequestLimits): PromptInput {
   if (!Array.isArray(raw)) throw bad('prompt', `prompt must be a string or a list of token ids, got ${preview(raw)}`);
   if (raw.length === 0) return notEmpty('prompt');
   if (typeof raw[0] === 'string' || Array.isArray(raw[0])) {
-    if (raw.length > 1) throw bad('prompt', `prompt is a batch of ${raw.length} prompts; this server takes one prompt per request`);
+    if (raw.length > 1)
+      throw bad('prompt', `prompt is a batch of ${raw.length} prompts; this server takes one prompt per request`);
     const only: unknown = raw[0];
-    if (typeof only === 'string') return only.length === 0 ? notEmpty('prompt[0]') : checkedText(only, 'prompt[0]', limits);
+    if (typeof only === 'string')
+      return only.length === 0 ? notEmpty('prompt[0]') : checkedText(only, 'prompt[0]', limits);
     return tokenIds(only as unknown[], 'prompt[0]', limits);
   }
   return tokenIds(raw, 'prompt', limits);
@@ -237,7 +283,10 @@ function tokenIds(list: unknown[], param: string, limits: RequestLimits): Prompt
   checkPromptTokens(list.length, param, limits);
   list.forEach((id, i) => {
     if (typeof id !== 'number' || !Number.isInteger(id) || id < 0 || id >= VOCAB_SIZE) {
-      throw bad(`${param}[${i}]`, `${param}[${i}] must be a token id (an integer in [0, ${VOCAB_SIZE - 1}]), got ${preview(id)}`);
+      throw bad(
+        `${param}[${i}]`,
+        `${param}[${i}] must be a token id (an integer in [0, ${VOCAB_SIZE - 1}]), got ${preview(id)}`,
+      );
     }
   });
   return { ids: [...(list as number[])], param };

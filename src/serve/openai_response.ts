@@ -46,7 +46,11 @@ export function appendPiece(into: Piece, p: Piece): void {
 }
 
 export function usageOf(promptTokens: number, completionTokens: number): Usage {
-  return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+  };
 }
 
 function responseId(ctx: ResponseContext): string {
@@ -74,10 +78,21 @@ function head(ctx: ResponseContext, stream: boolean): Record<string, unknown> {
 }
 
 /** The whole (non-streaming) response. */
-export function fullResponse(ctx: ResponseContext, all: Piece, finishReason: ApiFinishReason, usage: Usage, kvTransferParams: Record<string, unknown> | null): unknown {
+export function fullResponse(
+  ctx: ResponseContext,
+  all: Piece,
+  finishReason: ApiFinishReason,
+  usage: Usage,
+  kvTransferParams: Record<string, unknown> | null,
+): unknown {
   const choice: Record<string, unknown> =
     ctx.kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: all.text }, logprobs: logprobsOf(ctx, all), finish_reason: finishReason }
+      ? {
+          index: 0,
+          message: { role: 'assistant', content: all.text },
+          logprobs: logprobsOf(ctx, all),
+          finish_reason: finishReason,
+        }
       : { index: 0, text: all.text, logprobs: logprobsOf(ctx, all), finish_reason: finishReason };
   if (ctx.returnTokenIds) {
     choice['token_ids'] = all.tokenIds;
@@ -87,10 +102,21 @@ export function fullResponse(ctx: ResponseContext, all: Piece, finishReason: Api
 }
 
 /** One stream chunk; `first` adds the assistant role to a chat delta. */
-export function streamChunk(ctx: ResponseContext, p: Piece, finishReason: ApiFinishReason | null, first: boolean, kvTransferParams: Record<string, unknown> | null = null): unknown {
+export function streamChunk(
+  ctx: ResponseContext,
+  p: Piece,
+  finishReason: ApiFinishReason | null,
+  first: boolean,
+  kvTransferParams: Record<string, unknown> | null = null,
+): unknown {
   const choice: Record<string, unknown> =
     ctx.kind === 'chat'
-      ? { index: 0, delta: first ? { role: 'assistant', content: p.text } : { content: p.text }, logprobs: logprobsOf(ctx, p), finish_reason: finishReason }
+      ? {
+          index: 0,
+          delta: first ? { role: 'assistant', content: p.text } : { content: p.text },
+          logprobs: logprobsOf(ctx, p),
+          finish_reason: finishReason,
+        }
       : { index: 0, text: p.text, logprobs: logprobsOf(ctx, p), finish_reason: finishReason };
   if (ctx.returnTokenIds) {
     choice['token_ids'] = p.tokenIds;

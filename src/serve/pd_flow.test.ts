@@ -8,8 +8,20 @@ import { AssertionFailure } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { pdFlow, type PdLegs, type PrefillIdentity, type TransferParams } from './pd_flow.ts';
 
-const PREFILL: PrefillIdentity = { engineId: 'prefill-1', sideChannelHost: '10.0.0.1', sideChannelPort: 7000, transferMode: 'write' };
-const RETURNED = { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'prefill-1', remote_block_ids: [[1, 2]], transfer_id: 'x-1', grant: 'ab' };
+const PREFILL: PrefillIdentity = {
+  engineId: 'prefill-1',
+  sideChannelHost: '10.0.0.1',
+  sideChannelPort: 7000,
+  transferMode: 'write',
+};
+const RETURNED = {
+  do_remote_prefill: true,
+  do_remote_decode: false,
+  remote_engine_id: 'prefill-1',
+  remote_block_ids: [[1, 2]],
+  transfer_id: 'x-1',
+  grant: 'ab',
+};
 
 interface Deferred<T> {
   promise: Promise<T>;
@@ -52,7 +64,10 @@ test('READ: prefill first (max_tokens 1, do_remote_decode), decode only after it
   const f = fakeLegs();
   const out = pdFlow(f.legs, { mode: 'read', transferId: 'x-1' });
   assert.deepEqual(f.log, ['prefill'], 'decode waits for prefill');
-  assert.deepEqual(f.asked.prefill, { maxTokens: 1, kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: 'x-1' } });
+  assert.deepEqual(f.asked.prefill, {
+    maxTokens: 1,
+    kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: 'x-1' },
+  });
   f.pre.resolve({ kvTransferParams: { ...RETURNED, do_remote_prefill: false } });
   await new Promise((r) => setImmediate(r));
   assert.deepEqual(f.log, ['prefill', 'decode']);
@@ -95,7 +110,14 @@ test('WRITE: both legs start at once (prefill first); decode names prefill and s
   const f = fakeLegs();
   const out = pdFlow(f.legs, { mode: 'write', transferId: 'x-2', prefill: PREFILL });
   assert.deepEqual(f.log, ['prefill', 'decode'], 'decode does not wait for prefill');
-  assert.deepEqual(f.asked.decode, { do_remote_prefill: true, do_remote_decode: false, remote_engine_id: 'prefill-1', remote_host: '10.0.0.1', remote_port: 7000, transfer_id: 'x-2' });
+  assert.deepEqual(f.asked.decode, {
+    do_remote_prefill: true,
+    do_remote_decode: false,
+    remote_engine_id: 'prefill-1',
+    remote_host: '10.0.0.1',
+    remote_port: 7000,
+    transfer_id: 'x-2',
+  });
   f.dec.resolve('tokens');
   f.pre.resolve({ kvTransferParams: null });
   assert.equal(await out, 'tokens', "decode's result is the answer; prefill's params are not needed");
@@ -121,8 +143,14 @@ test('WRITE: a prefill failure aborts decode and is the answer; a decode failure
 test('WRITE: an unknown prefill is PEER_UNAVAILABLE, a prefill in READ mode PEER_INCOMPATIBLE; neither leg runs', async () => {
   const a = fakeLegs();
   await assert.rejects(pdFlow(a.legs, { mode: 'write', transferId: 'x', prefill: null }), code('PEER_UNAVAILABLE'));
-  await assert.rejects(pdFlow(a.legs, { mode: 'write', transferId: 'x', prefill: { ...PREFILL, sideChannelPort: null } }), code('PEER_UNAVAILABLE'));
-  await assert.rejects(pdFlow(a.legs, { mode: 'write', transferId: 'x', prefill: { ...PREFILL, transferMode: 'read' } }), code('PEER_INCOMPATIBLE'));
+  await assert.rejects(
+    pdFlow(a.legs, { mode: 'write', transferId: 'x', prefill: { ...PREFILL, sideChannelPort: null } }),
+    code('PEER_UNAVAILABLE'),
+  );
+  await assert.rejects(
+    pdFlow(a.legs, { mode: 'write', transferId: 'x', prefill: { ...PREFILL, transferMode: 'read' } }),
+    code('PEER_INCOMPATIBLE'),
+  );
   assert.deepEqual(a.log, []);
 });
 

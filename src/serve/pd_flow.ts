@@ -38,7 +38,9 @@ export interface PrefillAsk {
 }
 
 export interface PdLegs<R> {
-  /** Run prefill; resolves with what it returned (`kvTransferParams` as found in its answer), rejects with its error. */
+  /**
+   * Run prefill; resolves with what it returned (`kvTransferParams` as found in its answer), rejects with its error.
+   */
   prefill(ask: PrefillAsk, signal: AbortSignal): Promise<{ kvTransferParams: unknown }>;
   /** Run decode with these params; resolves with the flow's answer, rejects with its error. */
   decode(kvTransferParams: TransferParams, signal: AbortSignal): Promise<R>;
@@ -54,7 +56,10 @@ export interface PdFlowOptions {
 }
 
 export function prefillAsk(transferId: string): PrefillAsk {
-  return { maxTokens: 1, kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId } };
+  return {
+    maxTokens: 1,
+    kvTransferParams: { do_remote_decode: true, do_remote_prefill: false, transfer_id: transferId },
+  };
 }
 
 /** READ: decode loads what prefill computed; the params come back from prefill unchanged but for the flags. */
@@ -67,10 +72,16 @@ export function decodeParamsRead(prefillParams: unknown): TransferParams {
 
 export function decodeParamsWrite(prefill: PrefillIdentity | null, transferId: string): TransferParams {
   if (prefill?.engineId == null || prefill.sideChannelHost == null || prefill.sideChannelPort == null) {
-    throw new HandoffError('PEER_UNAVAILABLE', 'the prefill instance has not published its engine id and side channel (/handoff/info)');
+    throw new HandoffError(
+      'PEER_UNAVAILABLE',
+      'the prefill instance has not published its engine id and side channel (/handoff/info)',
+    );
   }
   if (prefill.transferMode !== 'write') {
-    throw new HandoffError('PEER_INCOMPATIBLE', `the prefill instance runs in ${String(prefill.transferMode)} mode; the proxy is in WRITE mode`);
+    throw new HandoffError(
+      'PEER_INCOMPATIBLE',
+      `the prefill instance runs in ${String(prefill.transferMode)} mode; the proxy is in WRITE mode`,
+    );
   }
   return {
     do_remote_prefill: true,

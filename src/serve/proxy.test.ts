@@ -25,7 +25,11 @@ let d3: Instance;
 const proxies: Proxy[] = [];
 const urls: Record<string, string> = {};
 
-function opts(role: InstanceOptions['role'], extra: Record<string, unknown> = {}, apiKey: string | null = null): InstanceOptions {
+function opts(
+  role: InstanceOptions['role'],
+  extra: Record<string, unknown> = {},
+  apiKey: string | null = null,
+): InstanceOptions {
   return {
     ...DEFAULT_INSTANCE_OPTIONS,
     role,
@@ -37,7 +41,10 @@ function opts(role: InstanceOptions['role'], extra: Record<string, unknown> = {}
   };
 }
 
-async function proxy(name: string, o: Partial<ProxyOptions> & Pick<ProxyOptions, 'prefillUrls' | 'decodeUrls'>): Promise<void> {
+async function proxy(
+  name: string,
+  o: Partial<ProxyOptions> & Pick<ProxyOptions, 'prefillUrls' | 'decodeUrls'>,
+): Promise<void> {
   const p = new Proxy({ ...DEFAULT_PROXY_OPTIONS, healthTimeoutMs: 500, ...o }, env);
   const port = await p.listen(0, '127.0.0.1');
   await p.start();
@@ -67,8 +74,15 @@ after(async () => {
   await Promise.all([colocated, p1, d1, d2, p2, d3, pKeyed].map((i) => i.close()));
 });
 
-async function complete(url: string, body: Record<string, unknown>): Promise<{ status: number; json: any; text: string }> {
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+async function complete(
+  url: string,
+  body: Record<string, unknown>,
+): Promise<{ status: number; json: any; text: string }> {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   const text = await r.text();
   let json: unknown = null;
   try {
@@ -93,13 +107,19 @@ test('WRITE through the proxy: the same tokens as colocated (greedy and seeded s
       const ref = await complete(colocated.url, body);
       const pd = await complete(urls['write']!, body);
       assert.equal(pd.status, 200, pd.text);
-      assert.deepEqual(pd.json.choices[0].token_ids, ref.json.choices[0].token_ids, `${prompt.slice(0, 20)} ${JSON.stringify(sampling)}`);
+      assert.deepEqual(
+        pd.json.choices[0].token_ids,
+        ref.json.choices[0].token_ids,
+        `${prompt.slice(0, 20)} ${JSON.stringify(sampling)}`,
+      );
     }
   }
   await settle(p2, d3);
   const text = await (await fetch(`${d3.url}/metrics`)).text();
   assert.match(text, /^handoff_transfer_bytes_written_total\{[^}]*\} 0$/m, 'decode wrote nothing');
-  const written = /^handoff_transfer_bytes_written_total\{[^}]*\} (\d+)$/m.exec(await (await fetch(`${p2.url}/metrics`)).text());
+  const written = /^handoff_transfer_bytes_written_total\{[^}]*\} (\d+)$/m.exec(
+    await (await fetch(`${p2.url}/metrics`)).text(),
+  );
   assert.ok(Number(written?.[1]) > 0, 'prefill pushed the KV with WRITEs');
 });
 
@@ -111,12 +131,18 @@ test('READ with a dead prefill in the pool: it is skipped; streamed output equal
   for (let i = 0; i < 3; i++) {
     const s = await complete(urls['read']!, { ...body, stream: true });
     assert.equal(s.status, 200, s.text);
-    const text = new SseParser().push(s.text).filter((e) => e !== '[DONE]').map((e) => JSON.parse(e).choices[0]?.text ?? '').join('');
+    const text = new SseParser()
+      .push(s.text)
+      .filter((e) => e !== '[DONE]')
+      .map((e) => JSON.parse(e).choices[0]?.text ?? '')
+      .join('');
     assert.equal(text, ref.json.choices[0].text);
   }
   assert.equal(pool.members[1]?.served, 3);
   await settle(p1, d1);
-  const read = /^handoff_transfer_bytes_read_total\{[^}]*\} (\d+)$/m.exec(await (await fetch(`${d1.url}/metrics`)).text());
+  const read = /^handoff_transfer_bytes_read_total\{[^}]*\} (\d+)$/m.exec(
+    await (await fetch(`${d1.url}/metrics`)).text(),
+  );
   assert.ok(Number(read?.[1]) > 0, 'decode pulled the KV with READs (not a local recompute)');
 });
 
@@ -153,13 +179,22 @@ test('a client that disconnects mid-stream through the proxy aborts decode; ever
   await new Promise<void>((resolve, reject) => {
     const timer = env.setTimer(15_000, () => reject(new Error('no first chunk')));
     const u = new URL(`${urls['read']}/v1/completions`);
-    const req = httpRequest({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', headers: { 'content-type': 'application/json' } }, (res) => {
-      res.once('data', () => {
-        timer.cancel();
-        req.destroy();
-        resolve();
-      });
-    });
+    const req = httpRequest(
+      {
+        host: u.hostname,
+        port: u.port,
+        path: u.pathname,
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+      },
+      (res) => {
+        res.once('data', () => {
+          timer.cancel();
+          req.destroy();
+          resolve();
+        });
+      },
+    );
     req.on('error', () => undefined);
     req.end(JSON.stringify({ prompt: prompts[1], max_tokens: 400, ignore_eos: true, stream: true }));
   });

@@ -58,7 +58,10 @@ type Body = Record<string, unknown>;
 
 /** An upstream failure answered with the upstream's own HTTP status. */
 function withStatus(err: HandoffError, status: number): HandoffError {
-  return new HandoffError(err.code, err.message, { upstreamStatus: status, ...(err.param !== null ? { param: err.param } : {}) });
+  return new HandoffError(err.code, err.message, {
+    upstreamStatus: status,
+    ...(err.param !== null ? { param: err.param } : {}),
+  });
 }
 
 export class Proxy {
@@ -115,13 +118,20 @@ export class Proxy {
   }
 
   async checkHealth(): Promise<void> {
-    const all = [...this.prefill.members.map((m) => ({ pool: this.prefill, m })), ...this.decode.members.map((m) => ({ pool: this.decode, m }))];
+    const all = [
+      ...this.prefill.members.map((m) => ({ pool: this.prefill, m })),
+      ...this.decode.members.map((m) => ({ pool: this.decode, m })),
+    ];
     await Promise.all(all.map(({ pool, m }) => this.checkOne(pool, m)));
   }
 
   private async checkOne(pool: InstancePool, m: PoolMember): Promise<void> {
     const get = async (path: string): Promise<{ ok: boolean; status: number; json: unknown }> => {
-      const u = await callUpstream(this.env, { method: 'GET', url: `${m.url}${path}`, timeoutMs: this.opts.healthTimeoutMs });
+      const u = await callUpstream(this.env, {
+        method: 'GET',
+        url: `${m.url}${path}`,
+        timeoutMs: this.opts.healthTimeoutMs,
+      });
       try {
         return { ok: u.response.ok, status: u.response.status, json: u.response.ok ? await u.response.json() : null };
       } finally {
@@ -145,8 +155,10 @@ export class Proxy {
 
   private incompatibility(pool: InstancePool, info: InstanceInfo): string | null {
     const want = pool.side === 'prefill' ? ['kv_producer', 'kv_both'] : ['kv_consumer', 'kv_both'];
-    if (!want.includes(String(info.kv_role))) return `it is not a ${pool.side} instance (kv_role ${String(info.kv_role)})`;
-    if (info.transfer_mode !== this.opts.mode) return `it runs in ${String(info.transfer_mode)} mode, the proxy in ${this.opts.mode} mode`;
+    if (!want.includes(String(info.kv_role)))
+      return `it is not a ${pool.side} instance (kv_role ${String(info.kv_role)})`;
+    if (info.transfer_mode !== this.opts.mode)
+      return `it runs in ${String(info.transfer_mode)} mode, the proxy in ${this.opts.mode} mode`;
     return null;
   }
 
@@ -159,7 +171,11 @@ export class Proxy {
     const path = pathOf(req);
     try {
       if (req.method === 'GET' && path === '/health') {
-        return sendJson(res, this.healthy ? 200 : 503, { status: this.healthy ? 'ok' : 'unavailable', prefill: this.prefill.numHealthy, decode: this.decode.numHealthy });
+        return sendJson(res, this.healthy ? 200 : 503, {
+          status: this.healthy ? 'ok' : 'unavailable',
+          prefill: this.prefill.numHealthy,
+          decode: this.decode.numHealthy,
+        });
       }
       if (req.method === 'GET' && path === '/metrics') {
         const m = await this.metrics.text();
@@ -169,13 +185,17 @@ export class Proxy {
       }
       if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
       if (req.method === 'GET' && path === '/v1/models') return await this.models(req, res);
-      if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return await this.complete(path, req, res);
+      if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions'))
+        return await this.complete(path, req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const err = toHandoffError(e, this.log);
       if (err.code === 'REQUEST_ABORTED') this.metrics.count('client_abort');
       else this.metrics.count('error');
-      const status = typeof err.details?.['upstreamStatus'] === 'number' ? (err.details['upstreamStatus'] as number) : err.httpStatus;
+      const status =
+        typeof err.details?.['upstreamStatus'] === 'number'
+          ? (err.details['upstreamStatus'] as number)
+          : err.httpStatus;
       sendJson(res, status, err.toJSON());
     }
   }
@@ -188,7 +208,12 @@ export class Proxy {
 
   private async models(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const d = this.pick(this.decode);
-    const u = await callUpstream(this.env, { method: 'GET', url: `${d.url}/v1/models`, headers: forwardHeaders(req, null), timeoutMs: this.opts.healthTimeoutMs * 5 });
+    const u = await callUpstream(this.env, {
+      method: 'GET',
+      url: `${d.url}/v1/models`,
+      headers: forwardHeaders(req, null),
+      timeoutMs: this.opts.healthTimeoutMs * 5,
+    });
     try {
       if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
       sendJson(res, 200, await u.response.json());
@@ -212,7 +237,9 @@ export class Proxy {
     // without /handoff/info (e.g. vLLM) validate for themselves.
     const maxModelLen = d.info?.max_model_len;
     if (typeof maxModelLen === 'number') {
-      await parseApiRequestAsync(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen }, (text) => this.tokenizer.encode(text));
+      await parseApiRequestAsync(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen }, (text) =>
+        this.tokenizer.encode(text),
+      );
     }
     const transferId = `xfer-${hexId(this.env, 16)}`;
     await pdFlow<void>(
@@ -234,16 +261,30 @@ export class Proxy {
     try {
       return await fn();
     } catch (e) {
-      if (e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined) this.down(pool, m, e.message);
+      if (e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined)
+        this.down(pool, m, e.message);
       throw e;
     } finally {
       pool.release(m);
     }
   }
 
-  private prefillCall(m: PoolMember, path: string, body: Body, headers: Record<string, string>, signal: AbortSignal): Promise<Body> {
+  private prefillCall(
+    m: PoolMember,
+    path: string,
+    body: Body,
+    headers: Record<string, string>,
+    signal: AbortSignal,
+  ): Promise<Body> {
     return this.using(this.prefill, m, async () => {
-      const u = await callUpstream(this.env, { method: 'POST', url: `${m.url}${path}`, body, headers, signal, timeoutMs: this.opts.upstreamTimeoutMs });
+      const u = await callUpstream(this.env, {
+        method: 'POST',
+        url: `${m.url}${path}`,
+        body,
+        headers,
+        signal,
+        timeoutMs: this.opts.upstreamTimeoutMs,
+      });
       try {
         if (!u.response.ok) throw withStatus(await upstreamError('prefill', u.response), u.response.status);
         return (await u.response.json()) as Body;
@@ -253,9 +294,23 @@ export class Proxy {
     });
   }
 
-  private decodeCall(m: PoolMember, path: string, body: Body, headers: Record<string, string>, signal: AbortSignal, res: ServerResponse): Promise<void> {
+  private decodeCall(
+    m: PoolMember,
+    path: string,
+    body: Body,
+    headers: Record<string, string>,
+    signal: AbortSignal,
+    res: ServerResponse,
+  ): Promise<void> {
     return this.using(this.decode, m, async () => {
-      const u = await callUpstream(this.env, { method: 'POST', url: `${m.url}${path}`, body, headers, signal, timeoutMs: this.opts.upstreamTimeoutMs });
+      const u = await callUpstream(this.env, {
+        method: 'POST',
+        url: `${m.url}${path}`,
+        body,
+        headers,
+        signal,
+        timeoutMs: this.opts.upstreamTimeoutMs,
+      });
       try {
         if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
         await relay(u.response, res, signal);

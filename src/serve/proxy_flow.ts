@@ -23,5 +23,10 @@ export function decodeBody(body: Body, params: TransferParams): Body {
 /** Prefill's identity from its GET /handoff/info (null: a server without it, e.g. vLLM). */
 export function prefillIdentityOf(info: InstanceInfo | null): PrefillIdentity | null {
   if (info === null) return null;
-  return { engineId: info.engine_id, sideChannelHost: info.side_channel_host, sideChannelPort: info.side_channel_port, transferMode: info.transfer_mode };
+  return {
+    engineId: info.engine_id,
+    sideChannelHost: info.side_channel_host,
+    sideChannelPort: info.side_channel_port,
+    transferMode: info.transfer_mode,
+  };
 }

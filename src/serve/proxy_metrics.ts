@@ -10,7 +10,12 @@ export class ProxyMetrics {
 
   constructor(pools: readonly InstancePool[]) {
     const reg = this.registry;
-    this.requests = new Counter({ name: 'handoff_proxy_requests_total', help: 'completions handled, by outcome', labelNames: ['outcome'], registers: [reg] });
+    this.requests = new Counter({
+      name: 'handoff_proxy_requests_total',
+      help: 'completions handled, by outcome',
+      labelNames: ['outcome'],
+      registers: [reg],
+    });
     const perMember = (name: string, help: string, f: (m: InstancePool['members'][number]) => number): void => {
       new Gauge({
         name,
@@ -22,8 +27,14 @@ export class ProxyMetrics {
         },
       });
     };
-    perMember('handoff_proxy_instance_healthy', '1 when the instance passed its last health check', (m) => (m.healthy ? 1 : 0));
-    perMember('handoff_proxy_instance_inflight', 'requests in flight to the instance through this proxy', (m) => m.inflight);
+    perMember('handoff_proxy_instance_healthy', '1 when the instance passed its last health check', (m) =>
+      m.healthy ? 1 : 0,
+    );
+    perMember(
+      'handoff_proxy_instance_inflight',
+      'requests in flight to the instance through this proxy',
+      (m) => m.inflight,
+    );
     perMember('handoff_proxy_instance_served', 'requests sent to the instance so far', (m) => m.served);
   }
 

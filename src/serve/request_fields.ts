@@ -23,7 +23,10 @@ const emptyObject: NeutralRule = {
   only: '{}',
 };
 const anyBoolean: NeutralRule = { neutral: (v) => typeof v === 'boolean', only: 'true or false' };
-const oneOf = (...xs: string[]): NeutralRule => ({ neutral: (v) => typeof v === 'string' && xs.includes(v), only: xs.map((x) => JSON.stringify(x)).join(' or ') });
+const oneOf = (...xs: string[]): NeutralRule => ({
+  neutral: (v) => typeof v === 'string' && xs.includes(v),
+  only: xs.map((x) => JSON.stringify(x)).join(' or '),
+});
 
 /** Both endpoints. */
 const COMMON: Record<string, NeutralRule> = {
@@ -32,7 +35,10 @@ const COMMON: Record<string, NeutralRule> = {
   presence_penalty: is(0),
   frequency_penalty: is(0),
   logit_bias: emptyObject,
-  response_format: { neutral: (v) => (v as { type?: unknown } | null)?.type === 'text' && Object.keys(v as object).length === 1, only: '{"type": "text"}' },
+  response_format: {
+    neutral: (v) => (v as { type?: unknown } | null)?.type === 'text' && Object.keys(v as object).length === 1,
+    only: '{"type": "text"}',
+  },
   // vLLM's sampling extensions.
   use_beam_search: is(false),
   min_tokens: is(0),
@@ -107,6 +113,8 @@ export function refuseUnsupportedFields(kind: ApiKind, body: Record<string, unkn
     if (!Object.hasOwn(body, field)) continue;
     const v = body[field];
     if (v === null || v === undefined || rule.neutral(v)) continue;
-    throw new HandoffError('BAD_REQUEST', `${field} is not supported by this server (only ${rule.only} is accepted)`, { param: field });
+    throw new HandoffError('BAD_REQUEST', `${field} is not supported by this server (only ${rule.only} is accepted)`, {
+      param: field,
+    });
   }
 }

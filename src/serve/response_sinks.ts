@@ -8,13 +8,25 @@ import type { ServerResponse } from 'node:http';
 import type { HandoffError } from '../util/errors.ts';
 import type { GenerationSink } from './generation.ts';
 import { sendJson } from './http_io.ts';
-import { appendPiece, emptyPiece, fullResponse, streamChunk, usageChunk, type ResponseContext } from './openai_response.ts';
+import {
+  appendPiece,
+  emptyPiece,
+  fullResponse,
+  streamChunk,
+  usageChunk,
+  type ResponseContext,
+} from './openai_response.ts';
 import { SSE_DONE, SSE_HEADERS, sseEvent } from './sse.ts';
 
 /** Called once per request with the error (metrics), before it is written. */
 export type ErrorHook = (e: HandoffError) => void;
 
-export function jsonSink(res: ServerResponse, ctx: ResponseContext, headers: Record<string, string>, onError: ErrorHook): GenerationSink {
+export function jsonSink(
+  res: ServerResponse,
+  ctx: ResponseContext,
+  headers: Record<string, string>,
+  onError: ErrorHook,
+): GenerationSink {
   const all = emptyPiece();
   return {
     onPiece: (p) => appendPiece(all, p),
@@ -29,7 +41,13 @@ export function jsonSink(res: ServerResponse, ctx: ResponseContext, headers: Rec
   };
 }
 
-export function streamSink(res: ServerResponse, ctx: ResponseContext, includeUsage: boolean, headers: Record<string, string>, onError: ErrorHook): GenerationSink {
+export function streamSink(
+  res: ServerResponse,
+  ctx: ResponseContext,
+  includeUsage: boolean,
+  headers: Record<string, string>,
+  onError: ErrorHook,
+): GenerationSink {
   let first = true;
   const open = (): void => {
     if (!res.headersSent) res.writeHead(200, { ...SSE_HEADERS, ...headers });

@@ -6,7 +6,11 @@
 import { HandoffError } from '../util/errors.ts';
 
 export const SSE_DONE = 'data: [DONE]\n\n';
-export const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' } as const;
+export const SSE_HEADERS = {
+  'content-type': 'text/event-stream',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+} as const;
 
 export function sseEvent(payload: unknown): string {
   return `data: ${JSON.stringify(payload)}\n\n`;
@@ -35,7 +39,8 @@ export class SseParser {
         .join('\n');
       if (data.length > 0) out.push(data);
     }
-    if (this.pending.length > MAX_EVENT_CHARS) throw new HandoffError('PEER_INCOMPATIBLE', `SSE event longer than ${MAX_EVENT_CHARS} characters`);
+    if (this.pending.length > MAX_EVENT_CHARS)
+      throw new HandoffError('PEER_INCOMPATIBLE', `SSE event longer than ${MAX_EVENT_CHARS} characters`);
     return out;
   }
 }

@@ -26,7 +26,11 @@ function reference(deltas: string[], stops: string[], includeStop = false): { te
   return { text, stopped: false };
 }
 
-function run(deltas: string[], stops: string[], includeStop = false): { text: string; stopped: boolean; releases: string[] } {
+function run(
+  deltas: string[],
+  stops: string[],
+  includeStop = false,
+): { text: string; stopped: boolean; releases: string[] } {
   const c = new StopChecker(stops, includeStop);
   const releases: string[] = [];
   let text = '';
@@ -47,20 +51,30 @@ test('examples: the stop string and what follows are dropped; no stops passes te
   assert.deepEqual(new StopChecker([]).push('abc'), { text: 'abc', stopped: false });
   assert.equal(run(['ab', 'c'], ['x']).text, 'abc');
   assert.equal(run(['aXb'], ['b', 'X']).text, 'a', 'the earliest stop wins, whatever the list order');
-  assert.equal(run(['Hello, wor', 'ld. STO', 'P here'], ['STOP'], true).text, 'Hello, world. STOP', 'include_stop_str_in_output');
+  assert.equal(
+    run(['Hello, wor', 'ld. STO', 'P here'], ['STOP'], true).text,
+    'Hello, world. STOP',
+    'include_stop_str_in_output',
+  );
 });
 
 test('property: streamed stop-string handling equals the delta-by-delta reference (vLLM semantics)', () => {
   const alphabet = fc.constantFrom('a', 'b', 'c', ' ', 'é');
-  const str = (min: number, max: number) => fc.array(alphabet, { minLength: min, maxLength: max }).map((a) => a.join(''));
+  const str = (min: number, max: number) =>
+    fc.array(alphabet, { minLength: min, maxLength: max }).map((a) => a.join(''));
   fc.assert(
-    fc.property(fc.array(str(0, 6), { maxLength: 12 }), fc.array(str(1, 4), { maxLength: 3 }), fc.boolean(), (deltas, stops, includeStop) => {
-      const want = reference(deltas, stops, includeStop);
-      const got = run(deltas, stops, includeStop);
-      assert.equal(got.text, want.text);
-      assert.equal(got.stopped, want.stopped);
-      for (const r of got.releases) assert.ok(want.text.startsWith(r), 'every release is a prefix of the answer');
-    }),
+    fc.property(
+      fc.array(str(0, 6), { maxLength: 12 }),
+      fc.array(str(1, 4), { maxLength: 3 }),
+      fc.boolean(),
+      (deltas, stops, includeStop) => {
+        const want = reference(deltas, stops, includeStop);
+        const got = run(deltas, stops, includeStop);
+        assert.equal(got.text, want.text);
+        assert.equal(got.stopped, want.stopped);
+        for (const r of got.releases) assert.ok(want.text.startsWith(r), 'every release is a prefix of the answer');
+      },
+    ),
     { numRuns: 500 },
   );
 });

@@ -26,7 +26,10 @@ export class StopChecker {
     private readonly stops: readonly string[],
     private readonly includeStop = false,
   ) {
-    assert(stops.every((s) => s.length > 0), 'stop strings must be non-empty');
+    assert(
+      stops.every((s) => s.length > 0),
+      'stop strings must be non-empty',
+    );
     this.holdBack = Math.max(0, ...stops.map((s) => s.length - 1));
   }
 

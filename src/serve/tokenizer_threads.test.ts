@@ -51,7 +51,9 @@ test('the event loop keeps running while a long text is tokenized', async () => 
     const ids = await done;
     assert.equal(ids.length, text.length / 4);
     assert.deepEqual(events, ['timers', 'encoded'], 'five timers ran while the thread tokenized');
-    console.log(`# timer ticks during a 3M-character encode (ms): ${ticks.map((x) => x.toFixed(0)).join(', ')}; encode took ${(env.nowMs() - t0).toFixed(0)} ms`);
+    console.log(
+      `# timer ticks during a 3M-character encode (ms): ${ticks.map((x) => x.toFixed(0)).join(', ')}; encode took ${(env.nowMs() - t0).toFixed(0)} ms`,
+    );
   } finally {
     await t.close();
   }
@@ -68,6 +70,10 @@ test('more than pendingMax long texts at once: OVERLOADED; close() fails the pen
   const pending = assert.rejects(t.encode(text), (e: HandoffError) => e.code === 'OVERLOADED');
   await t.close();
   await pending;
-  await assert.rejects(t.encode('short'), (e: HandoffError) => e.code === 'OVERLOADED', 'closed: even inline work is refused');
+  await assert.rejects(
+    t.encode('short'),
+    (e: HandoffError) => e.code === 'OVERLOADED',
+    'closed: even inline work is refused',
+  );
   assert.equal(t.numThreads, 0);
 });

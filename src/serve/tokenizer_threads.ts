@@ -92,7 +92,10 @@ export class TokenizerThreads {
   private closed = false;
 
   constructor(readonly opts: TokenizerThreadsOptions = DEFAULT_TOKENIZER_THREADS) {
-    assert(opts.threadsMax >= 1 && opts.pendingMax >= 1 && opts.inlineCharsMax >= 0, 'tokenizer thread limits must be positive');
+    assert(
+      opts.threadsMax >= 1 && opts.pendingMax >= 1 && opts.inlineCharsMax >= 0,
+      'tokenizer thread limits must be positive',
+    );
   }
 
   /** Texts queued or running on the threads. */
@@ -109,7 +112,10 @@ export class TokenizerThreads {
     if (this.closed) throw new HandoffError('OVERLOADED', 'the server is shutting down');
     if (text.length <= this.opts.inlineCharsMax) return encode(text);
     if (this.numPending >= this.opts.pendingMax) {
-      throw new HandoffError('OVERLOADED', `${this.opts.pendingMax} long prompts are already waiting to be tokenized; retry later`);
+      throw new HandoffError(
+        'OVERLOADED',
+        `${this.opts.pendingMax} long prompts are already waiting to be tokenized; retry later`,
+      );
     }
     const thread = this.pick();
     const id = this.nextId++;

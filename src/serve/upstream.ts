@@ -59,7 +59,10 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
     if (timedOut) throw new HandoffError('TIMEOUT', `${call.url} did not answer within ${call.timeoutMs} ms`);
     if (call.signal?.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
     const cause = (e as { cause?: { code?: string; message?: string } }).cause;
-    throw new HandoffError('PEER_UNAVAILABLE', `cannot reach ${call.url}: ${cause?.code ?? cause?.message ?? (e as Error).message}`);
+    throw new HandoffError(
+      'PEER_UNAVAILABLE',
+      `cannot reach ${call.url}: ${cause?.code ?? cause?.message ?? (e as Error).message}`,
+    );
   }
 }
 
@@ -70,7 +73,7 @@ export async function upstreamError(side: string, r: Response): Promise<HandoffE
   let parsed: unknown = null;
   try {
     parsed = JSON.parse(text);
-  // catch-ok: only JSON.parse runs in the try: a body that is not JSON keeps the fallback message
+    // catch-ok: only JSON.parse runs in the try: a body that is not JSON keeps the fallback message
   } catch {
     parsed = null;
   }

@@ -97,21 +97,32 @@ function p50(xs: number[]): number {
 }
 
 const sameRun = (a: GenerateResult, b: GenerateResult): boolean =>
-  a.tokenIds.length === b.tokenIds.length && a.tokenIds.every((t, i) => t === b.tokenIds[i]) && a.logitsHashes.every((h, i) => h === b.logitsHashes[i]);
+  a.tokenIds.length === b.tokenIds.length &&
+  a.tokenIds.every((t, i) => t === b.tokenIds[i]) &&
+  a.logitsHashes.every((h, i) => h === b.logitsHashes[i]);
 
 export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
-  const prompts = abPrompts(opts.requests, opts.seed, env).map((p) => ({ ...p, sampling: { ...p.sampling, maxTokens: opts.maxTokens } }));
+  const prompts = abPrompts(opts.requests, opts.seed, env).map((p) => ({
+    ...p,
+    sampling: { ...p.sampling, maxTokens: opts.maxTokens },
+  }));
   const common = instanceCommon(opts);
   const reference = await referenceRuns(prompts, common, opts, env);
   const variants: AbVariantResult[] = [];
-  for (const v of opts.variants ?? AB_VARIANTS) variants.push(await runVariant(v, { opts, common, prompts, reference }, env));
+  for (const v of opts.variants ?? AB_VARIANTS)
+    variants.push(await runVariant(v, { opts, common, prompts, reference }, env));
   return { model: opts.preset, requests: opts.requests, variants };
 }
 
 /** Instance settings shared by the reference and every variant's pair. */
 function instanceCommon(opts: AbOptions) {
   const numBlocks = 64 + opts.requests * Math.ceil((128 + opts.maxTokens) / 16) * 2;
-  return { preset: opts.preset, modelSeed: opts.seed, numBlocks, scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 } };
+  return {
+    preset: opts.preset,
+    modelSeed: opts.seed,
+    numBlocks,
+    scheduler: { maxNumSeqs: 64, maxNumBatchedTokens: 256, maxModelLen: 512 },
+  };
 }
 
 /** What every variant's run shares: the options, the instance settings, the prompts and their reference. */
@@ -123,8 +134,22 @@ interface AbRun {
 }
 
 /** Reference: colocated, requests one at a time (batch invariance makes this the ground truth). */
-async function referenceRuns(prompts: GenerateRequest[], common: AbRun['common'], opts: AbOptions, env: Env): Promise<GenerateResult[]> {
-  const { engine: colo } = await buildInstance({ ...common, asyncScheduling: true, idlePollMs: 2, makeDevice: threadedDevice(opts.preset, opts.seed), connector: null }, env);
+async function referenceRuns(
+  prompts: GenerateRequest[],
+  common: AbRun['common'],
+  opts: AbOptions,
+  env: Env,
+): Promise<GenerateResult[]> {
+  const { engine: colo } = await buildInstance(
+    {
+      ...common,
+      asyncScheduling: true,
+      idlePollMs: 2,
+      makeDevice: threadedDevice(opts.preset, opts.seed),
+      connector: null,
+    },
+    env,
+  );
   const reference: GenerateResult[] = [];
   try {
     for (const p of prompts) reference.push(await colo.generate(p));
@@ -151,7 +176,10 @@ async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariant
     const timeline = opts.trace === true ? deviceTimeline(pair.decode.device) : null;
     const transfer = pair.decodeConnector.transfer;
     const nicLog = opts.trace === true && transfer instanceof TransferEngineCore ? transfer : null;
-    assert(opts.trace !== true || (timeline !== null && nicLog !== null), 'a traced A/B needs a threaded decode device and a NIC-thread transfer engine');
+    assert(
+      opts.trace !== true || (timeline !== null && nicLog !== null),
+      'a traced A/B needs a threaded decode device and a NIC-thread transfer engine',
+    );
     timeline?.startTimeline();
     nicLog?.startWorkLog();
     const served = await serveStaggered(v, pair, timeline, run, env);
@@ -183,7 +211,13 @@ interface Served {
 }
 
 /** Arrivals `arrivalGapMs` apart, all concurrent; each outcome compared with the reference. */
-async function serveStaggered(v: AbVariant, pair: PdPair, timeline: ReturnType<typeof deviceTimeline> | null, run: AbRun, env: Env): Promise<Served> {
+async function serveStaggered(
+  v: AbVariant,
+  pair: PdPair,
+  timeline: ReturnType<typeof deviceTimeline> | null,
+  run: AbRun,
+  env: Env,
+): Promise<Served> {
   const { opts, prompts, reference } = run;
   const traced: RealRequest[] = [];
   const itls: number[] = [];
@@ -217,7 +251,14 @@ async function serveStaggered(v: AbVariant, pair: PdPair, timeline: ReturnType<t
   return { results, itls, errors, traced, elapsedMs: env.nowMs() - t0 };
 }
 
-function variantResult(v: AbVariant, pair: PdPair, served: Served, races: ReturnType<RaceChecker['races']>, trace: SimTrace | null, run: AbRun): AbVariantResult {
+function variantResult(
+  v: AbVariant,
+  pair: PdPair,
+  served: Served,
+  races: ReturnType<RaceChecker['races']>,
+  trace: SimTrace | null,
+  run: AbRun,
+): AbVariantResult {
   const { results, itls, errors, elapsedMs } = served;
   const { prompts, reference } = run;
   const matched = results.filter((r, i) => r !== null && sameRun(r, reference[i] as GenerateResult)).length;

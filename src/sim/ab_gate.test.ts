@@ -11,11 +11,20 @@ import { abVerdict, type AbGateInput } from './ab_gate.ts';
 
 const HANDOFF_BIN = fileURLToPath(new URL('../../bin/handoff.mjs', import.meta.url));
 
-const v = (name: string, zeroExclusion: AbGateInput['zeroExclusion'], mismatchedRequests = 0, races = 0): AbGateInput => ({ name, zeroExclusion, mismatchedRequests, races });
+const v = (
+  name: string,
+  zeroExclusion: AbGateInput['zeroExclusion'],
+  mismatchedRequests = 0,
+  races = 0,
+): AbGateInput => ({ name, zeroExclusion, mismatchedRequests, races });
 const buggy = [v('none', 'none', 5, 40), v('mamba-only', 'mamba-only', 3, 12)];
 
 test('all four variants, buggy ones corrupt, fixes clean: pass, gated by both fix variants', () => {
-  const r = abVerdict([...buggy, v('all-read-groups', 'all-read-groups'), v('all-read-groups+syncBeforeRead', 'all-read-groups')]);
+  const r = abVerdict([
+    ...buggy,
+    v('all-read-groups', 'all-read-groups'),
+    v('all-read-groups+syncBeforeRead', 'all-read-groups'),
+  ]);
   assert.equal(r.ok, true);
   assert.deepEqual(r.gating, ['all-read-groups', 'all-read-groups+syncBeforeRead']);
   assert.deepEqual(r.failures, []);
@@ -49,11 +58,32 @@ test('only buggy variants chosen: nothing gates, corruption does not fail, and t
 test('CLI: a small real A/B exits 0 with the verdict in its JSON; the buggy variant races without failing it', () => {
   const env: NodeJS.ProcessEnv = { ...process.env, HANDOFF_LOG_LEVEL: 'error' };
   delete env['NODE_TEST_CONTEXT'];
-  const args = ['ab', '--model', 'dsv4-mini', '--requests', '6', '--max-tokens', '4', '--seed', '2', '--arrival-gap-ms', '2', '--variant', 'none,all-read-groups', '--json'];
+  const args = [
+    'ab',
+    '--model',
+    'dsv4-mini',
+    '--requests',
+    '6',
+    '--max-tokens',
+    '4',
+    '--seed',
+    '2',
+    '--arrival-gap-ms',
+    '2',
+    '--variant',
+    'none,all-read-groups',
+    '--json',
+  ];
   const r = spawnSync(process.execPath, [HANDOFF_BIN, ...args], { encoding: 'utf8', env, timeout: 120_000 });
   assert.equal(r.status, 0, `exit code (stderr: ${r.stderr.slice(-2000)})`);
-  const report = JSON.parse(r.stdout) as { gate: { ok: boolean; gating: string[] }; variants: Array<{ name: string; races: number }> };
+  const report = JSON.parse(r.stdout) as {
+    gate: { ok: boolean; gating: string[] };
+    variants: Array<{ name: string; races: number }>;
+  };
   assert.deepEqual(report.gate.gating, ['all-read-groups']);
   assert.equal(report.gate.ok, true);
-  assert.ok((report.variants.find((x) => x.name === 'none')?.races ?? 0) > 0, 'the buggy variant raced (found from happens-before, not timing)');
+  assert.ok(
+    (report.variants.find((x) => x.name === 'none')?.races ?? 0) > 0,
+    'the buggy variant raced (found from happens-before, not timing)',
+  );
 });

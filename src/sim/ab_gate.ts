@@ -34,8 +34,19 @@ export function abVerdict(results: readonly AbGateInput[]): AbVerdict {
     .filter((r) => r.mismatchedRequests > 0 || r.races > 0)
     .map((r) => `${r.name}: ${r.mismatchedRequests} mismatched request(s), ${r.races} race(s)`);
   if (gating.length === 0) {
-    return { ok: true, gating, failures, summary: `gate: none (no variant with the ${FIX_ZERO_EXCLUSION} fix was run; buggy variants never fail the A/B)` };
+    return {
+      ok: true,
+      gating,
+      failures,
+      summary: `gate: none (no variant with the ${FIX_ZERO_EXCLUSION} fix was run; buggy variants never fail the A/B)`,
+    };
   }
-  if (failures.length > 0) return { ok: false, gating, failures, summary: `gate: FAIL, the fix does not hold: ${failures.join('; ')}` };
-  return { ok: true, gating, failures, summary: `gate: pass (${gating.join(', ')}: every request matched the reference, no race)` };
+  if (failures.length > 0)
+    return { ok: false, gating, failures, summary: `gate: FAIL, the fix does not hold: ${failures.join('; ')}` };
+  return {
+    ok: true,
+    gating,
+    failures,
+    summary: `gate: pass (${gating.join(', ')}: every request matched the reference, no race)`,
+  };
 }

@@ -46,7 +46,12 @@ test('pct: without change points one agent runs while it is enabled; a change po
 test('dfs: seeds 0..n-1 enumerate every schedule of a 2x3x2 tree exactly once; seed n is a duplicate', () => {
   const run = (seed: number) => {
     const e = createExplorer('dfs', seed, { dfsDepth: 8 });
-    const path = [e.pick(choices(['a', 'b'])), e.pick(choices(['only'])), e.pick(choices(['a', 'b', 'c'])), e.pick(choices(['a', 'b']))];
+    const path = [
+      e.pick(choices(['a', 'b'])),
+      e.pick(choices(['only'])),
+      e.pick(choices(['a', 'b', 'c'])),
+      e.pick(choices(['a', 'b'])),
+    ];
     return { path: path.join(''), duplicate: e.duplicate };
   };
   const paths = Array.from({ length: 12 }, (_, s) => run(s));
@@ -67,7 +72,9 @@ test('buggify: off never fires; on, a site is enabled per run from the seed and 
   assert.ok(FAULT_SITES.every((s) => !off.fire(s, 1)));
   const draws = (seed: number) => {
     const b = new Buggify(seed, true);
-    return FAULT_SITES.map((s) => [b.isOn(s), b.fire(s, 1)]).flat().join();
+    return FAULT_SITES.map((s) => [b.isOn(s), b.fire(s, 1)])
+      .flat()
+      .join();
   };
   assert.equal(draws(3), draws(3));
   const enabledCounts = Array.from({ length: 200 }, (_, s) => new Buggify(s, true).enabledSites.length);

@@ -71,7 +71,10 @@ class PctExplorer implements Explorer {
   private steps = 0;
 
   constructor(seed: number, depth: number, k: number) {
-    assert(Number.isInteger(depth) && depth >= 1 && Number.isInteger(k) && k >= 1, 'pct needs depth >= 1 and steps >= 1');
+    assert(
+      Number.isInteger(depth) && depth >= 1 && Number.isInteger(k) && k >= 1,
+      'pct needs depth >= 1 and steps >= 1',
+    );
     this.rng = new SeededRng(streamSeed(seed, 1));
     this.depth = depth;
     this.changePoints = new Map();
@@ -91,7 +94,8 @@ class PctExplorer implements Explorer {
   pick(choices: readonly ChoiceInfo[]): number {
     let best = 0;
     for (let i = 1; i < choices.length; i++) {
-      if (this.priority((choices[i] as ChoiceInfo).agent) > this.priority((choices[best] as ChoiceInfo).agent)) best = i;
+      if (this.priority((choices[i] as ChoiceInfo).agent) > this.priority((choices[best] as ChoiceInfo).agent))
+        best = i;
     }
     const drop = this.changePoints.get(this.steps++);
     if (drop !== undefined) this.priorities.set((choices[best] as ChoiceInfo).agent, drop);

@@ -21,7 +21,15 @@ let refCache: string[] | null = null;
 async function reference(): Promise<string[]> {
   if (refCache) return refCache;
   const e = await LLMEngine.create(
-    { preset: 'dsv4-mini', modelSeed: 3, numBlocks: 128, asyncScheduling: true, scheduler: {}, idlePollMs: 2, makeDevice: threadedDevice('dsv4-mini', 3) },
+    {
+      preset: 'dsv4-mini',
+      modelSeed: 3,
+      numBlocks: 128,
+      asyncScheduling: true,
+      scheduler: {},
+      idlePollMs: 2,
+      makeDevice: threadedDevice('dsv4-mini', 3),
+    },
     env,
   );
   try {
@@ -35,7 +43,10 @@ async function reference(): Promise<string[]> {
 
 async function run(name: string, decode: Partial<OneSidedConfig>, prefill: Partial<OneSidedConfig> = {}) {
   const ref = await reference();
-  const pair = await PdPair.create({ preset: 'dsv4-mini', modelSeed: 3, numBlocks: 128, decode, prefill, raceCheck: true, name }, env);
+  const pair = await PdPair.create(
+    { preset: 'dsv4-mini', modelSeed: 3, numBlocks: 128, decode, prefill, raceCheck: true, name },
+    env,
+  );
   try {
     const t0 = env.nowMs();
     const got = await Promise.all(prompts.map((p) => pair.generate(p)));
@@ -59,11 +70,17 @@ test('READ errors at rate 0.4: failed loads are recomputed, outputs equal coloca
 
 test('a NIC slower than the transfer timeout: KV_READ_TIMEOUT, abort, local recompute; no request hangs', async () => {
   const { pair, elapsedMs } = await run('faults-slow', { faults: { readDelayMs: 400 }, transferTimeoutMs: 60 });
-  assert.ok(pair.decode.scheduler.stats.loadFailures >= prompts.length - 1, `the READs timed out (${pair.decode.scheduler.stats.loadFailures} load failures, ${pair.decodeConnector.worker.stats.readsFailed} failed reads)`);
+  assert.ok(
+    pair.decode.scheduler.stats.loadFailures >= prompts.length - 1,
+    `the READs timed out (${pair.decode.scheduler.stats.loadFailures} load failures, ${pair.decodeConnector.worker.stats.readsFailed} failed reads)`,
+  );
   assert.ok(elapsedMs < 60_000, 'bounded: every request ended');
 });
 
 test('lost release notifications: the prefill lease frees the pages', async () => {
   const { pair } = await run('faults-drop', { faults: { dropNotificationRate: 1 } }, { leaseMs: 300 });
-  assert.ok(pair.prefillConnector.scheduler.stats.leasesExpired >= prompts.length - 1, 'freed by lease, not by release');
+  assert.ok(
+    pair.prefillConnector.scheduler.stats.leasesExpired >= prompts.length - 1,
+    'freed by lease, not by release',
+  );
 });

@@ -1,5 +1,14 @@
 /** The simulator's entry points for the CLI (`handoff sim`, `handoff trace`). */
-export { runSim, runSeed, formatSimReport, replayCommand, type SimOptions, type SimReport, type SimViolation, type SeedResult } from './run_sim.ts';
+export {
+  runSim,
+  runSeed,
+  formatSimReport,
+  replayCommand,
+  type SimOptions,
+  type SimReport,
+  type SimViolation,
+  type SeedResult,
+} from './run_sim.ts';
 export { traceSim, writeTrace } from './trace_export.ts';
 export { toChromeTrace, type SimTrace } from './trace.ts';
 export { timelineHtml } from './timeline_html.ts';

@@ -71,7 +71,13 @@ export class SimInstance {
     return this.spec.name;
   }
 
-  static async create(spec: InstanceSpec, env: Env, fabric: SimFabric, observer: InstanceObserver, onViolation: (v: LifecycleViolation) => void): Promise<SimInstance> {
+  static async create(
+    spec: InstanceSpec,
+    env: Env,
+    fabric: SimFabric,
+    observer: InstanceObserver,
+    onViolation: (v: LifecycleViolation) => void,
+  ): Promise<SimInstance> {
     const inst = new SimInstance(spec, observer);
     const makeDevice = simDevice(spec.preset, spec.modelSeed, { raceCheck: true, autoRun: false });
     const built = await buildInstance(
@@ -87,7 +93,14 @@ export class SimInstance {
           const device = await makeDevice(kv);
           inst.device = device;
           inst.kvConfig = kv;
-          inst.lifecycle = new PageLifecycle(spec.name, kv.numBlocks, kv.pageBytes, kv.needsKvCacheZeroing, attentionSlabs(kv), onViolation);
+          inst.lifecycle = new PageLifecycle(
+            spec.name,
+            kv.numBlocks,
+            kv.pageBytes,
+            kv.needsKvCacheZeroing,
+            attentionSlabs(kv),
+            onViolation,
+          );
           inst.watchStream();
           return device;
         },
@@ -96,7 +109,12 @@ export class SimInstance {
           endpoint: { backend: 'sim', engineId: inst.engineId, modelName: spec.preset, preset: spec.preset },
           // The world's fabric, where the explorer decides when each NIC work request completes.
           createTransfer: async ({ backend: _backend, ...o }) =>
-            new SimTransferEngine({ ...o, fabric, notifyTimeoutMs: spec.notifyTimeoutMs, handshakeTimeoutMs: spec.notifyTimeoutMs }),
+            new SimTransferEngine({
+              ...o,
+              fabric,
+              notifyTimeoutMs: spec.notifyTimeoutMs,
+              handshakeTimeoutMs: spec.notifyTimeoutMs,
+            }),
           allowedPeers: ['*'],
         },
       },

@@ -13,7 +13,8 @@ import type { SimWorld } from './world.ts';
 
 export async function judgeEnd(w: SimWorld): Promise<void> {
   if (w.violations.length > 0) return;
-  const disturbed = Object.keys(w.buggify.fired).length > 0 || w.scenario.abortTarget !== null || w.scenario.killPrefillMidRead;
+  const disturbed =
+    Object.keys(w.buggify.fired).length > 0 || w.scenario.abortTarget !== null || w.scenario.killPrefillMidRead;
   for (const r of w.proxy.requests) {
     const o = r.outcome;
     if (o === null) {
@@ -21,12 +22,22 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
       continue;
     }
     if (o.ok) continue;
-    if (o.errorCode === null) w.violate('liveness', `request ${r.spec.index} failed with an untyped error: ${o.errorMessage}`);
-    else if (o.errorCode === 'INTERNAL') w.violate('crash', `request ${r.spec.index} failed with INTERNAL: ${o.errorMessage}`);
-    else if (!disturbed) w.violate('liveness', `request ${r.spec.index} failed (${o.errorCode}: ${o.errorMessage}) although no fault was injected`);
+    if (o.errorCode === null)
+      w.violate('liveness', `request ${r.spec.index} failed with an untyped error: ${o.errorMessage}`);
+    else if (o.errorCode === 'INTERNAL')
+      w.violate('crash', `request ${r.spec.index} failed with INTERNAL: ${o.errorMessage}`);
+    else if (!disturbed)
+      w.violate(
+        'liveness',
+        `request ${r.spec.index} failed (${o.errorCode}: ${o.errorMessage}) although no fault was injected`,
+      );
   }
 
-  const refs = await colocatedReference(w.scenario.preset, w.scenario.modelSeed, w.proxy.requests.map((r) => r.spec));
+  const refs = await colocatedReference(
+    w.scenario.preset,
+    w.scenario.modelSeed,
+    w.proxy.requests.map((r) => r.spec),
+  );
   w.proxy.requests.forEach((r, i) => {
     const o = r.outcome;
     const ref = refs[i];
@@ -35,7 +46,10 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
     const at = ref.tokenIds.findIndex((t, k) => t !== o.tokenIds[k] || ref.logitsHashes[k] !== o.logitsHashes[k]);
     if (at >= 0 || o.tokenIds.length !== ref.tokenIds.length) {
       const k = at >= 0 ? at : Math.min(o.tokenIds.length, ref.tokenIds.length);
-      w.violate('pd-equals-colocated', `request ${i}: P/D output differs from colocated at token ${k} (P/D ${o.tokenIds.join(',')} vs colocated ${ref.tokenIds.join(',')}; ${o.numExternalTokens} tokens came from prefill)`);
+      w.violate(
+        'pd-equals-colocated',
+        `request ${i}: P/D output differs from colocated at token ${k} (P/D ${o.tokenIds.join(',')} vs colocated ${ref.tokenIds.join(',')}; ${o.numExternalTokens} tokens came from prefill)`,
+      );
     }
   });
 
@@ -43,7 +57,15 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
     if (!inst.alive) continue;
     const free = inst.engine.kv.getNumFreeBlocks();
     const total = inst.kvConfig.numBlocks - 1;
-    if (free !== total) w.violate('leak', `${inst.name}: ${total - free} of ${total} pages not back in the pool (lifecycle: ${inst.lifecycle.allocatedCount()} allocated)`);
-    if (!inst.engine.scheduler.isQuiescent()) w.violate('leak', `${inst.name}: scheduler not quiescent at the end (requests, held pages or pending frees remain)`);
+    if (free !== total)
+      w.violate(
+        'leak',
+        `${inst.name}: ${total - free} of ${total} pages not back in the pool (lifecycle: ${inst.lifecycle.allocatedCount()} allocated)`,
+      );
+    if (!inst.engine.scheduler.isQuiescent())
+      w.violate(
+        'leak',
+        `${inst.name}: scheduler not quiescent at the end (requests, held pages or pending frees remain)`,
+      );
   }
 }

@@ -19,7 +19,15 @@ const prompts: GenerateRequest[] = [5, 33, 47, 80].map((n, i) => ({
 
 async function reference(preset: PdPairOptions['preset']): Promise<string[]> {
   const e = await LLMEngine.create(
-    { preset, modelSeed: 2, numBlocks: 128, asyncScheduling: true, scheduler: {}, idlePollMs: 2, makeDevice: threadedDevice(preset, 2) },
+    {
+      preset,
+      modelSeed: 2,
+      numBlocks: 128,
+      asyncScheduling: true,
+      scheduler: {},
+      idlePollMs: 2,
+      makeDevice: threadedDevice(preset, 2),
+    },
     env,
   );
   try {
@@ -47,7 +55,10 @@ test('WRITE mode: prefill pushes after its forward; decode output equals colocat
   try {
     const got = await Promise.all(prompts.map((p) => pair.generateWrite(p)));
     got.forEach((r, i) => assert.equal(r.logitsHashes.join(','), ref[i], `request ${i}`));
-    assert.ok(got.some((r) => r.numExternalTokens > 0), 'KV came from prefill');
+    assert.ok(
+      got.some((r) => r.numExternalTokens > 0),
+      'KV came from prefill',
+    );
     assert.equal((pair.decode.device.raceChecker as unknown as { races(): unknown[] }).races().length, 0);
     for (let k = 0; k < 200 && !(pair.prefill.core.isIdle() && pair.decode.core.isIdle()); k++) await env.sleep(5);
     assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'prefill freed its pages after write_done');
@@ -69,12 +80,21 @@ test('READ failures (every READ fails): recompute policy recovers with the coloc
   } finally {
     await pair.close();
   }
-  const strict = await PdPair.create(base('readfail-strict', { decode: { faults: { readErrorRate: 1 } }, scheduler: { kvLoadFailurePolicy: 'fail' } }), env);
+  const strict = await PdPair.create(
+    base('readfail-strict', { decode: { faults: { readErrorRate: 1 } }, scheduler: { kvLoadFailurePolicy: 'fail' } }),
+    env,
+  );
   try {
-    await assert.rejects(strict.generate(prompts[2] as GenerateRequest), (e: Error & { code?: string }) => e.code === 'KV_LOAD_FAILED');
+    await assert.rejects(
+      strict.generate(prompts[2] as GenerateRequest),
+      (e: Error & { code?: string }) => e.code === 'KV_LOAD_FAILED',
+    );
     for (let k = 0; k < 200 && !strict.decode.core.isIdle(); k++) await env.sleep(5);
     assert.equal(strict.decode.kv.getNumFreeBlocks(), 127, 'the failed request freed its pages (behind the fence)');
-    assert.ok(await strict.decode.generate(prompts[0] as GenerateRequest).then((r) => r.tokenIds.length === 5), 'decode keeps serving');
+    assert.ok(
+      await strict.decode.generate(prompts[0] as GenerateRequest).then((r) => r.tokenIds.length === 5),
+      'decode keeps serving',
+    );
   } finally {
     await strict.close();
   }
@@ -83,7 +103,11 @@ test('READ failures (every READ fails): recompute policy recovers with the coloc
 test('lease: prefill frees held pages and revokes the grant when decode never reads', async () => {
   const pair = await PdPair.create(base('lease', { prefill: { leaseMs: 150 } }), env);
   try {
-    const r = await pair.prefill.generate({ ...(prompts[3] as GenerateRequest), sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'lease-1' } });
+    const r = await pair.prefill.generate({
+      ...(prompts[3] as GenerateRequest),
+      sampling: { maxTokens: 1 },
+      kvTransferParams: { do_remote_decode: true, transfer_id: 'lease-1' },
+    });
     assert.ok(r.kvTransferParams?.['grant'], 'a grant was issued');
     assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'pages held for the decode side');
     for (let k = 0; k < 200 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
@@ -97,7 +121,11 @@ test('lease: prefill frees held pages and revokes the grant when decode never re
     assert.ok(pair.prefillConnector.transfer.stats().grantsRefused >= 1);
     for (let k = 0; k < 200 && !pair.decode.core.isIdle(); k++) await env.sleep(5);
     assert.equal(pair.decode.kv.getNumFreeBlocks(), 127, 'the refused request freed its pages');
-    assert.equal((await pair.decode.generate(prompts[0] as GenerateRequest)).tokenIds.length, 5, 'decode keeps serving');
+    assert.equal(
+      (await pair.decode.generate(prompts[0] as GenerateRequest)).tokenIds.length,
+      5,
+      'decode keeps serving',
+    );
   } finally {
     await pair.close();
   }
@@ -107,19 +135,33 @@ test('a decode request refused after prefill answered (too long for decode) rele
   const pair = await PdPair.create(base('refused', { scheduler: { maxModelLen: 90 } }), env);
   try {
     const p = prompts[3] as GenerateRequest; // 80 prompt tokens
-    const pre = await pair.prefill.generate({ ...p, sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-1' } });
+    const pre = await pair.prefill.generate({
+      ...p,
+      sampling: { maxTokens: 1 },
+      kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-1' },
+    });
     assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'held for decode (60 s lease)');
     assert.throws(
-      () => pair.decode.submit({ ...p, sampling: { maxTokens: 20 }, kvTransferParams: pre.kvTransferParams }, () => undefined),
+      () =>
+        pair.decode.submit(
+          { ...p, sampling: { maxTokens: 20 }, kvTransferParams: pre.kvTransferParams },
+          () => undefined,
+        ),
       (e: Error & { code?: string }) => e.code === 'PROMPT_TOO_LONG',
     );
     for (let k = 0; k < 400 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
     assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'released by decode, long before the lease');
     assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 0);
     // A forged grant naming a live transfer cannot release it.
-    const live = await pair.prefill.generate({ ...p, sampling: { maxTokens: 1 }, kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-2' } });
+    const live = await pair.prefill.generate({
+      ...p,
+      sampling: { maxTokens: 1 },
+      kvTransferParams: { do_remote_decode: true, transfer_id: 'refused-2' },
+    });
     const forged = { ...live.kvTransferParams, grant: 'ab'.repeat(16) };
-    assert.throws(() => pair.decode.submit({ ...p, sampling: { maxTokens: 20 }, kvTransferParams: forged }, () => undefined));
+    assert.throws(() =>
+      pair.decode.submit({ ...p, sampling: { maxTokens: 20 }, kvTransferParams: forged }, () => undefined),
+    );
     for (let k = 0; k < 100 && pair.prefillConnector.transfer.stats().releasesRefused === 0; k++) await env.sleep(10);
     assert.equal(pair.prefillConnector.transfer.stats().releasesRefused, 1, 'the forged release was refused');
     assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'the live transfer keeps its pages');

@@ -76,18 +76,37 @@ export class PdPair {
   }
 
   /** The proxy's READ flow; returns decode's result (and the params decode got, for inspection). */
-  generate(g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
+  generate(
+    g: GenerateRequest,
+    onToken?: (atMs: number) => void,
+  ): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
     return this.run('read', g, onToken);
   }
 
-  private run(mode: PdMode, g: GenerateRequest, onToken?: (atMs: number) => void): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
+  private run(
+    mode: PdMode,
+    g: GenerateRequest,
+    onToken?: (atMs: number) => void,
+  ): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
     const legs: PdLegs<GenerateResult & { prefillParams: KVTransferParams }> = {
       prefill: (ask) =>
-        this.prefill.generate({ promptTokenIds: g.promptTokenIds, sampling: { ...g.sampling, maxTokens: ask.maxTokens }, kvTransferParams: ask.kvTransferParams }),
-      decode: async (params) => ({ ...(await this.decode.generate({ ...g, kvTransferParams: params }, onToken)), prefillParams: params as KVTransferParams }),
+        this.prefill.generate({
+          promptTokenIds: g.promptTokenIds,
+          sampling: { ...g.sampling, maxTokens: ask.maxTokens },
+          kvTransferParams: ask.kvTransferParams,
+        }),
+      decode: async (params) => ({
+        ...(await this.decode.generate({ ...g, kvTransferParams: params }, onToken)),
+        prefillParams: params as KVTransferParams,
+      }),
     };
     const addr = this.prefillConnector.transfer.address();
-    const identity = { engineId: this.prefillConnector.transfer.engineId, sideChannelHost: addr.host, sideChannelPort: addr.port, transferMode: this.prefillMode };
+    const identity = {
+      engineId: this.prefillConnector.transfer.engineId,
+      sideChannelHost: addr.host,
+      sideChannelPort: addr.port,
+      transferMode: this.prefillMode,
+    };
     return pdFlow(legs, { mode, transferId: `xfer-${hexId(this.env, 8)}`, prefill: identity });
   }
 

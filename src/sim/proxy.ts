@@ -44,7 +44,16 @@ export interface ProxyRequest {
 }
 
 function failure(code: string | null, message: string, finishReason = 'error'): RequestOutcome {
-  return { ok: false, tokenIds: [], logitsHashes: [], nanLogits: false, finishReason, errorCode: code, errorMessage: message, numExternalTokens: 0 };
+  return {
+    ok: false,
+    tokenIds: [],
+    logitsHashes: [],
+    nanLogits: false,
+    finishReason,
+    errorCode: code,
+    errorMessage: message,
+    numExternalTokens: 0,
+  };
 }
 
 export class SimProxy {
@@ -58,7 +67,14 @@ export class SimProxy {
     private readonly nowMs: () => number,
     private readonly onEvent: (r: ProxyRequest, what: string) => void,
   ) {
-    this.requests = specs.map((spec) => ({ spec, transferId: `xfer-${spec.index}`, phase: 'pending', outcome: null, startMs: null, endMs: null }));
+    this.requests = specs.map((spec) => ({
+      spec,
+      transferId: `xfer-${spec.index}`,
+      phase: 'pending',
+      outcome: null,
+      startMs: null,
+      endMs: null,
+    }));
   }
 
   prefillId(r: ProxyRequest): string {
@@ -81,9 +97,22 @@ export class SimProxy {
     const client = new AbortController();
     this.clients.set(r.spec.index, client);
     const addr = this.prefill.transfer.address();
-    const identity = { engineId: this.prefill.engineId, sideChannelHost: addr.host, sideChannelPort: addr.port, transferMode: this.prefill.spec.connector.mode };
+    const identity = {
+      engineId: this.prefill.engineId,
+      sideChannelHost: addr.host,
+      sideChannelPort: addr.port,
+      transferMode: this.prefill.spec.connector.mode,
+    };
     const legs: PdLegs<RequestOutcome> = {
-      prefill: (ask, signal) => this.leg(this.prefill, r, this.prefillId(r), { ...r.spec.sampling, maxTokens: ask.maxTokens }, ask.kvTransferParams, signal),
+      prefill: (ask, signal) =>
+        this.leg(
+          this.prefill,
+          r,
+          this.prefillId(r),
+          { ...r.spec.sampling, maxTokens: ask.maxTokens },
+          ask.kvTransferParams,
+          signal,
+        ),
       decode: (params, signal) => {
         r.phase = 'decode';
         if (this.mode === 'read') this.onEvent(r, 'decode');
@@ -96,7 +125,12 @@ export class SimProxy {
         this.clients.delete(r.spec.index);
         // An assertion is a crash of the run (the world reports it), never a request's failure.
         if (e instanceof AssertionFailure) return void (this.crashed ??= e);
-        this.finish(r, e instanceof LegFailure ? e.outcome : failure(isHandoffError(e) ? e.code : null, e instanceof Error ? e.message : String(e)));
+        this.finish(
+          r,
+          e instanceof LegFailure
+            ? e.outcome
+            : failure(isHandoffError(e) ? e.code : null, e instanceof Error ? e.message : String(e)),
+        );
       },
     );
   }
@@ -119,7 +153,9 @@ export class SimProxy {
     let pending = true;
     let resolve!: (v: { outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }) => void;
     let reject!: (e: LegFailure) => void;
-    const p = new Promise<{ outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }>((res, rej) => ((resolve = res), (reject = rej)));
+    const p = new Promise<{ outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }>(
+      (res, rej) => ((resolve = res), (reject = rej)),
+    );
     const settle = (outcome: RequestOutcome, kvTransferParams: Record<string, unknown> | null): void => {
       if (!pending) return;
       pending = false;
@@ -128,9 +164,13 @@ export class SimProxy {
       else reject(new LegFailure(outcome));
     };
     if (inst === this.prefill) this.prefillLegs.set(requestId, (e) => settle(e.outcome, null));
-    signal.addEventListener('abort', () => {
-      if (pending && inst.alive) inst.engine.abort(requestId);
-    }, { once: true });
+    signal.addEventListener(
+      'abort',
+      () => {
+        if (pending && inst.alive) inst.engine.abort(requestId);
+      },
+      { once: true },
+    );
     // Submitted synchronously (an assertion here throws out of arrive, as the world expects).
     this.submit(inst, r, requestId, sampling, params, settle);
     return p;
@@ -148,19 +188,35 @@ export class SimProxy {
     const hashes: Array<string | null> = [];
     let nan = false;
     try {
-      inst.engine.submit({ requestId, promptTokenIds: r.spec.promptTokenIds, sampling, kvTransferParams: params }, (o: EngineOutput) => {
-        tokens.push(...o.newTokenIds);
-        hashes.push(...o.logitsHashes);
-        nan ||= o.nanLogits;
-        if (o.finishReason === null) return;
-        if (o.finishReason === 'abort') return done(failure('REQUEST_ABORTED', `${requestId} aborted`, 'abort'), null);
-        if (o.finishReason === 'error') {
-          const e = o.error;
-          return done(failure(isHandoffError(e) ? e.code : null, e ? e.message : `${requestId} failed without an error`), null);
-        }
-        const ok = { ok: true, tokenIds: tokens, logitsHashes: hashes, nanLogits: nan, finishReason: o.finishReason, errorCode: null, errorMessage: null, numExternalTokens: o.numExternalTokens };
-        done(ok, o.kvTransferParams);
-      });
+      inst.engine.submit(
+        { requestId, promptTokenIds: r.spec.promptTokenIds, sampling, kvTransferParams: params },
+        (o: EngineOutput) => {
+          tokens.push(...o.newTokenIds);
+          hashes.push(...o.logitsHashes);
+          nan ||= o.nanLogits;
+          if (o.finishReason === null) return;
+          if (o.finishReason === 'abort')
+            return done(failure('REQUEST_ABORTED', `${requestId} aborted`, 'abort'), null);
+          if (o.finishReason === 'error') {
+            const e = o.error;
+            return done(
+              failure(isHandoffError(e) ? e.code : null, e ? e.message : `${requestId} failed without an error`),
+              null,
+            );
+          }
+          const ok = {
+            ok: true,
+            tokenIds: tokens,
+            logitsHashes: hashes,
+            nanLogits: nan,
+            finishReason: o.finishReason,
+            errorCode: null,
+            errorMessage: null,
+            numExternalTokens: o.numExternalTokens,
+          };
+          done(ok, o.kvTransferParams);
+        },
+      );
     } catch (e) {
       rethrowIfAssertion(e);
       done(failure(isHandoffError(e) ? e.code : null, String(e)), null);

@@ -67,24 +67,67 @@ export function realTrace(log: RealRunLog): SimTrace {
   for (const o of log.ops) {
     const key = opKey(p, o);
     if (o.checkerOpId !== null) opByChecker.set(o.checkerOpId, key);
-    const args = { opId: o.opId, checkerOpId: o.checkerOpId, kind: o.kind, step: o.label.step, requests: o.label.requestIds, blocks: o.blockIds, state: o.state };
-    rec.instant({ process: p, lane: 'host', name: `enqueue ${o.label.what}`, atMs: at(o.enqueuedMs), args: { key, step: o.label.step } });
+    const args = {
+      opId: o.opId,
+      checkerOpId: o.checkerOpId,
+      kind: o.kind,
+      step: o.label.step,
+      requests: o.label.requestIds,
+      blocks: o.blockIds,
+      state: o.state,
+    };
+    rec.instant({
+      process: p,
+      lane: 'host',
+      name: `enqueue ${o.label.what}`,
+      atMs: at(o.enqueuedMs),
+      args: { key, step: o.label.step },
+    });
     // An op that never ran (the run ended first) has no slice, only its enqueue.
     if (o.startMs === null || o.endMs === null) continue;
     assert(o.endMs >= o.startMs, `op ${o.opId} ends before it starts`);
-    rec.span({ key, process: p, lane: 'compute', name: o.label.what, startMs: at(o.startMs), durMs: o.endMs - o.startMs, args: { ...args, queuedMs: o.startMs - o.enqueuedMs } });
+    rec.span({
+      key,
+      process: p,
+      lane: 'compute',
+      name: o.label.what,
+      startMs: at(o.startMs),
+      durMs: o.endMs - o.startMs,
+      args: { ...args, queuedMs: o.startMs - o.enqueuedMs },
+    });
   }
 
   const wrByChecker = new Map<number, string>();
   for (const w of log.workRequests) {
     const key = wrKey(p, w);
     if (w.checkerWrId !== null) wrByChecker.set(w.checkerWrId, key);
-    rec.instant({ process: p, lane: 'host', name: `post ${w.kind} ${w.label.what}`, atMs: at(w.postedMs), args: { key, transferId: w.transferId } });
+    rec.instant({
+      process: p,
+      lane: 'host',
+      name: `post ${w.kind} ${w.label.what}`,
+      atMs: at(w.postedMs),
+      args: { key, transferId: w.transferId },
+    });
     if (w.doneMs === null) continue;
     assert(w.doneMs >= w.postedMs, `work request ${w.wrId} completes before it is posted`);
     rec.span({
-      key, process: p, lane: 'nic', name: w.label.what, startMs: at(w.postedMs), durMs: w.doneMs - w.postedMs,
-      args: { wrId: w.wrId, checkerWrId: w.checkerWrId, kind: w.kind, transferId: w.transferId, bytes: w.bytes, blocks: w.blockIds, requests: w.label.requestIds, state: w.state, completion: 'host-observed' },
+      key,
+      process: p,
+      lane: 'nic',
+      name: w.label.what,
+      startMs: at(w.postedMs),
+      durMs: w.doneMs - w.postedMs,
+      args: {
+        wrId: w.wrId,
+        checkerWrId: w.checkerWrId,
+        kind: w.kind,
+        transferId: w.transferId,
+        bytes: w.bytes,
+        blocks: w.blockIds,
+        requests: w.label.requestIds,
+        state: w.state,
+        completion: 'host-observed',
+      },
     });
   }
 
@@ -104,8 +147,14 @@ export function realTrace(log: RealRunLog): SimTrace {
     const pages = [...blocks].sort((a, b) => a - b).join(',');
     rec.markRace(keyOf(r.a), keyOf(r.b), `${p}: ${who(r.a)} unordered with ${who(r.b)} on blocks ${pages}`);
   }
-  const more = pairs.size > TRACE_RACE_PAIRS_MAX ? ` (${pairs.size - TRACE_RACE_PAIRS_MAX} more racing pairs not shown)` : '';
+  const more =
+    pairs.size > TRACE_RACE_PAIRS_MAX ? ` (${pairs.size - TRACE_RACE_PAIRS_MAX} more racing pairs not shown)` : '';
 
-  const requests = log.requests.map((r) => ({ index: r.index, startMs: at(r.startMs), endMs: at(Math.max(r.endMs, r.startMs)), outcome: r.outcome }));
+  const requests = log.requests.map((r) => ({
+    index: r.index,
+    startMs: at(r.startMs),
+    endMs: at(Math.max(r.endMs, r.startMs)),
+    outcome: r.outcome,
+  }));
   return rec.toTrace(`${log.title}${more}`, requests);
 }

@@ -40,7 +40,11 @@ export async function drive<T>(env: SimEnv, p: Promise<T>, roundsMax = 100_000):
   return p;
 }
 
-export async function colocatedReference(preset: ModelPreset, modelSeed: number, reqs: readonly SimRequestSpec[]): Promise<ReferenceResult[]> {
+export async function colocatedReference(
+  preset: ModelPreset,
+  modelSeed: number,
+  reqs: readonly SimRequestSpec[],
+): Promise<ReferenceResult[]> {
   const found = new Map<string, ReferenceResult>();
   for (const r of reqs) {
     const hit = memo.get(keyOf(preset, modelSeed, r));

@@ -68,7 +68,13 @@ const PER_SEED_MAX = 3;
 const TOTAL_MAX = 50;
 const DFS_DUPLICATES_MAX = 64;
 
-export function replayCommand(o: Pick<SimOptions, 'scenario' | 'strategy' | 'mutant' | 'model' | 'faults' | 'maxSteps' | 'requests' | 'pctDepth' | 'dfsDepth'>, seed: number): string {
+export function replayCommand(
+  o: Pick<
+    SimOptions,
+    'scenario' | 'strategy' | 'mutant' | 'model' | 'faults' | 'maxSteps' | 'requests' | 'pctDepth' | 'dfsDepth'
+  >,
+  seed: number,
+): string {
   const parts = ['handoff sim', `--scenario ${o.scenario}`, `--strategy ${o.strategy}`, `--seed ${seed}`];
   if (o.mutant) parts.push(`--mutant ${o.mutant}`);
   if (o.model && o.model !== 'dsv4-mini') parts.push(`--model ${o.model}`);
@@ -82,7 +88,11 @@ export function replayCommand(o: Pick<SimOptions, 'scenario' | 'strategy' | 'mut
 }
 
 /** One seed, start to judgement. */
-export async function runSeed(o: Omit<SimOptions, 'seeds' | 'onProgress'>, seed: number, trace: boolean): Promise<SeedResult> {
+export async function runSeed(
+  o: Omit<SimOptions, 'seeds' | 'onProgress'>,
+  seed: number,
+  trace: boolean,
+): Promise<SeedResult> {
   // A traced run goes on after the first violation, so the timeline shows the racing pair execute.
   const world = await SimWorld.create({
     scenario: o.scenario,
@@ -135,7 +145,8 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
     if (r.violations.length > 0) {
       failing++;
       firstFailingSeed ??= seed;
-      for (const v of r.violations.slice(0, PER_SEED_MAX)) if (violations.length < TOTAL_MAX) violations.push({ ...v, seed });
+      for (const v of r.violations.slice(0, PER_SEED_MAX))
+        if (violations.length < TOTAL_MAX) violations.push({ ...v, seed });
     }
     o.onProgress?.(k + 1, count, failing);
     if (firstFailingSeed !== null && o.stopAtFirstFailure) break;
@@ -156,10 +167,14 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
 /** The human summary `handoff sim` prints without --json. */
 export function formatSimReport(r: SimReport): string {
   const head = `sim ${r.scenario} · ${r.strategy} · ${r.seeds} seed${r.seeds === 1 ? '' : 's'}${r.mutant ? ` · mutant ${r.mutant}` : ''} · ${r.schedulesPerSec} schedules/s`;
-  if (r.firstFailingSeed === null) return `${head}\nPASS: no violation (race checker, page lifecycle I1-I6, P/D == colocated, liveness, leaks)`;
+  if (r.firstFailingSeed === null)
+    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I6, P/D == colocated, liveness, leaks)`;
   const failingSeeds = new Set(r.violations.map((v) => v.seed)).size;
   const lines = [head, `FAIL: ${failingSeeds}+ failing seed(s), first at seed ${r.firstFailingSeed}`];
-  for (const v of r.violations.slice(0, 10)) lines.push(`  seed ${v.seed} step ${v.step} @${v.atMs.toFixed(3)}ms [${v.oracle}${v.invariant ? ` ${v.invariant}` : ''}] ${v.message}`);
+  for (const v of r.violations.slice(0, 10))
+    lines.push(
+      `  seed ${v.seed} step ${v.step} @${v.atMs.toFixed(3)}ms [${v.oracle}${v.invariant ? ` ${v.invariant}` : ''}] ${v.message}`,
+    );
   if (r.violations.length > 10) lines.push(`  ... ${r.violations.length - 10} more`);
   lines.push(`replay: ${r.replay}`);
   return lines.join('\n');

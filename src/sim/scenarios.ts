@@ -20,7 +20,15 @@ import type { SchedulerConfig } from '../engine/scheduler_config.ts';
 import { streamSeed } from './explorer.ts';
 import type { SimRequestSpec } from './proxy.ts';
 
-export const SCENARIOS = ['1p1d', '1p1d-write', 'preempt', 'abort', 'peer-death', 'prefix-hit', 'chunked-prefill'] as const;
+export const SCENARIOS = [
+  '1p1d',
+  '1p1d-write',
+  'preempt',
+  'abort',
+  'peer-death',
+  'prefix-hit',
+  'chunked-prefill',
+] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
 export function isScenarioName(s: string): s is ScenarioName {
@@ -58,10 +66,16 @@ function prompt(rng: SeededRng, n: number): number[] {
   return Array.from({ length: n }, () => 1 + rng.int(VOCAB_LIMIT - 1));
 }
 
-export function buildScenario(name: ScenarioName, preset: ModelPreset, seed: number, opts: { requests?: number; mutant?: MutantName } = {}): ScenarioConfig {
+export function buildScenario(
+  name: ScenarioName,
+  preset: ModelPreset,
+  seed: number,
+  opts: { requests?: number; mutant?: MutantName } = {},
+): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
   const mode = name === '1p1d-write' ? 'write' : 'read';
-  if (mode === 'write' && preset === 'hybrid-mini') throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
+  if (mode === 'write' && preset === 'hybrid-mini')
+    throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
   const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
   const maxTokens = name === 'preempt' ? 10 : 3;
   const prefix = name === 'prefix-hit' ? prompt(rng, 32) : [];
@@ -70,21 +84,36 @@ export function buildScenario(name: ScenarioName, preset: ModelPreset, seed: num
     let len: number;
     if (name === 'chunked-prefill') len = 60 + rng.int(90);
     else if (name === 'preempt') len = 20 + rng.int(25);
-    else if (index === 0) len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
+    else if (index === 0)
+      len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
     const tokens = name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28))] : prompt(rng, len);
     arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
-    return { index, promptTokenIds: tokens, sampling: { maxTokens, temperature: index % 2 === 1 ? 0.8 : 0, seed: 100 + index, ignoreEos: true }, arrivalMs };
+    return {
+      index,
+      promptTokenIds: tokens,
+      sampling: { maxTokens, temperature: index % 2 === 1 ? 0.8 : 0, seed: 100 + index, ignoreEos: true },
+      arrivalMs,
+    };
   });
 
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => {
-    const c: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role, mode, leaseMs: SIM_LEASE_MS, transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS };
+    const c: OneSidedConfig = {
+      ...DEFAULT_ONE_SIDED_CONFIG,
+      role,
+      mode,
+      leaseMs: SIM_LEASE_MS,
+      transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS,
+    };
     if (mutant === undefined) return c;
     if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
     if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
     const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
-      'no-await-reads': 'consumer', 'tail-not-zeroed': 'consumer', 'free-before-release': 'producer', 'write-done-early': 'producer',
+      'no-await-reads': 'consumer',
+      'tail-not-zeroed': 'consumer',
+      'free-before-release': 'producer',
+      'write-done-early': 'producer',
     };
     if (site[mutant] === role) c.mutant = mutant;
     return c;

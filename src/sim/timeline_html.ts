@@ -8,7 +8,10 @@ import type { SimTrace } from './trace.ts';
 
 /** JSON that is safe inside a <script> element. */
 function embed(value: unknown): string {
-  return JSON.stringify(value).replace(/</g, '\\u003c').replace(/\u2028/g, '\\u2028').replace(/\u2029/g, '\\u2029');
+  return JSON.stringify(value)
+    .replace(/</g, '\\u003c')
+    .replace(/\u2028/g, '\\u2028')
+    .replace(/\u2029/g, '\\u2029');
 }
 
 function escapeHtml(s: string): string {

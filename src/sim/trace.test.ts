@@ -38,16 +38,29 @@ const racy = traceSim({ scenario: '1p1d', strategy: 'random', mutant: 'zero-none
 
 test('chrome trace: processes P, D and proxy with named threads; every action a slice; the racing pair marked', async () => {
   const { trace, result } = await racy;
-  assert.ok(result.violations.some((v) => v.oracle === 'race'), 'zero-none races the zeroing with the READ');
+  assert.ok(
+    result.violations.some((v) => v.oracle === 'race'),
+    'zero-none races the zeroing with the READ',
+  );
   const ct = toChromeTrace(trace);
-  const names = ct.traceEvents.filter((e) => e['ph'] === 'M' && e['name'] === 'thread_name').map((e) => (e['args'] as { name: string }).name);
+  const names = ct.traceEvents
+    .filter((e) => e['ph'] === 'M' && e['name'] === 'thread_name')
+    .map((e) => (e['args'] as { name: string }).name);
   assert.deepEqual(new Set(names), new Set(['proxy', 'host', 'compute', 'nic']));
   const slices = ct.traceEvents.filter((e) => e['ph'] === 'X');
   assert.equal(slices.length, trace.spans.length);
-  assert.ok(slices.every((e) => typeof e['ts'] === 'number' && typeof e['dur'] === 'number' && (e['dur'] as number) > 0));
+  assert.ok(
+    slices.every((e) => typeof e['ts'] === 'number' && typeof e['dur'] === 'number' && (e['dur'] as number) > 0),
+  );
   const marked = slices.filter((e) => e['cname'] === 'terrible');
-  assert.ok(marked.some((e) => e['name'] === 'zero') && marked.some((e) => String(e['name']).startsWith('read')), 'zero op and READ are both highlighted');
-  assert.ok(ct.traceEvents.some((e) => e['ph'] === 's') && ct.traceEvents.some((e) => e['ph'] === 'f'), 'a flow arrow joins the pair');
+  assert.ok(
+    marked.some((e) => e['name'] === 'zero') && marked.some((e) => String(e['name']).startsWith('read')),
+    'zero op and READ are both highlighted',
+  );
+  assert.ok(
+    ct.traceEvents.some((e) => e['ph'] === 's') && ct.traceEvents.some((e) => e['ph'] === 'f'),
+    'a flow arrow joins the pair',
+  );
   assert.equal(ct.traceEvents.filter((e) => e['ph'] === 'b').length, trace.requests.length);
 });
 
@@ -75,7 +88,16 @@ test('HTML timeline renders in headless Chromium: one row per lane, every slice 
   const out = writeTrace(trace, join(mkdtempSync(join(tmpdir(), 'handoff-html-')), 'run'));
   const browser = await chromium.launch({
     executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
   });
   try {
     const page = await browser.newPage();
@@ -89,7 +111,10 @@ test('HTML timeline renders in headless Chromium: one row per lane, every slice 
     const drawn = await page.$$eval('.span', (s) => s.length);
     assert.equal(drawn, trace.spans.length + trace.requests.length);
     const raced = await page.$$eval('.span.race', (s) => s.map((e) => e.textContent));
-    assert.ok(raced.includes('zero') && raced.some((x) => x?.startsWith('read')), `racing pair outlined: ${raced.join(', ')}`);
+    assert.ok(
+      raced.includes('zero') && raced.some((x) => x?.startsWith('read')),
+      `racing pair outlined: ${raced.join(', ')}`,
+    );
     assert.ok((await page.$$eval('#races li', (l) => l.length)) > 0, 'the race is named above the chart');
   } finally {
     await browser.close();

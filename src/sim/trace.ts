@@ -76,22 +76,53 @@ export class TraceRecorder {
 const US = 1000;
 
 /** Chrome trace-event format (JSON object form). */
-export function toChromeTrace(t: SimTrace): { traceEvents: Array<Record<string, unknown>>; displayTimeUnit: 'ms'; metadata: Record<string, unknown> } {
-  const processes = ['proxy', ...new Set([...t.spans, ...t.instants].map((s) => s.process).filter((p) => p !== 'proxy'))];
+export function toChromeTrace(t: SimTrace): {
+  traceEvents: Array<Record<string, unknown>>;
+  displayTimeUnit: 'ms';
+  metadata: Record<string, unknown>;
+} {
+  const processes = [
+    'proxy',
+    ...new Set([...t.spans, ...t.instants].map((s) => s.process).filter((p) => p !== 'proxy')),
+  ];
   const pid = (p: string): number => processes.indexOf(p) + 1;
   const tid = (lane: string): number => (lane === 'proxy' ? 1 : LANES.indexOf(lane as LaneKind) + 1);
   const ev: Array<Record<string, unknown>> = [];
   for (const p of processes) {
-    ev.push({ ph: 'M', name: 'process_name', pid: pid(p), tid: 0, args: { name: p === 'proxy' ? 'proxy' : p === 'P' ? 'P (prefill)' : p === 'D' ? 'D (decode)' : p } });
-    for (const lane of p === 'proxy' ? ['proxy'] : LANES) ev.push({ ph: 'M', name: 'thread_name', pid: pid(p), tid: tid(lane), args: { name: lane } });
+    ev.push({
+      ph: 'M',
+      name: 'process_name',
+      pid: pid(p),
+      tid: 0,
+      args: { name: p === 'proxy' ? 'proxy' : p === 'P' ? 'P (prefill)' : p === 'D' ? 'D (decode)' : p },
+    });
+    for (const lane of p === 'proxy' ? ['proxy'] : LANES)
+      ev.push({ ph: 'M', name: 'thread_name', pid: pid(p), tid: tid(lane), args: { name: lane } });
   }
   for (const s of t.spans) {
     ev.push({
-      ph: 'X', name: s.name, cat: s.lane, pid: pid(s.process), tid: tid(s.lane), ts: s.startMs * US, dur: Math.max(s.durMs * US, 0.001),
-      args: { key: s.key, ...s.args, ...(s.race ? { race: s.race } : {}) }, ...(s.race ? { cname: 'terrible' } : {}),
+      ph: 'X',
+      name: s.name,
+      cat: s.lane,
+      pid: pid(s.process),
+      tid: tid(s.lane),
+      ts: s.startMs * US,
+      dur: Math.max(s.durMs * US, 0.001),
+      args: { key: s.key, ...s.args, ...(s.race ? { race: s.race } : {}) },
+      ...(s.race ? { cname: 'terrible' } : {}),
     });
   }
-  for (const i of t.instants) ev.push({ ph: 'i', s: 't', name: i.name, cat: i.lane, pid: pid(i.process), tid: tid(i.lane), ts: i.atMs * US, args: i.args });
+  for (const i of t.instants)
+    ev.push({
+      ph: 'i',
+      s: 't',
+      name: i.name,
+      cat: i.lane,
+      pid: pid(i.process),
+      tid: tid(i.lane),
+      ts: i.atMs * US,
+      args: i.args,
+    });
   for (const r of t.requests) {
     const common = { cat: 'request', name: `request ${r.index}`, id: r.index, pid: pid('proxy'), tid: 1 };
     ev.push({ ...common, ph: 'b', ts: r.startMs * US, args: { outcome: r.outcome } });
@@ -101,8 +132,25 @@ export function toChromeTrace(t: SimTrace): { traceEvents: Array<Record<string, 
     const a = t.spans.find((s) => s.key === r.a);
     const b = t.spans.find((s) => s.key === r.b);
     if (a === undefined || b === undefined) return;
-    ev.push({ ph: 's', id: n + 1, name: 'race', cat: 'race', pid: pid(a.process), tid: tid(a.lane), ts: a.startMs * US });
-    ev.push({ ph: 'f', bp: 'e', id: n + 1, name: 'race', cat: 'race', pid: pid(b.process), tid: tid(b.lane), ts: b.startMs * US });
+    ev.push({
+      ph: 's',
+      id: n + 1,
+      name: 'race',
+      cat: 'race',
+      pid: pid(a.process),
+      tid: tid(a.lane),
+      ts: a.startMs * US,
+    });
+    ev.push({
+      ph: 'f',
+      bp: 'e',
+      id: n + 1,
+      name: 'race',
+      cat: 'race',
+      pid: pid(b.process),
+      tid: tid(b.lane),
+      ts: b.startMs * US,
+    });
   });
   return { traceEvents: ev, displayTimeUnit: 'ms', metadata: { title: t.title, races: t.races.map((r) => r.text) } };
 }

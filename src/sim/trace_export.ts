@@ -10,7 +10,10 @@ import { runSeed, type SeedResult, type SimOptions } from './run_sim.ts';
 import { timelineHtml } from './timeline_html.ts';
 import { toChromeTrace, type SimTrace } from './trace.ts';
 
-export async function traceSim(o: Omit<SimOptions, 'seeds' | 'onProgress'>, seed: number): Promise<{ trace: SimTrace; result: SeedResult }> {
+export async function traceSim(
+  o: Omit<SimOptions, 'seeds' | 'onProgress'>,
+  seed: number,
+): Promise<{ trace: SimTrace; result: SeedResult }> {
   const result = await runSeed(o, seed, true);
   assert(result.trace !== null, 'a traced run returns its trace');
   return { trace: result.trace, result };

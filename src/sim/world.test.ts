@@ -14,7 +14,10 @@ const describeFailure = (r: Awaited<ReturnType<typeof runSim>>): string => forma
 
 for (const scenario of SCENARIOS) {
   test(`correct build, ${scenario}: seeds 1-2 random and seed 1 PCT pass every oracle`, async () => {
-    for (const [strategy, seeds] of [['random', 2], ['pct', 1]] as const) {
+    for (const [strategy, seeds] of [
+      ['random', 2],
+      ['pct', 1],
+    ] as const) {
       const r = await runSim({ scenario, strategy, seeds });
       assert.equal(r.firstFailingSeed, null, describeFailure(r));
       assert.equal(r.seeds, seeds);
@@ -53,12 +56,28 @@ test('replay: the same seed gives the same schedule and the same first violation
 
 test('report: exactly the keys of the JSON contract; --replay runs the one seed of the command', async () => {
   const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 2, mutant: 'no-await-reads', seed: 7 });
-  assert.deepEqual(Object.keys(r).sort(), ['firstFailingSeed', 'mutant', 'replay', 'scenario', 'schedulesPerSec', 'seeds', 'strategy', 'violations']);
+  assert.deepEqual(Object.keys(r).sort(), [
+    'firstFailingSeed',
+    'mutant',
+    'replay',
+    'scenario',
+    'schedulesPerSec',
+    'seeds',
+    'strategy',
+    'violations',
+  ]);
   assert.equal(r.firstFailingSeed, 7);
   assert.equal(r.replay, 'handoff sim --scenario 1p1d --strategy random --seed 7 --mutant no-await-reads --replay');
   assert.ok(r.schedulesPerSec > 0);
   assert.doesNotThrow(() => JSON.stringify(r));
-  const again = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 99, seed: 7, mutant: 'no-await-reads', replay: true });
+  const again = await runSim({
+    scenario: '1p1d',
+    strategy: 'random',
+    seeds: 99,
+    seed: 7,
+    mutant: 'no-await-reads',
+    replay: true,
+  });
   assert.equal(again.seeds, 1);
   assert.deepEqual(again.violations[0], r.violations[0]);
   assert.match(formatSimReport(r), /FAIL: .*first at seed 7[\s\S]*replay: handoff sim/);

@@ -111,14 +111,41 @@ export class SimWorld {
   }
 
   static async create(opts: WorldOptions): Promise<SimWorld> {
-    const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), { requests: opts.requests, mutant: opts.mutant });
+    const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
+      requests: opts.requests,
+      mutant: opts.mutant,
+    });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
     const onViolation = (name: string) => (v: LifecycleViolation) => w.lifecycleViolation(name, v);
-    const common = { preset: scenario.preset, modelSeed: scenario.modelSeed, idlePollMs: scenario.idlePollMs, notifyTimeoutMs: scenario.notifyTimeoutMs };
-    w.P = await SimInstance.create({ ...common, ...scenario.prefill, name: 'P', role: 'producer' }, w.env, w.fabric, observer, onViolation('P'));
-    w.D = await SimInstance.create({ ...common, ...scenario.decode, name: 'D', role: 'consumer' }, w.env, w.fabric, observer, onViolation('D'));
-    w.proxy = new SimProxy(scenario.requests, w.P, w.D, scenario.mode, () => w.env.nowMs(), (r, what) => w.proxyEvent(r, what));
+    const common = {
+      preset: scenario.preset,
+      modelSeed: scenario.modelSeed,
+      idlePollMs: scenario.idlePollMs,
+      notifyTimeoutMs: scenario.notifyTimeoutMs,
+    };
+    w.P = await SimInstance.create(
+      { ...common, ...scenario.prefill, name: 'P', role: 'producer' },
+      w.env,
+      w.fabric,
+      observer,
+      onViolation('P'),
+    );
+    w.D = await SimInstance.create(
+      { ...common, ...scenario.decode, name: 'D', role: 'consumer' },
+      w.env,
+      w.fabric,
+      observer,
+      onViolation('D'),
+    );
+    w.proxy = new SimProxy(
+      scenario.requests,
+      w.P,
+      w.D,
+      scenario.mode,
+      () => w.env.nowMs(),
+      (r, what) => w.proxyEvent(r, what),
+    );
     w.events = new WorldEvents(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
     return w;
@@ -134,26 +161,62 @@ export class SimWorld {
 
   violate(oracle: OracleName, message: string, invariant?: Invariant): void {
     if (!this.running) return;
-    this.violations.push({ oracle, message, step: this.step, atMs: this.env.nowMs(), ...(invariant ? { invariant } : {}) });
+    this.violations.push({
+      oracle,
+      message,
+      step: this.step,
+      atMs: this.env.nowMs(),
+      ...(invariant ? { invariant } : {}),
+    });
   }
 
   private lifecycleViolation(instance: string, v: LifecycleViolation): void {
     const inst = instance === 'P' ? this.P : this.D;
     if (inst !== undefined && !inst.alive) return; // a dead instance's memory no longer matters
     this.violate('lifecycle', `${v.invariant}: ${v.message}`, v.invariant);
-    this.trace?.instant({ process: instance, lane: 'host', name: `violation ${v.invariant}`, atMs: this.env.nowMs(), args: { message: v.message } });
+    this.trace?.instant({
+      process: instance,
+      lane: 'host',
+      name: `violation ${v.invariant}`,
+      atMs: this.env.nowMs(),
+      args: { message: v.message },
+    });
   }
 
   private proxyEvent(r: ProxyRequest, what: string): void {
-    this.trace?.instant({ process: 'proxy', lane: 'proxy', name: `request ${r.spec.index}: ${what}`, atMs: this.env.nowMs(), args: {} });
+    this.trace?.instant({
+      process: 'proxy',
+      lane: 'proxy',
+      name: `request ${r.spec.index}: ${what}`,
+      atMs: this.env.nowMs(),
+      args: {},
+    });
   }
 
   private opEnqueued(inst: SimInstance, opId: number, info: OpInfo): void {
     const key = `${inst.name}.op#${opId}`;
-    this.trace?.instant({ process: inst.name, lane: 'host', name: `enqueue ${info.what}`, atMs: this.env.nowMs(), args: { key, step: info.step, requests: info.requestIds } });
-    if (info.kind === 'zero' && this.buggify.fire('delay-zero')) this.delayedZeros.set(key, this.step + 1 + this.buggify.int(40));
-    if (inst === this.D && info.kind === 'kernel' && this.ballast === null && !this.actions.has('act:ballast') && this.buggify.fire('preempt', 0.1)) {
-      this.addAction({ key: 'act:ballast', name: 'take decode pages (memory pressure)', enabled: () => this.D.alive, run: () => this.takeBallast() });
+    this.trace?.instant({
+      process: inst.name,
+      lane: 'host',
+      name: `enqueue ${info.what}`,
+      atMs: this.env.nowMs(),
+      args: { key, step: info.step, requests: info.requestIds },
+    });
+    if (info.kind === 'zero' && this.buggify.fire('delay-zero'))
+      this.delayedZeros.set(key, this.step + 1 + this.buggify.int(40));
+    if (
+      inst === this.D &&
+      info.kind === 'kernel' &&
+      this.ballast === null &&
+      !this.actions.has('act:ballast') &&
+      this.buggify.fire('preempt', 0.1)
+    ) {
+      this.addAction({
+        key: 'act:ballast',
+        name: 'take decode pages (memory pressure)',
+        enabled: () => this.D.alive,
+        run: () => this.takeBallast(),
+      });
     }
   }
 
@@ -198,8 +261,18 @@ export class SimWorld {
         const info = inst.ops.get(r.id);
         const key = `${inst.name}.op#${r.id}`;
         const c: Choice = {
-          key, agent: `${inst.name}.compute`, costMs: this.opCost(info), process: inst.name, lane: 'compute', name: info?.what ?? r.label.what,
-          args: { step: info?.step ?? null, requests: info?.requestIds ?? [], tokens: info?.tokens ?? 0, pages: info?.pages ?? 0 },
+          key,
+          agent: `${inst.name}.compute`,
+          costMs: this.opCost(info),
+          process: inst.name,
+          lane: 'compute',
+          name: info?.what ?? r.label.what,
+          args: {
+            step: info?.step ?? null,
+            requests: info?.requestIds ?? [],
+            tokens: info?.tokens ?? 0,
+            pages: info?.pages ?? 0,
+          },
           apply: () => inst.runOp(r.id),
         };
         if ((this.delayedZeros.get(key) ?? -1) > this.step) held.push(c);
@@ -217,10 +290,19 @@ export class SimWorld {
   }
 
   private actionChoice(a: Action): Choice {
-    return { key: a.key, agent: 'proxy', costMs: COST.actionMs, process: 'proxy', lane: 'proxy', name: a.name, args: {}, apply: () => {
-      this.actions.delete(a.key);
-      a.run();
-    } };
+    return {
+      key: a.key,
+      agent: 'proxy',
+      costMs: COST.actionMs,
+      process: 'proxy',
+      lane: 'proxy',
+      name: a.name,
+      args: {},
+      apply: () => {
+        this.actions.delete(a.key);
+        a.run();
+      },
+    };
   }
 
   private itemChoice(item: FabricItem): Choice {
@@ -261,10 +343,12 @@ export class SimWorld {
     }
     for (const inst of this.instances) {
       const crashed = inst.engine.core.crashed;
-      if (inst.alive && crashed !== null && !this.violations.some((v) => v.oracle === 'crash')) this.violate('crash', `${inst.name}: engine loop crashed: ${crashed.message}`);
+      if (inst.alive && crashed !== null && !this.violations.some((v) => v.oracle === 'crash'))
+        this.violate('crash', `${inst.name}: engine loop crashed: ${crashed.message}`);
     }
     const flowCrash = this.proxy.crashed;
-    if (flowCrash !== null && !this.violations.some((v) => v.oracle === 'crash')) this.violate('crash', `proxy flow: assertion failed: ${flowCrash.message}`);
+    if (flowCrash !== null && !this.violations.some((v) => v.oracle === 'crash'))
+      this.violate('crash', `proxy flow: assertion failed: ${flowCrash.message}`);
   }
 
   /** Run to the end (every request finished and both instances quiescent) or the first violation. */
@@ -299,11 +383,23 @@ export class SimWorld {
       for (let i = 0; i < c.key.length; i++) this.hash = Math.imul(this.hash ^ c.key.charCodeAt(i), 0x01000193) >>> 0;
       try {
         c.apply();
-      // catch-ok: the simulator's crash oracle: a throw (an assertion above all) becomes a 'crash' violation that fails the run with its seed
+        // catch-ok: the simulator's crash oracle: a throw (an assertion above all) becomes a 'crash' violation that
+        // fails the run with its seed
       } catch (e) {
-        this.violate('crash', `applying ${c.key} threw: ${e instanceof AssertionFailure ? 'assertion failed: ' : ''}${(e as Error).message}`);
+        this.violate(
+          'crash',
+          `applying ${c.key} threw: ${e instanceof AssertionFailure ? 'assertion failed: ' : ''}${(e as Error).message}`,
+        );
       }
-      this.trace?.span({ key: c.key, process: c.process, lane: c.lane, name: c.name, startMs: now, durMs: c.costMs, args: c.args });
+      this.trace?.span({
+        key: c.key,
+        process: c.process,
+        lane: c.lane,
+        name: c.name,
+        startMs: now,
+        durMs: c.costMs,
+        args: c.args,
+      });
       this.step++;
       this.env.advanceTo(now + c.costMs);
     }
@@ -312,7 +408,8 @@ export class SimWorld {
   pendingSummary(): string {
     const open = this.proxy.requests.filter((r) => r.phase !== 'done').map((r) => `${r.spec.index}:${r.phase}`);
     const busy = this.instances.filter((i) => i.alive && !i.engine.core.isIdle()).map((i) => i.name);
-    const ballast = this.ballast === null ? '' : `, ${this.ballast.blocks.length} decode pages held by the preempt fault`;
+    const ballast =
+      this.ballast === null ? '' : `, ${this.ballast.blocks.length} decode pages held by the preempt fault`;
     return `open requests [${open.join(' ')}], busy instances [${busy.join(' ')}], fabric items ${this.fabric.queued().length}${ballast}`;
   }
 
@@ -347,9 +444,16 @@ export class SimWorld {
       p.blocks.add(r.block);
       pairs.set(key, p);
     }
-    for (const p of pairs.values()) this.events.markRace(p.inst, p.r, [...p.blocks].sort((a, b) => a - b));
+    for (const p of pairs.values())
+      this.events.markRace(
+        p.inst,
+        p.r,
+        [...p.blocks].sort((a, b) => a - b),
+      );
     const requests = this.proxy.requests.map((r) => ({
-      index: r.spec.index, startMs: r.startMs ?? r.spec.arrivalMs, endMs: r.endMs ?? this.env.nowMs(),
+      index: r.spec.index,
+      startMs: r.startMs ?? r.spec.arrivalMs,
+      endMs: r.endMs ?? this.env.nowMs(),
       outcome: r.outcome === null ? 'unfinished' : r.outcome.ok ? 'ok' : `failed ${r.outcome.errorCode ?? 'untyped'}`,
     }));
     return this.trace.toTrace(title, requests);

@@ -32,7 +32,8 @@ export class WorldEvents {
     const pageBytes = this.w.D.kvConfig.pageBytes;
     const out = new Set<number>();
     for (const r of ranges) {
-      for (let b = Math.floor(r.offset / pageBytes); b <= Math.floor((r.offset + r.length - 1) / pageBytes); b++) out.add(b);
+      for (let b = Math.floor(r.offset / pageBytes); b <= Math.floor((r.offset + r.length - 1) / pageBytes); b++)
+        out.add(b);
     }
     return [...out].sort((a, b) => a - b);
   }
@@ -52,7 +53,13 @@ export class WorldEvents {
       case 'grant': {
         const inst = this.w.instanceOf(ev.engineId);
         inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued');
-        this.w.trace?.instant({ process: inst?.name ?? ev.engineId, lane: 'host', name: `grant ${ev.change} ${ev.transferId}`, atMs: this.w.env.nowMs(), args: { blocks: ev.blockIds } });
+        this.w.trace?.instant({
+          process: inst?.name ?? ev.engineId,
+          lane: 'host',
+          name: `grant ${ev.change} ${ev.transferId}`,
+          atMs: this.w.env.nowMs(),
+          args: { blocks: ev.blockIds },
+        });
         return;
       }
       case 'notify-send':
@@ -84,7 +91,13 @@ export class WorldEvents {
       rec.posted.add(item.id);
       this.writes.set(key, rec);
     }
-    this.w.trace?.instant({ process: poster.name, lane: 'host', name: `post ${item.kind} net#${item.id}`, atMs: this.w.env.nowMs(), args: { transferId: item.transferId, local: p.local, remote: p.remote } });
+    this.w.trace?.instant({
+      process: poster.name,
+      lane: 'host',
+      name: `post ${item.kind} net#${item.id}`,
+      atMs: this.w.env.nowMs(),
+      args: { transferId: item.transferId, local: p.local, remote: p.remote },
+    });
     this.offerActions(item);
   }
 
@@ -94,7 +107,8 @@ export class WorldEvents {
     const poster = this.w.instanceOf(item.from);
     const peer = this.w.instanceOf(item.to);
     if (p === undefined || poster === null || peer === null) return;
-    const [dst, dstPages, src, srcPages] = item.kind === 'read' ? [poster, p.local, peer, p.remote] : [peer, p.remote, poster, p.local];
+    const [dst, dstPages, src, srcPages] =
+      item.kind === 'read' ? [poster, p.local, peer, p.remote] : [peer, p.remote, poster, p.local];
     dst.lifecycle.inboundDone(item.id, dstPages, landed);
     if (landed) src.lifecycle.outboundRan(item.id, srcPages);
     else src.lifecycle.outboundDone(item.id, srcPages);
@@ -106,9 +120,21 @@ export class WorldEvents {
     const rec = this.writes.get(`${item.from}|${item.transferId}`);
     if (rec === undefined) return;
     const notLanded = [...rec.posted].filter((id) => !rec.landed.has(id));
-    const notSeen = needObserved ? [...rec.posted].filter((id) => !rec.observed.has(id) && !notLanded.includes(id)) : [];
-    if (notLanded.length > 0) this.w.violate('lifecycle', `I5: write_done for ${item.transferId} ${when} while WRITE ${notLanded.map((i) => `net#${i}`).join(',')} has not landed at the destination`, 'I5');
-    else if (notSeen.length > 0) this.w.violate('lifecycle', `I5: write_done for ${item.transferId} ${when} before the producer observed WRITE ${notSeen.map((i) => `net#${i}`).join(',')} complete`, 'I5');
+    const notSeen = needObserved
+      ? [...rec.posted].filter((id) => !rec.observed.has(id) && !notLanded.includes(id))
+      : [];
+    if (notLanded.length > 0)
+      this.w.violate(
+        'lifecycle',
+        `I5: write_done for ${item.transferId} ${when} while WRITE ${notLanded.map((i) => `net#${i}`).join(',')} has not landed at the destination`,
+        'I5',
+      );
+    else if (notSeen.length > 0)
+      this.w.violate(
+        'lifecycle',
+        `I5: write_done for ${item.transferId} ${when} before the producer observed WRITE ${notSeen.map((i) => `net#${i}`).join(',')} complete`,
+        'I5',
+      );
   }
 
   /** Scenario actions and faults that become possible once a transfer is in flight. */
@@ -123,14 +149,25 @@ export class WorldEvents {
     }
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
     if (abortHere && !w.actions.has(`act:abort:${index}`)) {
-      w.addAction({ key: `act:abort:${index}`, name: `abort request ${index}`, enabled: () => inFlight() && r.phase !== 'done', run: () => w.proxy.abort(r) });
+      w.addAction({
+        key: `act:abort:${index}`,
+        name: `abort request ${index}`,
+        enabled: () => inFlight() && r.phase !== 'done',
+        run: () => w.proxy.abort(r),
+      });
     }
-    const kill = item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
+    const kill =
+      item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
     if (kill && !w.actions.has('act:kill:P')) {
-      w.addAction({ key: 'act:kill:P', name: 'kill prefill', enabled: () => inFlight() && w.P.alive, run: () => {
-        w.P.kill();
-        w.proxy.prefillDied();
-      } });
+      w.addAction({
+        key: 'act:kill:P',
+        name: 'kill prefill',
+        enabled: () => inFlight() && w.P.alive,
+        run: () => {
+          w.P.kill();
+          w.proxy.prefillDied();
+        },
+      });
     }
   }
 
@@ -144,7 +181,12 @@ export class WorldEvents {
       }
       return null;
     };
-    const who = (x: RaceReport['a']): string => `${x.write ? 'write' : 'read'} by ${x.label.what}${x.label.requestIds?.length ? ` (${x.label.requestIds.join(',')})` : ''}${x.label.step === undefined ? '' : ` step ${x.label.step}`}`;
-    this.w.trace?.markRace(keyOf(r.a), keyOf(r.b), `${instance}: ${who(r.a)} unordered with ${who(r.b)} on blocks ${blocks.join(',')}`);
+    const who = (x: RaceReport['a']): string =>
+      `${x.write ? 'write' : 'read'} by ${x.label.what}${x.label.requestIds?.length ? ` (${x.label.requestIds.join(',')})` : ''}${x.label.step === undefined ? '' : ` step ${x.label.step}`}`;
+    this.w.trace?.markRace(
+      keyOf(r.a),
+      keyOf(r.b),
+      `${instance}: ${who(r.a)} unordered with ${who(r.b)} on blocks ${blocks.join(',')}`,
+    );
   }
 }

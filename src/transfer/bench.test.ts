@@ -11,7 +11,14 @@ import { benchTransfer } from './bench.ts';
 for (const backend of ['inproc', 'tcp'] as const) {
   for (const scatter of [false, true]) {
     test(`benchTransfer ${backend}${scatter ? ' (scattered pages)' : ''}: moves and verifies every byte, reports the contract keys`, async () => {
-      const r = await benchTransfer({ backend, env: new RealEnv(5), pageBytes: 32 * 1024, pages: 24, repeats: 2, scatter });
+      const r = await benchTransfer({
+        backend,
+        env: new RealEnv(5),
+        pageBytes: 32 * 1024,
+        pages: 24,
+        repeats: 2,
+        scatter,
+      });
       assert.deepEqual(Object.keys(r).sort(), ['backend', 'baselineGbps', 'bytes', 'gbps', 'pageBytes', 'ratio']);
       assert.equal(r.backend, backend);
       assert.equal(r.bytes, 2 * 24 * 32 * 1024);

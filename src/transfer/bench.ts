@@ -42,7 +42,13 @@ function median(xs: number[]): number {
 }
 
 /** Median ms of `fn` over `runs` runs after a warm-up; `prepare` and `check` run untimed around each. */
-async function timed(env: Env, runs: number, fn: () => Promise<void> | void, prepare = (): void => {}, check = (): void => {}): Promise<number> {
+async function timed(
+  env: Env,
+  runs: number,
+  fn: () => Promise<void> | void,
+  prepare = (): void => {},
+  check = (): void => {},
+): Promise<number> {
   const ms: number[] = [];
   for (let i = 0; i <= runs; i++) {
     prepare();
@@ -64,7 +70,9 @@ interface BenchSide {
 async function benchSide(o: BenchOptions, side: string, fill: boolean): Promise<BenchSide> {
   const layout = { numSlabs: NUM_SLABS, numBlocks: o.pages + 1, pageBytes: o.pageBytes };
   const buffers = Array.from({ length: NUM_SLABS }, () => new SharedArrayBuffer(layout.numBlocks * o.pageBytes));
-  if (fill) for (const [i, b] of buffers.entries()) new Uint32Array(b).forEach((_, j, a) => (a[j] = (j * 2654435761 + i) >>> 0));
+  if (fill)
+    for (const [i, b] of buffers.entries())
+      new Uint32Array(b).forEach((_, j, a) => (a[j] = (j * 2654435761 + i) >>> 0));
   const engine = await createTransferEngine({
     backend: o.backend,
     env: o.env,
@@ -89,13 +97,27 @@ function benchRanges(o: BenchOptions, blocks: number[]): TransferRange[] {
   }
   const ranges: TransferRange[] = [];
   for (let slab = 0; slab < NUM_SLABS; slab++) {
-    blocks.forEach((b, i) => ranges.push({ slab, remoteOffset: b * o.pageBytes, localOffset: (local[i] as number) * o.pageBytes, length: o.pageBytes }));
+    blocks.forEach((b, i) =>
+      ranges.push({
+        slab,
+        remoteOffset: b * o.pageBytes,
+        localOffset: (local[i] as number) * o.pageBytes,
+        length: o.pageBytes,
+      }),
+    );
   }
   return ranges;
 }
 
 /** The baseline measured in the same run: memcpy of the same ranges (inproc) or a raw socket stream (tcp). */
-async function baselineMs(o: BenchOptions, P: BenchSide, D: BenchSide, ranges: TransferRange[], bytes: number, repeats: number): Promise<number> {
+async function baselineMs(
+  o: BenchOptions,
+  P: BenchSide,
+  D: BenchSide,
+  ranges: TransferRange[],
+  bytes: number,
+  repeats: number,
+): Promise<number> {
   if (o.backend === 'inproc') {
     const merged = coalesceRanges(ranges);
     return timed(o.env, repeats, () => {
@@ -122,7 +144,12 @@ export async function benchTransfer(o: BenchOptions): Promise<BenchResult> {
     const blocks = Array.from({ length: o.pages }, (_, i) => i + 1);
     const ranges = benchRanges(o, blocks);
     const bytes = ranges.length * o.pageBytes;
-    const { token } = P.engine.issueGrant({ transferId: 'bench', peerEngineId: D.engine.engineId, blockIds: blocks, ttlMs: 3_600_000 });
+    const { token } = P.engine.issueGrant({
+      transferId: 'bench',
+      peerEngineId: D.engine.engineId,
+      blockIds: blocks,
+      ttlMs: 3_600_000,
+    });
     const verify = (): void => {
       for (const r of ranges) {
         const a = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
@@ -135,7 +162,14 @@ export async function benchTransfer(o: BenchOptions): Promise<BenchResult> {
       o.env,
       repeats,
       async () => {
-        const h = D.engine.postRead({ peerEngineId: P.engine.engineId, transferId: 'bench', grantToken: token, ranges, label, footprint: [] });
+        const h = D.engine.postRead({
+          peerEngineId: P.engine.engineId,
+          transferId: 'bench',
+          grantToken: token,
+          ranges,
+          label,
+          footprint: [],
+        });
         await D.engine.wait([h], 120_000);
       },
       () => D.slabs.forEach((s) => s.fill(0)),

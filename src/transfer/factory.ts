@@ -13,12 +13,22 @@ export async function createTransferEngine(opts: TransferEngineOptions): Promise
   assert(opts.slabs.length === numSlabs, `expected ${numSlabs} slabs, got ${opts.slabs.length}`);
   for (const [i, s] of opts.slabs.entries()) {
     assert(s instanceof SharedArrayBuffer, `slab ${i} must be a SharedArrayBuffer`);
-    assert(s.byteLength === numBlocks * pageBytes, `slab ${i} is ${s.byteLength} bytes, expected ${numBlocks} x ${pageBytes}`);
+    assert(
+      s.byteLength === numBlocks * pageBytes,
+      `slab ${i} is ${s.byteLength} bytes, expected ${numBlocks} x ${pageBytes}`,
+    );
   }
   const f = opts.faults ?? {};
-  for (const rate of [f.readErrorRate, f.dropNotificationRate]) assert(rate === undefined || (rate >= 0 && rate <= 1), 'fault rates are in [0, 1]');
-  assert(f.readDelayMs === undefined || (Number.isFinite(f.readDelayMs) && f.readDelayMs >= 0), 'readDelayMs must be >= 0');
-  assert(opts.dataFrameBytes === undefined || (opts.dataFrameBytes >= 4096 && opts.dataFrameBytes <= 16 << 20), 'dataFrameBytes in [4 KiB, 16 MiB]');
+  for (const rate of [f.readErrorRate, f.dropNotificationRate])
+    assert(rate === undefined || (rate >= 0 && rate <= 1), 'fault rates are in [0, 1]');
+  assert(
+    f.readDelayMs === undefined || (Number.isFinite(f.readDelayMs) && f.readDelayMs >= 0),
+    'readDelayMs must be >= 0',
+  );
+  assert(
+    opts.dataFrameBytes === undefined || (opts.dataFrameBytes >= 4096 && opts.dataFrameBytes <= 16 << 20),
+    'dataFrameBytes in [4 KiB, 16 MiB]',
+  );
   switch (opts.backend) {
     case 'inproc':
       return InprocTransferEngine.create(opts);

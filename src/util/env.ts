@@ -97,7 +97,7 @@ function rotl(x: number, k: number): number {
 export class RealEnv implements Env {
   readonly rng: Rng;
   constructor(seed?: number) {
-    this.rng = new SeededRng(seed ?? (cryptoRandomBytes(4).readUInt32LE(0) >>> 0));
+    this.rng = new SeededRng(seed ?? cryptoRandomBytes(4).readUInt32LE(0) >>> 0);
   }
   nowMs(): number {
     return performance.now();

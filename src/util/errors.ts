@@ -71,6 +71,10 @@ export function listenFailed(e: unknown, host: string, port: number, what = ''):
   const code = (e as { code?: unknown } | null)?.code;
   const message = e instanceof Error ? e.message : String(e);
   const prefix = what === '' ? '' : `${what} `;
-  if (code === 'EADDRINUSE' || message.includes('EADDRINUSE')) return new HandoffError('BAD_CONFIG', `${prefix}port ${port} on ${host} is already in use`);
-  return new HandoffError('BAD_CONFIG', `cannot listen on ${host}:${port}${what === '' ? '' : ` (${what})`}: ${message}`);
+  if (code === 'EADDRINUSE' || message.includes('EADDRINUSE'))
+    return new HandoffError('BAD_CONFIG', `${prefix}port ${port} on ${host} is already in use`);
+  return new HandoffError(
+    'BAD_CONFIG',
+    `cannot listen on ${host}:${port}${what === '' ? '' : ` (${what})`}: ${message}`,
+  );
 }

@@ -25,7 +25,8 @@ export function paramOf(path: readonly PropertyKey[]): string | null {
 export function preview(v: unknown): string {
   if (v === undefined) return 'nothing';
   if (v === null) return 'null';
-  if (typeof v === 'string') return v.length > 40 ? `${JSON.stringify(v.slice(0, 40))}… (${v.length} characters)` : JSON.stringify(v);
+  if (typeof v === 'string')
+    return v.length > 40 ? `${JSON.stringify(v.slice(0, 40))}… (${v.length} characters)` : JSON.stringify(v);
   if (typeof v === 'number' || typeof v === 'boolean') return String(v);
   if (Array.isArray(v)) return `a list of ${v.length} entries`;
   if (typeof v === 'object') return 'an object';
@@ -49,11 +50,17 @@ const EXPECTED: Record<string, string> = {
 /** The first issue of `error` (from parsing `input`, which sits at `prefix` in the request body). */
 export function describeZodError(error: z.ZodError, input: unknown, prefix: readonly PropertyKey[] = []): FieldProblem {
   const issue = error.issues[0];
-  if (issue === undefined) return { param: paramOf(prefix), message: `${paramOf(prefix) ?? 'the request body'} is not valid` };
+  if (issue === undefined)
+    return { param: paramOf(prefix), message: `${paramOf(prefix) ?? 'the request body'} is not valid` };
   return describeIssue(issue, [], input, prefix);
 }
 
-function describeIssue(issue: Issue, base: readonly PropertyKey[], input: unknown, prefix: readonly PropertyKey[]): FieldProblem {
+function describeIssue(
+  issue: Issue,
+  base: readonly PropertyKey[],
+  input: unknown,
+  prefix: readonly PropertyKey[],
+): FieldProblem {
   const path = [...base, ...issue.path];
   const param = paramOf([...prefix, ...path]);
   const name = param ?? 'the request body';
@@ -72,7 +79,9 @@ function describeIssue(issue: Issue, base: readonly PropertyKey[], input: unknow
       const only = closer.length === 1 ? closer[0]?.[0] : undefined;
       if (only !== undefined) return describeIssue(only, path, input, prefix);
       if (value === undefined) return say(`${name} is required`);
-      return own !== null ? withOwn(`${own}, got ${preview(value)}`) : say(`${name} has the wrong type or shape, got ${preview(value)}`);
+      return own !== null
+        ? withOwn(`${own}, got ${preview(value)}`)
+        : say(`${name} has the wrong type or shape, got ${preview(value)}`);
     }
     case 'invalid_type':
       if (value === undefined) return say(`${name} is required`);
@@ -83,7 +92,9 @@ function describeIssue(issue: Issue, base: readonly PropertyKey[], input: unknow
       return say(sizeMessage(name, issue.origin, value, issue.minimum, issue.inclusive !== false, 'min'));
     case 'invalid_value': {
       const allowed = issue.values.map((v) => JSON.stringify(v));
-      return say(`${name} must be ${allowed.length === 1 ? allowed[0] : `one of ${allowed.join(', ')}`}, got ${preview(value)}`);
+      return say(
+        `${name} must be ${allowed.length === 1 ? allowed[0] : `one of ${allowed.join(', ')}`}, got ${preview(value)}`,
+      );
     }
     case 'unrecognized_keys':
       return say(`${name} has unknown fields: ${issue.keys.join(', ')}`);
@@ -92,7 +103,14 @@ function describeIssue(issue: Issue, base: readonly PropertyKey[], input: unknow
   }
 }
 
-function sizeMessage(name: string, origin: string, value: unknown, bound: number | bigint, inclusive: boolean, side: 'min' | 'max'): string {
+function sizeMessage(
+  name: string,
+  origin: string,
+  value: unknown,
+  bound: number | bigint,
+  inclusive: boolean,
+  side: 'min' | 'max',
+): string {
   if (origin === 'array' || origin === 'set' || origin === 'string') {
     const unit = origin === 'string' ? 'characters' : 'entries';
     const n = typeof value === 'string' || Array.isArray(value) ? value.length : '?';

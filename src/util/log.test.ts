@@ -23,7 +23,11 @@ function stderrOfChild(env: Record<string, string>): string {
   delete childEnv['NODE_TEST_CONTEXT'];
   delete childEnv['HANDOFF_LOG_FORMAT'];
   Object.assign(childEnv, env);
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', env: childEnv, timeout: 30_000 });
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    encoding: 'utf8',
+    env: childEnv,
+    timeout: 30_000,
+  });
   assert.equal(r.status, 0, r.stderr);
   return r.stderr;
 }
@@ -35,23 +39,56 @@ test('selection: explicit flag, then HANDOFF_LOG_FORMAT, then pretty on a termin
   assert.equal(resolveLogFormat(null, 'pretty', false), 'pretty');
   assert.equal(resolveLogFormat(null, undefined, true), 'pretty');
   assert.equal(resolveLogFormat(null, undefined, false), 'json');
-  assert.equal(resolveLogFormat(null, 'bogus', false), 'json', 'an unknown env value falls back to the automatic choice');
+  assert.equal(
+    resolveLogFormat(null, 'bogus', false),
+    'json',
+    'an unknown env value falls back to the automatic choice',
+  );
 });
 
 test('pretty line: level, name, message and fields, no JSON; an error prints its stack below', () => {
-  const line = prettyLine(JSON.stringify({ level: 40, time: Date.UTC(2025, 0, 1, 12, 3, 4, 5), name: 'serve-decode', msg: 'side channel silent', peer: 'prefill-ab', n: 3, note: 'two words' }), { color: false });
-  assert.match(line, /^\d\d:\d\d:\d\d\.\d{3} WARN  serve-decode: side channel silent peer=prefill-ab n=3 note="two words"\n$/);
+  const line = prettyLine(
+    JSON.stringify({
+      level: 40,
+      time: Date.UTC(2025, 0, 1, 12, 3, 4, 5),
+      name: 'serve-decode',
+      msg: 'side channel silent',
+      peer: 'prefill-ab',
+      n: 3,
+      note: 'two words',
+    }),
+    { color: false },
+  );
+  assert.match(
+    line,
+    /^\d\d:\d\d:\d\d\.\d{3} WARN  serve-decode: side channel silent peer=prefill-ab n=3 note="two words"\n$/,
+  );
   assert.ok(!line.includes('{"level"'));
   const err = new Error('boom');
-  const withErr = prettyLine(JSON.stringify({ level: 50, time: 0, name: 'x', msg: 'failed', err: { type: 'Error', message: 'boom', stack: err.stack } }), { color: false });
+  const withErr = prettyLine(
+    JSON.stringify({
+      level: 50,
+      time: 0,
+      name: 'x',
+      msg: 'failed',
+      err: { type: 'Error', message: 'boom', stack: err.stack },
+    }),
+    { color: false },
+  );
   assert.match(withErr, /ERROR x: failed\n {4}Error: boom\n {8}at /);
   assert.equal(prettyLine('not json', { color: false }), 'not json\n', 'a non-JSON line passes through');
-  assert.match(prettyLine(JSON.stringify({ level: 30, time: 0, name: 'x', msg: 'hi' }), { color: true }), /\x1b\[32mINFO \x1b\[0m x: hi/);
+  assert.match(
+    prettyLine(JSON.stringify({ level: 30, time: 0, name: 'x', msg: 'hi' }), { color: true }),
+    /\x1b\[32mINFO \x1b\[0m x: hi/,
+  );
 });
 
 test('a pino logger through the pretty stream writes readable lines', () => {
   const lines: string[] = [];
-  const log = pino({ name: 'proxy', base: { name: 'proxy' } }, prettyStream({ write: (s) => lines.push(s) }, { color: false }));
+  const log = pino(
+    { name: 'proxy', base: { name: 'proxy' } },
+    prettyStream({ write: (s) => lines.push(s) }, { color: false }),
+  );
   log.info({ url: 'http://127.0.0.1:8000' }, 'listening');
   assert.equal(lines.length, 1);
   assert.match(lines[0] as string, /INFO  proxy: listening url=http:\/\/127\.0\.0\.1:8000\n$/);
@@ -63,6 +100,15 @@ test('createLogger: HANDOFF_LOG_FORMAT=pretty gives readable lines; stderr that 
   assert.match(pretty, /WARN  probe: side channel silent peer=p-1/);
   assert.match(pretty, /ERROR probe: handler threw\n    Error: boom/);
   const json = stderrOfChild({});
-  const records = json.trim().split('\n').map((l) => JSON.parse(l) as { level: number; msg: string; name: string });
-  assert.deepEqual(records.map((r) => [r.level, r.name, r.msg]), [[40, 'probe', 'side channel silent'], [50, 'probe', 'handler threw']]);
+  const records = json
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { level: number; msg: string; name: string });
+  assert.deepEqual(
+    records.map((r) => [r.level, r.name, r.msg]),
+    [
+      [40, 'probe', 'side channel silent'],
+      [50, 'probe', 'handler threw'],
+    ],
+  );
 });

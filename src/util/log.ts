@@ -23,7 +23,11 @@ export function configureLogs(o: { format: LogFormat | null }): void {
 }
 
 /** Explicit choice first, then HANDOFF_LOG_FORMAT, then pretty on a terminal and json elsewhere. */
-export function resolveLogFormat(explicit: LogFormat | null, envValue: string | undefined, stderrIsTTY: boolean): LogFormat {
+export function resolveLogFormat(
+  explicit: LogFormat | null,
+  envValue: string | undefined,
+  stderrIsTTY: boolean,
+): LogFormat {
   if (explicit !== null) return explicit;
   if (envValue === 'pretty' || envValue === 'json') return envValue;
   return stderrIsTTY ? 'pretty' : 'json';
@@ -37,7 +41,10 @@ export function currentLogFormat(): LogFormat {
 export function createLogger(name: string, level?: string): Logger {
   const lvl = level ?? process.env['HANDOFF_LOG_LEVEL'] ?? (process.env['NODE_TEST_CONTEXT'] ? 'warn' : 'info');
   const fd = pino.destination(2);
-  const dest: DestinationStream = currentLogFormat() === 'json' ? fd : prettyStream(fd, { color: process.stderr.isTTY === true && process.env['NO_COLOR'] === undefined });
+  const dest: DestinationStream =
+    currentLogFormat() === 'json'
+      ? fd
+      : prettyStream(fd, { color: process.stderr.isTTY === true && process.env['NO_COLOR'] === undefined });
   return pino({ name, level: lvl, base: { name } }, dest);
 }
 
@@ -62,7 +69,7 @@ export function prettyLine(line: string, opts: { color: boolean }): string {
   let rec: Record<string, unknown>;
   try {
     rec = JSON.parse(line) as Record<string, unknown>;
-  // catch-ok: only JSON.parse runs in the try: a line that is not JSON is printed as it is
+    // catch-ok: only JSON.parse runs in the try: a line that is not JSON is printed as it is
   } catch {
     return line.endsWith('\n') ? line : `${line}\n`;
   }
@@ -72,9 +79,22 @@ export function prettyLine(line: string, opts: { color: boolean }): string {
   const fields = Object.entries(rec)
     .filter(([k]) => !OMIT.has(k))
     .map(([k, v]) => `${k}=${fieldValue(v)}`);
-  const head = [time, paint(lvl.color, lvl.label.padEnd(5)), `${String(rec['name'] ?? '')}:`, String(rec['msg'] ?? ''), ...fields].filter((s) => s !== '').join(' ');
+  const head = [
+    time,
+    paint(lvl.color, lvl.label.padEnd(5)),
+    `${String(rec['name'] ?? '')}:`,
+    String(rec['msg'] ?? ''),
+    ...fields,
+  ]
+    .filter((s) => s !== '')
+    .join(' ');
   const err = rec['err'] as { stack?: unknown; message?: unknown } | undefined;
-  const detail = err === undefined ? '' : `\n    ${String(err.stack ?? err.message ?? JSON.stringify(err)).split('\n').join('\n    ')}`;
+  const detail =
+    err === undefined
+      ? ''
+      : `\n    ${String(err.stack ?? err.message ?? JSON.stringify(err))
+          .split('\n')
+          .join('\n    ')}`;
   return `${head}${detail}\n`;
 }
 
@@ -85,6 +105,6 @@ function clockTime(d: Date): string {
 }
 
 function fieldValue(v: unknown): string {
-  const s = typeof v === 'string' ? (/^[^\s"=]+$/.test(v) ? v : JSON.stringify(v)) : JSON.stringify(v) ?? String(v);
+  const s = typeof v === 'string' ? (/^[^\s"=]+$/.test(v) ? v : JSON.stringify(v)) : (JSON.stringify(v) ?? String(v));
   return s.length > VALUE_CHARS_MAX ? `${s.slice(0, VALUE_CHARS_MAX)}…` : s;
 }

@@ -8,7 +8,8 @@ export const MUTANTS = {
   'zero-mamba-only': 'exclude READ destinations only for Mamba hybrids (#59164): the seed bug on dsv4-mini',
   'no-await-reads': 'enqueue the forward before the step’s READs have landed',
   'free-before-release': 'prefill frees its pages at finish instead of holding them until decode released them',
-  'free-on-abort': 'an aborted request’s pages return to the pool at once, while an in-flight step may still write them',
+  'free-on-abort':
+    'an aborted request’s pages return to the pool at once, while an in-flight step may still write them',
   'tail-not-zeroed': 'the decode recompute tail is excluded from zeroing along with the READ destinations',
   'write-done-early': 'WRITE reports completion when posted, before the data is visible at the destination',
 } as const;

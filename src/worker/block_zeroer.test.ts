@@ -32,7 +32,10 @@ test('zeroes exactly the listed pages in every attention slab, after earlier ops
     for (let b = 0; b < cfg.numBlocks; b++) {
       const page = s.subarray(b * cfg.pageBytes, (b + 1) * cfg.pageBytes);
       const zeroed = b === 2 || b === 5;
-      assert.ok(page.every((x) => x === (zeroed ? 0 : 0x40 + slab)), `slab ${slab} block ${b}`);
+      assert.ok(
+        page.every((x) => x === (zeroed ? 0 : 0x40 + slab)),
+        `slab ${slab} block ${b}`,
+      );
     }
   }
   assert.equal(z.pagesZeroed, 2);
@@ -47,7 +50,10 @@ test('hybrid-mini: a Mamba state page not in the list keeps its bytes; llama-min
   const z = new BlockZeroer(d, cfg);
   z.zeroBlockIds([1], 1); // attention page; block 4 holds a Mamba state
   d.runAll();
-  assert.ok(d.slabs.every((s) => s.subarray(4 * cfg.pageBytes, 5 * cfg.pageBytes).every((x) => x !== 0)), 'Mamba page untouched');
+  assert.ok(
+    d.slabs.every((s) => s.subarray(4 * cfg.pageBytes, 5 * cfg.pageBytes).every((x) => x !== 0)),
+    'Mamba page untouched',
+  );
   assert.ok(d.slabs.every((s) => s.subarray(cfg.pageBytes, 2 * cfg.pageBytes).every((x) => x === 0)));
   const llama = makeKVCacheConfig(presetKVGroups('llama-mini'), 6);
   assert.throws(() => new BlockZeroer(d, llama), /only when the KV cache needs zeroing/);

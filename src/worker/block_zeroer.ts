@@ -23,7 +23,10 @@ export class BlockZeroer {
 
   /** Zero block 0 once (it pads block tables and must never hold stale bytes). */
   warmup(): OpTicket {
-    return this.device.compute.enqueue({ op: { kind: 'zero', blockIds: [0], slabs: this.slabs }, label: { what: 'zero-warmup' } });
+    return this.device.compute.enqueue({
+      op: { kind: 'zero', blockIds: [0], slabs: this.slabs },
+      label: { what: 'zero-warmup' },
+    });
   }
 
   zeroBlockIds(blockIds: readonly number[], step: number): OpTicket | null {

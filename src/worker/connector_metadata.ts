@@ -55,5 +55,12 @@ export interface OneSidedMetadata {
 export type KVConnectorMetadata = OneSidedMetadata;
 
 export function emptyOneSidedMetadata(): OneSidedMetadata {
-  return { reqsToRecv: [], reqsToSave: [], reqsToNotify: [], sendTransfers: {}, expiredTransfers: [], abortedRecvs: [] };
+  return {
+    reqsToRecv: [],
+    reqsToSave: [],
+    reqsToNotify: [],
+    sendTransfers: {},
+    expiredTransfers: [],
+    abortedRecvs: [],
+  };
 }

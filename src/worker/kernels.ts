@@ -33,7 +33,10 @@ export function createStepKernel(forward: (args: ForwardArgs, slabs: Uint8Array[
       lastSampled.delete(id);
       failed.delete(id);
     }
-    assert(new Set(args.requests.map((r) => r.requestId)).size === args.requests.length, 'a request appears twice in one step');
+    assert(
+      new Set(args.requests.map((r) => r.requestId)).size === args.requests.length,
+      'a request appears twice in one step',
+    );
     const outputs: ForwardOutput[] = [];
     for (const r of args.requests) {
       try {
@@ -49,12 +52,20 @@ export function createStepKernel(forward: (args: ForwardArgs, slabs: Uint8Array[
         const o = out[0];
         if (o.tokenId !== null) lastSampled.set(o.requestId, o.tokenId);
         outputs.push(o);
-      // catch-ok: deliberate: a device error for one sequence (its assertions included) is reported on that sequence, not crashed; the step goes on for the others
+        // catch-ok: deliberate: a device error for one sequence (its assertions included) is reported on that sequence,
+        // not crashed; the step goes on for the others
       } catch (e) {
         failed.add(r.requestId);
         lastSampled.delete(r.requestId);
         const error = e instanceof Error ? e.message : String(e);
-        outputs.push({ requestId: r.requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false, error });
+        outputs.push({
+          requestId: r.requestId,
+          tokenId: null,
+          logprob: null,
+          logitsHash: null,
+          nanLogits: false,
+          error,
+        });
       }
     }
     return { outputs };

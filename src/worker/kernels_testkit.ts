@@ -16,12 +16,14 @@ export const FAILING_KERNELS_URL = new URL('./kernels_testkit.ts', import.meta.u
 export async function createKernels(init: ModelKernelInit, _slabs: Uint8Array[]): Promise<Record<string, KernelFn>> {
   const model = createModel(init.preset, init.seed, init.kvConfig);
   const step = createStepKernel((args, slabs) => {
-    if (args.requests.some((r) => r.requestId.startsWith(FAIL_REQUEST_PREFIX))) throw new Error('injected kernel failure');
+    if (args.requests.some((r) => r.requestId.startsWith(FAIL_REQUEST_PREFIX)))
+      throw new Error('injected kernel failure');
     return model.forward(args, slabs);
   });
   return {
     step: (raw: unknown, slabs: Uint8Array[]) => {
-      if ((raw as StepArgs).requests.some((r) => r.requestId.startsWith(FAIL_STEP_PREFIX))) throw new Error('injected step failure');
+      if ((raw as StepArgs).requests.some((r) => r.requestId.startsWith(FAIL_STEP_PREFIX)))
+        throw new Error('injected step failure');
       return step(raw, slabs);
     },
   };

@@ -86,7 +86,10 @@ function prefillStep(): SchedulerOutput {
       requestId: 'r1',
       tokenIds: PROMPT,
       numPromptTokens: PROMPT.length,
-      blockIds: [[1, 2], [3, 4]],
+      blockIds: [
+        [1, 2],
+        [3, 4],
+      ],
       numComputedTokens: 0,
       sampling: { maxTokens: 4, temperature: 0, seed: 0, stopTokenIds: [], ignoreEos: true },
       numOutputTokens: 0,
@@ -102,7 +105,9 @@ function prefillStep(): SchedulerOutput {
 /** Step 2: r1's first decode (token 20 opens page 5 of group 0, 6 of group 1, both zeroed). */
 function decodeStep(): SchedulerOutput {
   const so = makeEmptySchedulerOutput(2);
-  so.scheduledCachedReqs = [{ requestId: 'r1', newBlockIds: [[5], [6]], numComputedTokens: PROMPT.length, newTokenIds: [], numOutputTokens: 1 }];
+  so.scheduledCachedReqs = [
+    { requestId: 'r1', newBlockIds: [[5], [6]], numComputedTokens: PROMPT.length, newTokenIds: [], numOutputTokens: 1 },
+  ];
   so.numScheduledTokens = { r1: 1 };
   so.totalNumScheduledTokens = 1;
   so.sampleAfter = { r1: true };
@@ -128,7 +133,10 @@ test('runner: no forward is enqueued on the compute stream before preForward (th
   const handle = await exec;
   assert.deepEqual(drain(d), ['forward 1'], 'the forward is enqueued once preForward returned');
   const out = await handle.output;
-  assert.deepEqual(out.sampled.map((s) => s.requestId), ['r1']);
+  assert.deepEqual(
+    out.sampled.map((s) => s.requestId),
+    ['r1'],
+  );
   assert.deepEqual(hooks.calls, ['preForward 1', 'postForward 1']);
   assert.equal(runner.stats.forwards, 1);
   await d.close();
@@ -150,6 +158,9 @@ test('runner, async scheduling: step 2’s forward waits for step 2’s preForwa
   const step2 = await exec2;
   assert.deepEqual(drain(d), ['forward 2']);
   const out = await step2.output;
-  assert.deepEqual(out.sampled.map((s) => s.requestId), ['r1']);
+  assert.deepEqual(
+    out.sampled.map((s) => s.requestId),
+    ['r1'],
+  );
   await d.close();
 });

@@ -20,7 +20,12 @@ import type { ForwardRequest, ForwardResult } from '../model/types.ts';
 import { BlockZeroer } from './block_zeroer.ts';
 import type { ConnectorWorkerHooks, LoadResult } from './hooks.ts';
 import { PLACEHOLDER_TOKEN, type StepArgs } from './kernels.ts';
-import { emptyConnectorOutput, type ModelRunnerOutput, type SamplingParamsData, type SchedulerOutput } from './scheduler_output.ts';
+import {
+  emptyConnectorOutput,
+  type ModelRunnerOutput,
+  type SamplingParamsData,
+  type SchedulerOutput,
+} from './scheduler_output.ts';
 
 interface RunnerRequest {
   tokenIds: number[];
@@ -72,7 +77,11 @@ export class ModelRunner {
     }
     for (const n of so.scheduledNewReqs) {
       this.poisoned.delete(n.requestId);
-      this.reqs.set(n.requestId, { tokenIds: [...n.tokenIds], blockTables: n.blockIds.map((g) => [...g]), sampling: n.sampling });
+      this.reqs.set(n.requestId, {
+        tokenIds: [...n.tokenIds],
+        blockTables: n.blockIds.map((g) => [...g]),
+        sampling: n.sampling,
+      });
     }
     for (const c of so.scheduledCachedReqs) {
       const r = defined(this.reqs.get(c.requestId), `runner state of ${c.requestId}`);
@@ -91,7 +100,9 @@ export class ModelRunner {
       });
     }
     // 3. Loads: every READ of this step has landed (or failed) when this returns.
-    const loads: LoadResult = this.hooks ? await this.hooks.preForward(so) : { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    const loads: LoadResult = this.hooks
+      ? await this.hooks.preForward(so)
+      : { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
     for (const id of loads.failedReqIds) this.poisoned.add(id);
     const failed = this.poisoned;
     // 4. The forward.
@@ -108,7 +119,10 @@ export class ModelRunner {
       });
       forward = ticket.done as Promise<ForwardResult>;
       if (this.forwardPadMs > 0) {
-        this.device.compute.enqueue({ op: { kind: 'sleep', ms: this.forwardPadMs }, label: { what: 'forward-pad', step: so.step } });
+        this.device.compute.enqueue({
+          op: { kind: 'sleep', ms: this.forwardPadMs },
+          label: { what: 'forward-pad', step: so.step },
+        });
       }
     }
     // 5. Results. A forward that failed as a whole fails the requests it computed, not the engine.
@@ -117,19 +131,38 @@ export class ModelRunner {
       (result) => this.collect(so, loads, result),
       (e: unknown) => {
         const error = `the forward of step ${so.step} failed: ${e instanceof Error ? e.message : String(e)}`;
-        return this.collect(so, loads, { outputs: forwardIds.map((requestId) => ({ requestId, tokenId: null, logprob: null, logitsHash: null, nanLogits: false, error })) });
+        return this.collect(so, loads, {
+          outputs: forwardIds.map((requestId) => ({
+            requestId,
+            tokenId: null,
+            logprob: null,
+            logitsHash: null,
+            nanLogits: false,
+            error,
+          })),
+        });
       },
     );
     return { output };
   }
 
-  private async collect(so: SchedulerOutput, loads: LoadResult, result: ForwardResult | null): Promise<ModelRunnerOutput> {
+  private async collect(
+    so: SchedulerOutput,
+    loads: LoadResult,
+    result: ForwardResult | null,
+  ): Promise<ModelRunnerOutput> {
     const conn = this.hooks ? await this.hooks.postForward(so) : emptyConnectorOutput();
     const forwardErrors: Record<string, string> = {};
     for (const o of result?.outputs ?? []) if (o.error !== undefined) forwardErrors[o.requestId] = o.error;
     const sampled = (result?.outputs ?? [])
       .filter((o) => o.tokenId !== null && o.error === undefined)
-      .map((o) => ({ requestId: o.requestId, tokenId: o.tokenId as number, logprob: o.logprob, logitsHash: o.logitsHash, nanLogits: o.nanLogits }));
+      .map((o) => ({
+        requestId: o.requestId,
+        tokenId: o.tokenId as number,
+        logprob: o.logprob,
+        logitsHash: o.logitsHash,
+        nanLogits: o.nanLogits,
+      }));
     for (const s of sampled) this.reqs.get(s.requestId)?.tokenIds.push(s.tokenId);
     return {
       step: so.step,
@@ -157,12 +190,23 @@ export class ModelRunner {
         startPos: start,
         blockTables: r.blockTables.map((g) => [...g]),
         sample: so.sampleAfter[requestId] === true,
-        sampling: { temperature: r.sampling.temperature, topP: r.sampling.topP, topK: r.sampling.topK, seed: r.sampling.seed, outputIndex },
+        sampling: {
+          temperature: r.sampling.temperature,
+          topP: r.sampling.topP,
+          topK: r.sampling.topK,
+          seed: r.sampling.seed,
+          outputIndex,
+        },
       });
     };
     for (const n of so.scheduledNewReqs) {
       const count = defined(so.numScheduledTokens[n.requestId], 'scheduled tokens');
-      add(n.requestId, n.numComputedTokens, n.tokenIds.slice(n.numComputedTokens, n.numComputedTokens + count), n.numOutputTokens);
+      add(
+        n.requestId,
+        n.numComputedTokens,
+        n.tokenIds.slice(n.numComputedTokens, n.numComputedTokens + count),
+        n.numOutputTokens,
+      );
     }
     for (const c of so.scheduledCachedReqs) {
       const tokens = c.newTokenIds.length > 0 ? c.newTokenIds : [PLACEHOLDER_TOKEN];

@@ -37,7 +37,9 @@ export interface CachedRequestData {
   /** Pages added this step, per group (may be empty lists). */
   newBlockIds: number[][];
   numComputedTokens: number;
-  /** Known new tokens to feed (a prefill chunk); empty for a decode step, whose input is the token sampled last step. */
+  /**
+   * Known new tokens to feed (a prefill chunk); empty for a decode step, whose input is the token sampled last step.
+   */
   newTokenIds: number[];
   numOutputTokens: number;
 }
@@ -84,7 +86,13 @@ export function makeEmptySchedulerOutput(step = 0): SchedulerOutput {
 export interface ModelRunnerOutput {
   step: number;
   /** Sampled tokens of requests that sampled this step. */
-  sampled: Array<{ requestId: string; tokenId: number; logprob: number | null; logitsHash: string | null; nanLogits: boolean }>;
+  sampled: Array<{
+    requestId: string;
+    tokenId: number;
+    logprob: number | null;
+    logitsHash: string | null;
+    nanLogits: boolean;
+  }>;
   /** Requests whose forward or sampling failed on the device this step → why (they fail alone, with a 500). */
   forwardErrors?: Record<string, string>;
   kvConnectorOutput: KVConnectorOutput;

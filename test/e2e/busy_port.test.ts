@@ -53,20 +53,55 @@ function assertOneLine(r: { code: number | null; stderr: string }, message: stri
 
 for (const role of ['both', 'prefill', 'decode'] as const) {
   test(`serve --role ${role} on a busy --port: "port P on HOST is already in use", exit 1`, async () => {
-    assertOneLine(await run(['serve', '--role', role, '--host', HOST, '--port', String(port)]), `port ${port} on ${HOST} is already in use`);
+    assertOneLine(
+      await run(['serve', '--role', role, '--host', HOST, '--port', String(port)]),
+      `port ${port} on ${HOST} is already in use`,
+    );
   });
 }
 
 test('serve on a busy --transfer-port or --transfer-data-port: which port, exit 1', async () => {
   const config = JSON.stringify({ kv_connector: 'OneSidedConnector' });
-  const side = await run(['serve', '--role', 'prefill', '--host', HOST, '--port', '0', '--transfer-port', String(port)]);
+  const side = await run([
+    'serve',
+    '--role',
+    'prefill',
+    '--host',
+    HOST,
+    '--port',
+    '0',
+    '--transfer-port',
+    String(port),
+  ]);
   assertOneLine(side, `KV side-channel port ${port} on ${HOST} is already in use`);
-  const data = await run(['serve', '--role', 'both', '--host', HOST, '--port', '0', '--kv-transfer-config', config, '--transfer-data-port', String(port)]);
+  const data = await run([
+    'serve',
+    '--role',
+    'both',
+    '--host',
+    HOST,
+    '--port',
+    '0',
+    '--kv-transfer-config',
+    config,
+    '--transfer-data-port',
+    String(port),
+  ]);
   assertOneLine(data, `KV data-plane port ${port} on ${HOST} is already in use`);
 });
 
 test('proxy on a busy --port: exit 1 with the message', async () => {
-  const r = await run(['proxy', '--host', HOST, '--port', String(port), '--prefill', 'http://127.0.0.1:9', '--decode', 'http://127.0.0.1:9']);
+  const r = await run([
+    'proxy',
+    '--host',
+    HOST,
+    '--port',
+    String(port),
+    '--prefill',
+    'http://127.0.0.1:9',
+    '--decode',
+    'http://127.0.0.1:9',
+  ]);
   assertOneLine(r, `port ${port} on ${HOST} is already in use`);
 });
 

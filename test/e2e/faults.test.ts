@@ -12,7 +12,14 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
-import { allPagesFree as allFree, metric, post as postWithin, tokens, waitFor as waitWithin, type Reply } from './kit.ts';
+import {
+  allPagesFree as allFree,
+  metric,
+  post as postWithin,
+  tokens,
+  waitFor as waitWithin,
+  type Reply,
+} from './kit.ts';
 
 const env = new RealEnv(8);
 const NUM_BLOCKS = 192;
@@ -21,7 +28,8 @@ const TOTAL_PAGES = NUM_BLOCKS - 1;
 const HANG_MS = 45_000;
 const children: ChildServer[] = [];
 const post = (url: string, body: unknown): Promise<Reply> => postWithin(url, body, HANG_MS);
-const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> => waitWithin(env, what, cond, boundMs);
+const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> =>
+  waitWithin(env, what, cond, boundMs);
 const allPagesFree = (c: ChildServer): Promise<void> => allFree(env, c, TOTAL_PAGES);
 
 after(async () => {
@@ -33,8 +41,28 @@ type Extra = Record<string, unknown>;
 
 /** One `handoff serve` child (dsv4-mini, READ mode over tcp) with extra kv_connector_extra_config keys. */
 async function serve(role: 'prefill' | 'decode', extra: Extra = {}, flags: string[] = []): Promise<ChildServer> {
-  const config = JSON.stringify({ kv_connector: 'OneSidedConnector', kv_connector_extra_config: { read_mode: true, ...extra } });
-  const args = ['serve', '--role', role, '--model', 'dsv4-mini', '--host', '127.0.0.1', '--port', '0', '--num-blocks', String(NUM_BLOCKS), '--max-model-len', '512', '--kv-transfer-config', config, ...flags];
+  const config = JSON.stringify({
+    kv_connector: 'OneSidedConnector',
+    kv_connector_extra_config: { read_mode: true, ...extra },
+  });
+  const args = [
+    'serve',
+    '--role',
+    role,
+    '--model',
+    'dsv4-mini',
+    '--host',
+    '127.0.0.1',
+    '--port',
+    '0',
+    '--num-blocks',
+    String(NUM_BLOCKS),
+    '--max-model-len',
+    '512',
+    '--kv-transfer-config',
+    config,
+    ...flags,
+  ];
   const c = await spawnHandoff(args, env, { env: { HANDOFF_LOG_LEVEL: 'error' } });
   children.push(c);
   return c;
@@ -44,24 +72,34 @@ async function spawnAll<T extends Array<() => Promise<ChildServer>>>(...makers: 
   return Promise.all(makers.map((m) => m()));
 }
 
-
-
-
-const bodyFor = (prompt: string, extra: Extra = {}): Extra => ({ model: 'dsv4-mini', prompt, max_tokens: 8, temperature: 0, ignore_eos: true, return_token_ids: true, ...extra });
+const bodyFor = (prompt: string, extra: Extra = {}): Extra => ({
+  model: 'dsv4-mini',
+  prompt,
+  max_tokens: 8,
+  temperature: 0,
+  ignore_eos: true,
+  return_token_ids: true,
+  ...extra,
+});
 
 /** The vLLM proxy's first half, by hand: prefill with max_tokens 1 and do_remote_decode; returns the params. */
 async function prefillParams(prefill: ChildServer, body: Extra): Promise<Extra> {
-  const r = await post(prefill.url, { ...body, stream: false, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } });
+  const r = await post(prefill.url, {
+    ...body,
+    stream: false,
+    max_tokens: 1,
+    kv_transfer_params: { do_remote_decode: true },
+  });
   assert.equal(r.status, 200, JSON.stringify(r.json));
   const p = r.json['kv_transfer_params'] as Extra;
-  assert.ok(typeof p['grant'] === 'string' && Array.isArray(p['remote_block_ids']), 'prefill returned a grant and its blocks');
+  assert.ok(
+    typeof p['grant'] === 'string' && Array.isArray(p['remote_block_ids']),
+    'prefill returned a grant and its blocks',
+  );
   return p;
 }
 
-
-
 /** Poll until `cond` holds (bounded: a liveness check, not a speed check). */
-
 
 const PROMPTS = [
   'A prefill server computes the prompt, and the decode server pulls the pages it needs, then',
@@ -79,7 +117,10 @@ test('prefill SIGKILLed while decode READ is pending: recomputed to the colocate
   const body = bodyFor(PROMPTS[0]!);
   const ref = tokens(await post(decode!.url, body));
   // Warm up: the P/D path works through the slow NIC (and opens the data connection to this prefill).
-  assert.deepEqual(tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })), ref);
+  assert.deepEqual(
+    tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })),
+    ref,
+  );
   await allPagesFree(decode!);
   const failures = await metric(decode!, 'handoff_kv_load_failures_total');
   const reads = await metric(decode!, 'handoff_transfer_reads_total');
@@ -92,18 +133,34 @@ test('prefill SIGKILLed while decode READ is pending: recomputed to the colocate
   await prefill!.stop();
   const r = await pending;
   assert.deepEqual(tokens(r), ref, 'recomputed locally to the colocated tokens');
-  assert.equal(await metric(decode!, 'handoff_kv_load_failures_total'), failures + 1, 'the READ failed and was recomputed');
+  assert.equal(
+    await metric(decode!, 'handoff_kv_load_failures_total'),
+    failures + 1,
+    'the READ failed and was recomputed',
+  );
   assert.ok((await metric(decode!, 'handoff_transfer_read_failures_total')) >= 1);
   await allPagesFree(decode!);
-  assert.equal(await metric(decode!, 'handoff_races_total'), 0, 'no unordered page access (the failed READ was ordered before the pages were re-zeroed)');
+  assert.equal(
+    await metric(decode!, 'handoff_races_total'),
+    0,
+    'no unordered page access (the failed READ was ordered before the pages were re-zeroed)',
+  );
 
   // Decode keeps serving: locally, and P/D with a prefill restarted on the same KV ports (a new engine
   // id at the address decode handshook before: decode must not trust its cached handshake).
   const other = bodyFor(PROMPTS[3]!, { temperature: 0.8, seed: 7 });
   const otherRef = tokens(await post(decode!.url, other));
-  const prefill2 = await serve('prefill', {}, ['--transfer-port', String(prefill!.ready['sideChannelPort']), '--transfer-data-port', String(prefill!.ready['dataPort'])]);
+  const prefill2 = await serve('prefill', {}, [
+    '--transfer-port',
+    String(prefill!.ready['sideChannelPort']),
+    '--transfer-data-port',
+    String(prefill!.ready['dataPort']),
+  ]);
   assert.notEqual(prefill2.ready['engineId'], prefill!.ready['engineId']);
-  assert.deepEqual(tokens(await post(decode!.url, { ...other, kv_transfer_params: await prefillParams(prefill2, other) })), otherRef);
+  assert.deepEqual(
+    tokens(await post(decode!.url, { ...other, kv_transfer_params: await prefillParams(prefill2, other) })),
+    otherRef,
+  );
   assert.equal(await metric(decode!, 'handoff_kv_load_failures_total'), failures + 1, 'the new READ succeeded');
   await Promise.all([allPagesFree(decode!), allPagesFree(prefill2)]);
 });
@@ -130,7 +187,10 @@ test('decode never reading, or SIGKILLed mid-READ: prefill frees the held pages 
     () => 'answered',
     () => 'connection lost',
   );
-  await waitFor('the slow decode posted its READ', async () => (await metric(slowDecode!, 'handoff_transfer_reads_total')) === 1);
+  await waitFor(
+    'the slow decode posted its READ',
+    async () => (await metric(slowDecode!, 'handoff_transfer_reads_total')) === 1,
+  );
   slowDecode!.child.kill('SIGKILL');
   await slowDecode!.stop();
   assert.equal(await doomed, 'connection lost');
@@ -139,21 +199,35 @@ test('decode never reading, or SIGKILLed mid-READ: prefill frees the held pages 
 
   // Prefill keeps serving: a P/D request with the other decode gives the colocated tokens.
   const ref = tokens(await post(decode!.url, body));
-  assert.deepEqual(tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })), ref);
+  assert.deepEqual(
+    tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })),
+    ref,
+  );
   assert.equal(await metric(decode!, 'handoff_kv_load_failures_total'), 0);
   await Promise.all([allPagesFree(prefill!), allPagesFree(decode!)]);
-  assert.equal(await metric(prefill!, 'handoff_leases_expired_total'), 2, 'the successful transfer was released, not expired');
+  assert.equal(
+    await metric(prefill!, 'handoff_leases_expired_total'),
+    2,
+    'the successful transfer was released, not expired',
+  );
 });
 
 test('READ errors at rate 0.5 and dropped notifications through the real proxy: colocated tokens, no hang, pages back on both sides', async (t) => {
   // Decode drops half of its notifications (the releases prefill waits for); prefill's short lease frees those pages.
   const [prefill, decode] = await spawnAll(
     () => serve('prefill', { lease_ms: 2000 }),
-    () => serve('decode', { faults: { read_error_rate: 0.5, drop_notification_rate: 0.5 }, transfer_timeout_ms: 5000 }, ['--race-check']),
+    () =>
+      serve('decode', { faults: { read_error_rate: 0.5, drop_notification_rate: 0.5 }, transfer_timeout_ms: 5000 }, [
+        '--race-check',
+      ]),
   );
-  const proxy = await spawnHandoff(['proxy', '--prefill', prefill!.url, '--decode', decode!.url, '--port', '0'], env, { env: { HANDOFF_LOG_LEVEL: 'error' } });
+  const proxy = await spawnHandoff(['proxy', '--prefill', prefill!.url, '--decode', decode!.url, '--port', '0'], env, {
+    env: { HANDOFF_LOG_LEVEL: 'error' },
+  });
   children.push(proxy);
-  const bodies = Array.from({ length: 16 }, (_, i) => bodyFor(`${PROMPTS[i % PROMPTS.length]} #${i}`, i % 2 === 0 ? {} : { temperature: 0.9, seed: 100 + i }));
+  const bodies = Array.from({ length: 16 }, (_, i) =>
+    bodyFor(`${PROMPTS[i % PROMPTS.length]} #${i}`, i % 2 === 0 ? {} : { temperature: 0.9, seed: 100 + i }),
+  );
   const refs: number[][] = [];
   for (const b of bodies) refs.push(tokens(await post(decode!.url, b)));
   // Four at a time, so READs of different requests share steps.
@@ -164,15 +238,23 @@ test('READ errors at rate 0.5 and dropped notifications through the real proxy: 
   }
   got.forEach((t, i) => assert.deepEqual(t, refs[i], `request ${i} equals colocated`));
   const loadFailures = await metric(decode!, 'handoff_kv_load_failures_total');
-  assert.ok(loadFailures >= 1 && loadFailures <= bodies.length, `some READs failed and were recomputed (${loadFailures})`);
+  assert.ok(
+    loadFailures >= 1 && loadFailures <= bodies.length,
+    `some READs failed and were recomputed (${loadFailures})`,
+  );
   assert.ok((await metric(decode!, 'handoff_transfer_read_failures_total')) >= 1);
   await Promise.all([allPagesFree(prefill!), allPagesFree(decode!)]);
   assert.ok((await metric(prefill!, 'handoff_leases_expired_total')) >= 1, 'dropped releases were freed by the lease');
-  await waitFor('dropped notifications timed out on decode', async () => (await metric(decode!, 'handoff_transfer_notifications_failed_total')) >= 1);
+  await waitFor(
+    'dropped notifications timed out on decode',
+    async () => (await metric(decode!, 'handoff_transfer_notifications_failed_total')) >= 1,
+  );
   assert.equal(await metric(decode!, 'handoff_races_total'), 0);
   assert.equal(await metric(prefill!, 'handoff_transfer_grants_refused_total'), 0);
   const dropped = await metric(decode!, 'handoff_transfer_notifications_failed_total');
-  t.diagnostic(`${bodies.length} requests: ${loadFailures} READs failed and were recomputed; ${await metric(prefill!, 'handoff_leases_expired_total')} leases expired (${dropped} dropped releases timed out so far)`);
+  t.diagnostic(
+    `${bodies.length} requests: ${loadFailures} READs failed and were recomputed; ${await metric(prefill!, 'handoff_leases_expired_total')} leases expired (${dropped} dropped releases timed out so far)`,
+  );
 });
 
 test('a NIC slower than the step deadline: every READ times out, is aborted and recomputed; pages back on both sides', async () => {
@@ -183,27 +265,49 @@ test('a NIC slower than the step deadline: every READ times out, is aborted and 
   for (const [i, prompt] of PROMPTS.entries()) {
     const body = bodyFor(prompt);
     const ref = tokens(await post(decode!.url, body));
-    assert.deepEqual(tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })), ref);
-    assert.equal(await metric(decode!, 'handoff_kv_load_failures_total'), i + 1, 'the READ timed out and was recomputed');
+    assert.deepEqual(
+      tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })),
+      ref,
+    );
+    assert.equal(
+      await metric(decode!, 'handoff_kv_load_failures_total'),
+      i + 1,
+      'the READ timed out and was recomputed',
+    );
   }
   assert.equal(await metric(decode!, 'handoff_transfer_bytes_read_total'), 0, 'no byte landed');
   await Promise.all([allPagesFree(prefill!), allPagesFree(decode!)]);
-  assert.equal(await metric(prefill!, 'handoff_leases_expired_total'), 0, 'decode released every transfer it gave up on');
+  assert.equal(
+    await metric(prefill!, 'handoff_leases_expired_total'),
+    0,
+    'decode released every transfer it gave up on',
+  );
   assert.equal(await metric(decode!, 'handoff_races_total'), 0);
 });
 
 /** Decode's established side-channel sockets to `port` on loopback (ss, root namespace). */
 const sideChannels = (port: unknown): string[] =>
-  execFileSync('ss', ['-Htn', 'state', 'established', 'dst', '127.0.0.1', 'dport', '=', `:${String(port)}`], { encoding: 'utf8' }).split('\n').filter((l) => l.trim() !== '');
+  execFileSync('ss', ['-Htn', 'state', 'established', 'dst', '127.0.0.1', 'dport', '=', `:${String(port)}`], {
+    encoding: 'utf8',
+  })
+    .split('\n')
+    .filter((l) => l.trim() !== '');
 
 test('the side channel to a live prefill is killed (ss -K): decode handshakes again, the next READ loads, releases free prefill pages before any lease', async (t) => {
   if (process.getuid?.() !== 0) return t.skip('needs root for ss -K');
-  const [prefill, decode] = await spawnAll(() => serve('prefill'), () => serve('decode'));
+  const [prefill, decode] = await spawnAll(
+    () => serve('prefill'),
+    () => serve('decode'),
+  );
   const port = prefill!.ready['sideChannelPort'];
   const pd = async (prompt: string): Promise<void> => {
     const body = bodyFor(prompt);
     const ref = tokens(await post(decode!.url, body));
-    assert.deepEqual(tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })), ref, prompt);
+    assert.deepEqual(
+      tokens(await post(decode!.url, { ...body, kv_transfer_params: await prefillParams(prefill!, body) })),
+      ref,
+      prompt,
+    );
   };
   await pd(PROMPTS[0]!);
   assert.equal(sideChannels(port).length, 1, 'one side channel from decode to prefill');
@@ -217,7 +321,11 @@ test('the side channel to a live prefill is killed (ss -K): decode handshakes ag
   const failures = await metric(decode!, 'handoff_kv_load_failures_total');
   assert.ok(failures <= 1);
   await pd(PROMPTS[3]!);
-  assert.equal(await metric(decode!, 'handoff_kv_load_failures_total'), failures, 'loaded over a new handshake, not recomputed');
+  assert.equal(
+    await metric(decode!, 'handoff_kv_load_failures_total'),
+    failures,
+    'loaded over a new handshake, not recomputed',
+  );
   assert.equal(sideChannels(port).length, 1, 'a new side channel');
   // The default lease is 60 s: pages coming back now means every release arrived.
   await Promise.all([allPagesFree(prefill!), allPagesFree(decode!)]);

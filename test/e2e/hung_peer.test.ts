@@ -5,8 +5,9 @@
  * stream's inter-token latency p99 stays within 2x its baseline (+ a small slack for a 2-core machine),
  * a plain request is answered, and the hung requests themselves end once the handshake times out,
  * with the documented 400 (an engine this decode never reached, at an address that does not answer).
- * A producer decode did reach before and that stops answering is recomputed instead (test/e2e/faults.test.ts). Peers outside the allow-list (--kv-peers) are
- * refused with a 403 and never contacted.
+ * A producer decode did reach before and that stops answering is recomputed instead
+ * (test/e2e/faults.test.ts). Peers outside the allow-list (--kv-peers) are refused with a 403 and never
+ * contacted.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -42,7 +43,21 @@ before(async () => {
   outsiderPort = (outsider.address() as AddressInfo).port;
   const config = JSON.stringify({ kv_connector: 'OneSidedConnector', kv_connector_extra_config: { read_mode: true } });
   decode = await spawnHandoff(
-    ['serve', '--role', 'decode', '--model', 'dsv4-mini', '--port', '0', '--num-blocks', String(NUM_BLOCKS), '--kv-transfer-config', config, '--kv-peers', `127.0.0.1:${hungPort}`],
+    [
+      'serve',
+      '--role',
+      'decode',
+      '--model',
+      'dsv4-mini',
+      '--port',
+      '0',
+      '--num-blocks',
+      String(NUM_BLOCKS),
+      '--kv-transfer-config',
+      config,
+      '--kv-peers',
+      `127.0.0.1:${hungPort}`,
+    ],
     env,
     { env: { HANDOFF_LOG_LEVEL: 'error' } },
   );
@@ -76,7 +91,13 @@ async function streamGaps(maxTokens: number): Promise<number[]> {
   const r = await fetch(`${decode.url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt: 'The stream goes on while a prefill host hangs', max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+    body: JSON.stringify({
+      prompt: 'The stream goes on while a prefill host hangs',
+      max_tokens: maxTokens,
+      temperature: 0,
+      ignore_eos: true,
+      stream: true,
+    }),
     signal: AbortSignal.timeout(60_000),
   });
   assert.equal(r.status, 200);
@@ -84,7 +105,10 @@ async function streamGaps(maxTokens: number): Promise<number[]> {
   let last: number | null = null;
   const decoder = new TextDecoder();
   for await (const chunk of r.body as AsyncIterable<Uint8Array>) {
-    const n = decoder.decode(chunk).split('\n').filter((l) => l.startsWith('data: {')).length;
+    const n = decoder
+      .decode(chunk)
+      .split('\n')
+      .filter((l) => l.startsWith('data: {')).length;
     const now = env.nowMs();
     for (let i = 0; i < n; i++) {
       if (last !== null) gaps.push(i === 0 ? now - last : 0);
@@ -94,15 +118,33 @@ async function streamGaps(maxTokens: number): Promise<number[]> {
   return gaps;
 }
 
-const p99 = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))] ?? 0;
+const p99 = (xs: number[]): number =>
+  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))] ?? 0;
 
 test('hung prefill host: handshakes run off the step path; a concurrent stream keeps its ITL, the hung requests end with a 400', async () => {
   await streamGaps(8); // warm up
   const base = p99(await streamGaps(48));
-  const local = tokens(await post(decode.url, { prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true }, 30_000));
+  const local = tokens(
+    await post(
+      decode.url,
+      { prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true },
+      30_000,
+    ),
+  );
   const t0 = env.nowMs();
   const hungReqs = [0, 1, 2].map((i) =>
-    post(decode.url, { prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true, kv_transfer_params: hungParams(i) }, 60_000),
+    post(
+      decode.url,
+      {
+        prompt: PROMPT,
+        max_tokens: 4,
+        temperature: 0,
+        ignore_eos: true,
+        return_token_ids: true,
+        kv_transfer_params: hungParams(i),
+      },
+      60_000,
+    ),
   );
   await env.sleep(100);
   const plainStart = env.nowMs();
@@ -110,9 +152,14 @@ test('hung prefill host: handshakes run off the step path; a concurrent stream k
   const plainMs = env.nowMs() - plainStart;
   const during = p99(await streamGaps(48));
   const streamEndMs = env.nowMs() - t0;
-  console.log(`ITL p99 baseline ${base} ms, with 3 hung handshakes ${during} ms; plain request ${plainMs} ms; stream done ${streamEndMs} ms after the hung requests`);
+  console.log(
+    `ITL p99 baseline ${base} ms, with 3 hung handshakes ${during} ms; plain request ${plainMs} ms; stream done ${streamEndMs} ms after the hung requests`,
+  );
   assert.equal(plain.status, 200);
-  assert.ok(plainMs < 4000, `a plain request is answered while handshakes hang (${plainMs} ms; the handshake timeout is 5000 ms)`);
+  assert.ok(
+    plainMs < 4000,
+    `a plain request is answered while handshakes hang (${plainMs} ms; the handshake timeout is 5000 ms)`,
+  );
   assert.ok(accepted.length >= 1, 'decode did contact the hung peer');
   assert.ok(during <= 2 * base + 50, `ITL p99 ${during} ms with a hung peer vs ${base} ms baseline`);
   for (const r of await Promise.all(hungReqs)) {
@@ -120,12 +167,25 @@ test('hung prefill host: handshakes run off the step path; a concurrent stream k
     assert.equal(r.json.error?.code, 'BAD_TRANSFER_PARAMS');
     assert.match(r.json.error?.message ?? '', /unknown here and 127\.0\.0\.1:\d+ does not answer/);
   }
-  assert.equal(tokens(await post(decode.url, { prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true }, 30_000)).length, local.length);
+  assert.equal(
+    tokens(
+      await post(
+        decode.url,
+        { prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true, return_token_ids: true },
+        30_000,
+      ),
+    ).length,
+    local.length,
+  );
   await allPagesFree(env, decode, NUM_BLOCKS - 1);
 });
 
 test('--kv-peers: a producer outside the allow-list is refused with 403 PEER_NOT_ALLOWED and never contacted', async () => {
-  const r = await post(decode.url, { prompt: PROMPT, max_tokens: 2, kv_transfer_params: hungParams(9, '127.0.0.1', outsiderPort) }, 10_000);
+  const r = await post(
+    decode.url,
+    { prompt: PROMPT, max_tokens: 2, kv_transfer_params: hungParams(9, '127.0.0.1', outsiderPort) },
+    10_000,
+  );
   assert.equal(r.status, 403, JSON.stringify(r.json));
   assert.equal(r.json.error?.code, 'PEER_NOT_ALLOWED');
   await env.sleep(200);

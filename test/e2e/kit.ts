@@ -18,7 +18,12 @@ export interface Reply {
 export async function post(url: string, body: unknown, hangMs: number, path = '/v1/completions'): Promise<Reply> {
   let r: Response;
   try {
-    r = await fetch(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(hangMs) });
+    r = await fetch(`${url}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(hangMs),
+    });
   } catch (e) {
     if ((e as Error).name === 'TimeoutError') assert.fail(`request to ${url} hung (no answer after ${hangMs} ms)`);
     throw e;
@@ -57,5 +62,7 @@ export const allPagesFree = (env: Env, c: ChildServer, totalPages: number): Prom
   waitFor(
     env,
     `free pages of ${String(c.ready['role'])} ${c.url} back to ${totalPages}`,
-    async () => (await metric(c, 'handoff_kv_free_pages')) === totalPages && (await metric(c, 'handoff_num_requests_running')) === 0,
+    async () =>
+      (await metric(c, 'handoff_kv_free_pages')) === totalPages &&
+      (await metric(c, 'handoff_num_requests_running')) === 0,
   );

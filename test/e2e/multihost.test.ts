@@ -15,7 +15,14 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
-import { allPagesFree as allFree, metric, post as postWithin, tokens, waitFor as waitWithin, type Reply } from './kit.ts';
+import {
+  allPagesFree as allFree,
+  metric,
+  post as postWithin,
+  tokens,
+  waitFor as waitWithin,
+  type Reply,
+} from './kit.ts';
 
 const env = new RealEnv(9);
 const NUM_BLOCKS = 192;
@@ -34,7 +41,8 @@ const ROOT_ADDR = `10.213.7.${4 * (tag + 1) + 2}`;
 
 const children: ChildServer[] = [];
 const post = (url: string, body: unknown): Promise<Reply> => postWithin(url, body, HANG_MS);
-const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> => waitWithin(env, what, cond, boundMs);
+const waitFor = (what: string, cond: () => Promise<boolean>, boundMs?: number): Promise<void> =>
+  waitWithin(env, what, cond, boundMs);
 const allPagesFree = (c: ChildServer): Promise<void> => allFree(env, c, TOTAL_PAGES);
 let skipReason: string | null = null;
 let netCreated = false;
@@ -43,7 +51,8 @@ let decode: ChildServer;
 let slowDecode: ChildServer;
 let proxy: ChildServer;
 
-const ip = (...args: string[]): string => execFileSync('ip', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+const ip = (...args: string[]): string =>
+  execFileSync('ip', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 
 function alive(pid: number): boolean {
   try {
@@ -71,7 +80,10 @@ function removeStale(): void {
 
 function removeNet(): void {
   if (!netCreated) return;
-  for (const args of [['link', 'del', VETH_ROOT], ['netns', 'del', NS]]) {
+  for (const args of [
+    ['link', 'del', VETH_ROOT],
+    ['netns', 'del', NS],
+  ]) {
     try {
       ip(...args);
     } catch {
@@ -97,9 +109,36 @@ function createNet(): void {
 const link = (state: 'up' | 'down'): void => void ip('link', 'set', VETH_ROOT, state);
 const rxBytes = (): number => Number(readFileSync(`/sys/class/net/${VETH_ROOT}/statistics/rx_bytes`, 'utf8'));
 
-async function serve(role: 'prefill' | 'decode', host: string, transferHost: string, extra: Record<string, unknown>, prefix?: string[]): Promise<ChildServer> {
-  const config = JSON.stringify({ kv_connector: 'OneSidedConnector', kv_connector_extra_config: { read_mode: true, ...extra } });
-  const args = ['serve', '--role', role, '--model', 'dsv4-mini', '--host', host, '--transfer-host', transferHost, '--port', '0', '--num-blocks', String(NUM_BLOCKS), '--max-model-len', '512', '--kv-transfer-config', config];
+async function serve(
+  role: 'prefill' | 'decode',
+  host: string,
+  transferHost: string,
+  extra: Record<string, unknown>,
+  prefix?: string[],
+): Promise<ChildServer> {
+  const config = JSON.stringify({
+    kv_connector: 'OneSidedConnector',
+    kv_connector_extra_config: { read_mode: true, ...extra },
+  });
+  const args = [
+    'serve',
+    '--role',
+    role,
+    '--model',
+    'dsv4-mini',
+    '--host',
+    host,
+    '--transfer-host',
+    transferHost,
+    '--port',
+    '0',
+    '--num-blocks',
+    String(NUM_BLOCKS),
+    '--max-model-len',
+    '512',
+    '--kv-transfer-config',
+    config,
+  ];
   // Decode contacts only the prefill host in the namespace (the allow-list defaults to loopback).
   if (role === 'decode') args.push('--kv-peers', `${NS_ADDR}:*`);
   const c = await spawnHandoff(args, env, { env: { HANDOFF_LOG_LEVEL: 'error' }, ...(prefix ? { prefix } : {}) });
@@ -122,12 +161,21 @@ before(async () => {
   const started = await Promise.allSettled([
     serve('prefill', NS_ADDR, NS_ADDR, { lease_ms: 3000 }, ['ip', 'netns', 'exec', NS]),
     serve('decode', '127.0.0.1', ROOT_ADDR, { transfer_timeout_ms: TRANSFER_TIMEOUT_MS }),
-    serve('decode', '127.0.0.1', ROOT_ADDR, { transfer_timeout_ms: TRANSFER_TIMEOUT_MS, faults: { read_delay_ms: 600 } }),
+    serve('decode', '127.0.0.1', ROOT_ADDR, {
+      transfer_timeout_ms: TRANSFER_TIMEOUT_MS,
+      faults: { read_delay_ms: 600 },
+    }),
   ]);
   const failed = started.find((s) => s.status === 'rejected');
   if (failed) throw failed.reason;
-  [prefill, decode, slowDecode] = started.map((s) => (s as PromiseFulfilledResult<ChildServer>).value) as [ChildServer, ChildServer, ChildServer];
-  proxy = await spawnHandoff(['proxy', '--prefill', prefill.url, '--decode', decode.url, '--port', '0'], env, { env: { HANDOFF_LOG_LEVEL: 'error' } });
+  [prefill, decode, slowDecode] = started.map((s) => (s as PromiseFulfilledResult<ChildServer>).value) as [
+    ChildServer,
+    ChildServer,
+    ChildServer,
+  ];
+  proxy = await spawnHandoff(['proxy', '--prefill', prefill.url, '--decode', decode.url, '--port', '0'], env, {
+    env: { HANDOFF_LOG_LEVEL: 'error' },
+  });
   children.push(proxy);
 });
 
@@ -140,19 +188,25 @@ after(async () => {
   }
 });
 
-
-
-
-const bodyFor = (prompt: string): Record<string, unknown> => ({ model: 'dsv4-mini', prompt, max_tokens: 8, temperature: 0, ignore_eos: true, return_token_ids: true });
+const bodyFor = (prompt: string): Record<string, unknown> => ({
+  model: 'dsv4-mini',
+  prompt,
+  max_tokens: 8,
+  temperature: 0,
+  ignore_eos: true,
+  return_token_ids: true,
+});
 
 async function prefillParams(body: Record<string, unknown>): Promise<Record<string, unknown>> {
-  const r = await post(prefill.url, { ...body, stream: false, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } });
+  const r = await post(prefill.url, {
+    ...body,
+    stream: false,
+    max_tokens: 1,
+    kv_transfer_params: { do_remote_decode: true },
+  });
   assert.equal(r.status, 200, JSON.stringify(r.json));
   return r.json['kv_transfer_params'] as Record<string, unknown>;
 }
-
-
-
 
 /** One P/D request by hand on `d`: its tokens must equal `d`'s own colocated answer and its KV must have been READ. */
 async function pdEqualsColocated(d: ChildServer, prompt: string): Promise<void> {
@@ -194,9 +248,19 @@ test('link cut after prefill answered: decode gives up at its deadline, recomput
   link('down');
   const t0 = env.nowMs();
   try {
-    assert.deepEqual(tokens(await post(decode.url, { ...body, kv_transfer_params: params })), ref, 'recomputed to the colocated tokens');
-    t.diagnostic(`decode answered ${Math.round(env.nowMs() - t0)} ms after the cut (transfer_timeout_ms ${TRANSFER_TIMEOUT_MS})`);
-    assert.equal(await metric(decode, 'handoff_kv_load_failures_total'), failures + 1, 'the READ failed (timed out) and was recomputed');
+    assert.deepEqual(
+      tokens(await post(decode.url, { ...body, kv_transfer_params: params })),
+      ref,
+      'recomputed to the colocated tokens',
+    );
+    t.diagnostic(
+      `decode answered ${Math.round(env.nowMs() - t0)} ms after the cut (transfer_timeout_ms ${TRANSFER_TIMEOUT_MS})`,
+    );
+    assert.equal(
+      await metric(decode, 'handoff_kv_load_failures_total'),
+      failures + 1,
+      'the READ failed (timed out) and was recomputed',
+    );
     const other = bodyFor('decode keeps serving while the link is down');
     assert.equal(tokens(await post(decode.url, other)).length, 8);
     // A long outage: TCP retransmissions of the READ back off (0.2 s, 0.4 s, ... 12.8 s), so a connection
@@ -207,12 +271,17 @@ test('link cut after prefill answered: decode gives up at its deadline, recomput
   }
   await allPagesFree(decode);
   await pdEqualsColocated(decode, `${PROMPT} (after the link came back)`);
-  await waitFor('the proxy sees prefill healthy again', async () => (await fetch(`${proxy.url}/health`)).status === 200);
+  await waitFor(
+    'the proxy sees prefill healthy again',
+    async () => (await fetch(`${proxy.url}/health`)).status === 200,
+  );
   const again = bodyFor('through the proxy after the outage');
   assert.deepEqual(tokens(await post(proxy.url, again)), tokens(await post(decode.url, again)));
   // The cut transfer's release may have been lost with the link: then its lease frees it.
   await Promise.all([allPagesFree(decode), allPagesFree(prefill)]);
-  t.diagnostic(`prefill leases expired during this test: ${(await metric(prefill, 'handoff_leases_expired_total')) - expired}`);
+  t.diagnostic(
+    `prefill leases expired during this test: ${(await metric(prefill, 'handoff_leases_expired_total')) - expired}`,
+  );
 });
 
 test('link cut while the READ is pending (slow NIC): recomputed to the same tokens; link back: the next READ crosses it', async (t) => {
@@ -229,7 +298,9 @@ test('link cut while the READ is pending (slow NIC): recomputed to the same toke
   const t0 = env.nowMs();
   try {
     assert.deepEqual(tokens(await pending), ref, 'recomputed to the colocated tokens');
-    t.diagnostic(`decode answered ${Math.round(env.nowMs() - t0)} ms after the cut (read_delay_ms 600, transfer_timeout_ms ${TRANSFER_TIMEOUT_MS})`);
+    t.diagnostic(
+      `decode answered ${Math.round(env.nowMs() - t0)} ms after the cut (read_delay_ms 600, transfer_timeout_ms ${TRANSFER_TIMEOUT_MS})`,
+    );
     assert.equal(await metric(slowDecode, 'handoff_kv_load_failures_total'), failures + 1);
   } finally {
     link('up');

@@ -9,7 +9,10 @@ import { RealEnv } from '../../src/util/env.ts';
 import { runSoak } from '../../src/cli/soak.ts';
 
 test('soak (6 s, concurrency 4): zero errors, P/D == colocated, no leaked pages, no races', async () => {
-  const r = await runSoak({ preset: 'dsv4-mini', mode: 'read', durationS: 6, concurrency: 4, numBlocks: 512, seed: 3 }, new RealEnv(1));
+  const r = await runSoak(
+    { preset: 'dsv4-mini', mode: 'read', durationS: 6, concurrency: 4, numBlocks: 512, seed: 3 },
+    new RealEnv(1),
+  );
   assert.ok(r.requests >= 4, `${r.requests} requests ran`);
   assert.equal(r.errors, 0, r.firstProblem ?? '');
   assert.equal(r.mismatches, 0, r.firstProblem ?? '');

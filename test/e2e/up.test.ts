@@ -25,7 +25,11 @@ test('handoff up: ready with a working curl line; Ctrl-C stops all three, exit 0
   const childEnv: NodeJS.ProcessEnv = { ...process.env, HANDOFF_LOG_LEVEL: 'info' };
   delete childEnv['NODE_TEST_CONTEXT'];
   // detached: its own process group, so a group SIGINT is what Ctrl-C in a terminal sends.
-  const up = spawn(process.execPath, [HANDOFF_BIN, 'up', '--port', '0', '--log-format', 'pretty'], { stdio: ['ignore', 'pipe', 'pipe'], env: childEnv, detached: true });
+  const up = spawn(process.execPath, [HANDOFF_BIN, 'up', '--port', '0', '--log-format', 'pretty'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: childEnv,
+    detached: true,
+  });
   const exited = new Promise<number | null>((resolve) => up.once('exit', (code) => resolve(code)));
   let err = '';
   up.stderr.setEncoding('utf8').on('data', (s: string) => (err += s));
@@ -49,7 +53,10 @@ test('handoff up: ready with a working curl line; Ctrl-C stops all three, exit 0
     assert.equal(pids.length, 2, 'prefill and decode pids printed');
     const r = await fetch(curl[1]!, { method: 'POST', headers: { 'content-type': 'application/json' }, body: curl[2] });
     assert.equal(r.status, 200);
-    const j = (await r.json()) as { choices: Array<{ text: string; finish_reason: string }>; usage: { completion_tokens: number } };
+    const j = (await r.json()) as {
+      choices: Array<{ text: string; finish_reason: string }>;
+      usage: { completion_tokens: number };
+    };
     assert.equal(j.usage.completion_tokens, 16);
     process.kill(-(up.pid as number), 'SIGINT');
     assert.equal(await exited, 0);

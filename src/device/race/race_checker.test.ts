@@ -30,7 +30,10 @@ test('NIC requests are not ordered with each other: observing one does not order
   c.hostEnqueue('compute', { what: 'forward' }, [r(2)]);
   assert.deepEqual(c.races(), [], 'block 2 was observed');
   c.hostEnqueue('compute', { what: 'forward' }, [r(1)]);
-  assert.deepEqual(c.races().map((x) => [x.a.label.what, x.block]), [['READ a', 1]]);
+  assert.deepEqual(
+    c.races().map((x) => [x.a.label.what, x.block]),
+    [['READ a', 1]],
+  );
 });
 
 test('two unobserved NIC writes to the same bytes race; reads never race with reads', () => {
@@ -40,7 +43,10 @@ test('two unobserved NIC writes to the same bytes race; reads never race with re
   assert.deepEqual(c.races(), []);
   c.nicPost({ what: 'w1' }, [w(6)]);
   c.nicPost({ what: 'w2' }, [w(6)]);
-  assert.deepEqual(c.races().map((x) => [x.a.label.what, x.b.label.what, x.a.agent, x.b.agent]), [['w1', 'w2', 'nic', 'nic']]);
+  assert.deepEqual(
+    c.races().map((x) => [x.a.label.what, x.b.label.what, x.a.agent, x.b.agent]),
+    [['w1', 'w2', 'nic', 'nic']],
+  );
 });
 
 test('byte ranges: disjoint ranges of one page do not race, overlapping ones report the overlap', () => {
@@ -49,7 +55,10 @@ test('byte ranges: disjoint ranges of one page do not race, overlapping ones rep
   c.hostEnqueue('compute', { what: 'tail' }, [r(3, 32, 64)]);
   assert.deepEqual(c.races(), []);
   c.hostEnqueue('compute', { what: 'middle' }, [r(3, 16, 48)]);
-  assert.deepEqual(c.races().map((x) => x.range), [{ start: 16, end: 32 }]);
+  assert.deepEqual(
+    c.races().map((x) => x.range),
+    [{ start: 16, end: 32 }],
+  );
 });
 
 test('events order streams: a wait on an event recorded after a write orders a second stream behind it', () => {
@@ -82,7 +91,10 @@ test('host accesses: a host read after a posted NIC write races until the host o
   c.nicObserved(wr);
   c.hostReadPages({ what: 'checksum again' }, [r(2)]);
   assert.equal(c.races().length, 1);
-  assert.match(formatRace(c.races()[0]!), /race on slab 0 block 2 .*write by nic nic#1 'READ'.*read by host host#1 'checksum'/);
+  assert.match(
+    formatRace(c.races()[0]!),
+    /race on slab 0 block 2 .*write by nic nic#1 'READ'.*read by host host#1 'checksum'/,
+  );
 });
 
 test('bounded memory: 5,000 correctly ordered steps keep shadow entries, clocks and NIC lanes small, with no race', () => {
@@ -94,7 +106,11 @@ test('bounded memory: 5,000 correctly ordered steps keep shadow entries, clocks 
     c.hostWaitEvent(ev);
     const wrs = [0, 1].map((slab) => c.nicPost({ what: 'READ', step }, [w(block, 0, PAGE, slab)]));
     wrs.reverse().forEach((id) => c.nicObserved(id));
-    const fwd = c.hostEnqueue('compute', { what: 'forward', step }, [r(block), r(block, 0, PAGE, 1), w((block + 1) % 16, 0, 8)]);
+    const fwd = c.hostEnqueue('compute', { what: 'forward', step }, [
+      r(block),
+      r(block, 0, PAGE, 1),
+      w((block + 1) % 16, 0, 8),
+    ]);
     if (step % 3 === 0) c.hostWaitOp(fwd);
   }
   const s = c.stats();
@@ -109,7 +125,13 @@ test('reports: one per (op pair, slab, block), ranges merged; capped by racesMax
   c.addStream('compute');
   c.hostEnqueue('compute', { what: 'zero' }, [w(1), w(1, 0, PAGE, 1)]);
   c.nicPost({ what: 'READ' }, [w(1, 0, 8), w(1, 40, 48), w(1, 0, PAGE, 1)]);
-  assert.deepEqual(c.races().map((x) => [x.slab, x.range]), [[0, { start: 0, end: 48 }], [1, { start: 0, end: PAGE }]]);
+  assert.deepEqual(
+    c.races().map((x) => [x.slab, x.range]),
+    [
+      [0, { start: 0, end: 48 }],
+      [1, { start: 0, end: PAGE }],
+    ],
+  );
   c.nicPost({ what: 'READ 2' }, [w(2)]);
   c.nicPost({ what: 'READ 3' }, [w(2)]);
   c.nicPost({ what: 'READ 4' }, [w(2)]);
@@ -118,7 +140,11 @@ test('reports: one per (op pair, slab, block), ranges merged; capped by racesMax
   c.clear();
   assert.deepEqual(c.races(), []);
   c.hostEnqueue('compute', { what: 'forward' }, [r(2)]);
-  assert.equal(c.races().length, 3, 'the shadow memory survived clear(): the read races with all three unordered writes');
+  assert.equal(
+    c.races().length,
+    3,
+    'the shadow memory survived clear(): the read races with all three unordered writes',
+  );
 });
 
 test('programmer errors: unknown stream, empty range and unknown ids are assertions', () => {

@@ -225,7 +225,13 @@ export class RaceChecker implements RaceCheckerLike {
     }
   }
 
-  private report(a: ShadowEntry, b: NewAccess, slab: number, block: number, overlap: { start: number; end: number }): void {
+  private report(
+    a: ShadowEntry,
+    b: NewAccess,
+    slab: number,
+    block: number,
+    overlap: { start: number; end: number },
+  ): void {
     const key = `${a.owner.source}${a.owner.id}|${b.owner.source}${b.owner.id}|${slab}|${block}`;
     const seen = this.reportIndex.get(key);
     if (seen !== undefined) {

@@ -79,7 +79,12 @@ class Graph {
 }
 
 function conflict(x: PageAccess, y: PageAccess): boolean {
-  return x.slab === y.slab && x.block === y.block && Math.max(x.start, y.start) < Math.min(x.end, y.end) && (x.write || y.write);
+  return (
+    x.slab === y.slab &&
+    x.block === y.block &&
+    Math.max(x.start, y.start) < Math.min(x.end, y.end) &&
+    (x.write || y.write)
+  );
 }
 
 /** Run `cmds` through a RaceChecker and the oracle; assert they agree. */
@@ -170,7 +175,8 @@ function expectedRaces({ g, accessors }: Replay): Set<string> {
     for (let i = 0; i < j; i++) {
       const earlier = accessors[i]!;
       if (g.reaches(earlier.node, later.node)) continue;
-      for (const x of earlier.acc) for (const y of later.acc) if (conflict(x, y)) expected.add(`${later.key}|${y.slab}|${y.block}`);
+      for (const x of earlier.acc)
+        for (const y of later.acc) if (conflict(x, y)) expected.add(`${later.key}|${y.slab}|${y.block}`);
     }
   });
   return expected;

@@ -31,10 +31,16 @@ export class GrantIssuer {
   ) {}
 
   issue(req: GrantRequest): Grant {
-    assert(typeof req.transferId === 'string' && req.transferId.length > 0 && req.transferId.length <= 256, 'transferId must be 1..256 chars');
+    assert(
+      typeof req.transferId === 'string' && req.transferId.length > 0 && req.transferId.length <= 256,
+      'transferId must be 1..256 chars',
+    );
     assert(req.peerEngineId === null || typeof req.peerEngineId === 'string', 'peerEngineId must be a string or null');
     assert(Number.isFinite(req.ttlMs) && req.ttlMs > 0, `grant ttlMs must be > 0, got ${req.ttlMs}`);
-    assert(req.blockIds.every((b) => Number.isInteger(b) && b >= 0 && b < this.numBlocks), 'grant block id out of range');
+    assert(
+      req.blockIds.every((b) => Number.isInteger(b) && b >= 0 && b < this.numBlocks),
+      'grant block id out of range',
+    );
     this.revoke(req.transferId);
     if (this.grants.size >= GRANTS_MAX) throw new HandoffError('OVERLOADED', `${GRANTS_MAX} grants live at once`);
     const token = hexId(this.env, 16);
@@ -67,7 +73,9 @@ export class GrantIssuer {
     return true;
   }
 
-  /** The grant's peer says it is done with the transfer (release, write_done) and proves it with the token: revoke it. */
+  /**
+   * The grant's peer says it is done with the transfer (release, write_done) and proves it with the token: revoke it.
+   */
   releasedBy(transferId: string, peerEngineId: string, token: unknown): ReleaseOutcome {
     const g = this.grants.get(transferId);
     if (g === undefined) return 'no-grant';

@@ -16,8 +16,20 @@ const q = { peerEngineId: 'D', transferId: 'x', token: TOKEN, nowMs: 10 };
 
 test('grant check: the right peer, token and pages inside the grant pass, in every slab', () => {
   const t = table();
-  assert.deepEqual(t.check({ ...q, ranges: [{ slab: 0, offset: 128, length: 128 }, { slab: 1, offset: 7 * 64 + 3, length: 10 }] }), { ok: true });
-  assert.deepEqual(table([2], null).check({ ...q, peerEngineId: 'anyone', ranges: [{ slab: 1, offset: 128, length: 64 }] }), { ok: true });
+  assert.deepEqual(
+    t.check({
+      ...q,
+      ranges: [
+        { slab: 0, offset: 128, length: 128 },
+        { slab: 1, offset: 7 * 64 + 3, length: 10 },
+      ],
+    }),
+    { ok: true },
+  );
+  assert.deepEqual(
+    table([2], null).check({ ...q, peerEngineId: 'anyone', ranges: [{ slab: 1, offset: 128, length: 64 }] }),
+    { ok: true },
+  );
 });
 
 test('grant check: wrong token, unknown transfer, wrong peer, expired, revoked, outside pages, bad ranges are refused', () => {
@@ -54,7 +66,10 @@ test('grant check: a byte range passes iff every page it touches is granted (pro
         const d = table(blocks).check({ ...q, ranges: [{ slab: 1, offset, length }] });
         const pages = new Set<number>();
         for (let b = Math.floor(offset / 64); b <= Math.floor((offset + length - 1) / 64); b++) pages.add(b);
-        assert.equal(d.ok, [...pages].every((p) => blocks.includes(p)));
+        assert.equal(
+          d.ok,
+          [...pages].every((p) => blocks.includes(p)),
+        );
       },
     ),
   );
@@ -70,7 +85,11 @@ test('grant table: sweep drops expired grants only', () => {
 test('grant check: a grant issued without a peer binds to its first valid user; another engine is then refused', () => {
   const t = table([2], null);
   const r = [{ slab: 0, offset: 128, length: 64 }];
-  assert.deepEqual(t.check({ ...q, peerEngineId: 'thief', token: 'cd'.repeat(16), ranges: r }).ok, false, 'a wrong token binds nothing');
+  assert.deepEqual(
+    t.check({ ...q, peerEngineId: 'thief', token: 'cd'.repeat(16), ranges: r }).ok,
+    false,
+    'a wrong token binds nothing',
+  );
   assert.deepEqual(t.check({ ...q, peerEngineId: 'D1', ranges: r }), { ok: true });
   assert.deepEqual(t.check({ ...q, peerEngineId: 'D1', ranges: r }), { ok: true }, 'the bound peer may read again');
   const other = t.check({ ...q, peerEngineId: 'D2', ranges: r });

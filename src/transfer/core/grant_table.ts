@@ -68,7 +68,10 @@ export class GrantTable {
   /** Adds or replaces the grant of `transferId`. A null peer binds to the first engine that uses it. */
   add(g: GrantEntry): void {
     assert(isTokenFormat(g.token), 'grant token must be lowercase hex of 16..64 bytes');
-    assert(g.blockIds.every((b) => Number.isInteger(b) && b >= 0 && b < this.layout.numBlocks), 'grant block id out of range');
+    assert(
+      g.blockIds.every((b) => Number.isInteger(b) && b >= 0 && b < this.layout.numBlocks),
+      'grant block id out of range',
+    );
     assert(this.grants.size < this.grantsMax || this.grants.has(g.transferId), `grant table full (${this.grantsMax})`);
     this.grants.set(g.transferId, {
       token: Buffer.from(g.token, 'hex'),
@@ -114,7 +117,8 @@ export class GrantTable {
       const problem = rangeProblem(r, this.layout);
       if (problem !== null) return { ok: false, reason: problem };
       const outside = pagesOutside(r, this.layout.pageBytes, g.blocks);
-      if (outside !== null) return { ok: false, reason: `slab ${r.slab} page ${outside} is not granted for transfer ${q.transferId}` };
+      if (outside !== null)
+        return { ok: false, reason: `slab ${r.slab} page ${outside} is not granted for transfer ${q.transferId}` };
     }
     // Single peer: a grant issued before the reader was known (READ mode) binds to its first valid user.
     if (g.peerEngineId === null) g.peerEngineId = q.peerEngineId;

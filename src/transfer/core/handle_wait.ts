@@ -8,7 +8,14 @@ import type { Env, TimerHandle } from '../../util/env.ts';
 import { HandoffError, type ErrorCode } from '../../util/errors.ts';
 import { isTokenFormat, type ReleaseOutcome } from './grant_table.ts';
 import { rangeProblem, remoteSide } from './ranges.ts';
-import type { Notification, NotificationHandler, SlabLayout, TransferHandle, TransferRange, TransferRequest } from './types.ts';
+import type {
+  Notification,
+  NotificationHandler,
+  SlabLayout,
+  TransferHandle,
+  TransferRange,
+  TransferRequest,
+} from './types.ts';
 
 export interface WaitableHandle {
   handle: TransferHandle;
@@ -65,7 +72,13 @@ export function waitForHandles<S extends WaitableHandle>(
       const pending = sts.filter((s) => s.state === 'pending');
       const code = pending.some((s) => s.handle.kind === 'read') ? 'KV_READ_TIMEOUT' : 'TIMEOUT';
       const ids = [...new Set(pending.map((s) => s.handle.transferId))];
-      reject(new HandoffError(code, `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`, { transferIds: ids }));
+      reject(
+        new HandoffError(
+          code,
+          `${pending.length} of ${sts.length} transfers not done after ${timeoutMs} ms (${ids.join(', ')})`,
+          { transferIds: ids },
+        ),
+      );
     });
   });
 }
@@ -82,12 +95,16 @@ export function workRequestProblem(
   ranges: readonly TransferRange[],
   peerLayout: SlabLayout | undefined,
 ): { code: ErrorCode; message: string } | null {
-  if (peerLayout === undefined) return { code: 'PEER_UNAVAILABLE', message: `no handshake with peer ${req.peerEngineId}` };
+  if (peerLayout === undefined)
+    return { code: 'PEER_UNAVAILABLE', message: `no handshake with peer ${req.peerEngineId}` };
   if (!isTokenFormat(req.grantToken)) return { code: 'BAD_TRANSFER_PARAMS', message: 'malformed grant token' };
-  if (req.transferId.length === 0 || req.transferId.length > 256) return { code: 'BAD_TRANSFER_PARAMS', message: 'transferId must be 1..256 chars' };
-  if (ranges.length > DESCRIPTORS_MAX) return { code: 'BAD_TRANSFER_PARAMS', message: `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}` };
+  if (req.transferId.length === 0 || req.transferId.length > 256)
+    return { code: 'BAD_TRANSFER_PARAMS', message: 'transferId must be 1..256 chars' };
+  if (ranges.length > DESCRIPTORS_MAX)
+    return { code: 'BAD_TRANSFER_PARAMS', message: `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}` };
   const outside = remoteSide(ranges).find((r) => rangeProblem(r, peerLayout) !== null);
-  if (outside !== undefined) return { code: 'BAD_TRANSFER_PARAMS', message: `remote range: ${rangeProblem(outside, peerLayout)}` };
+  if (outside !== undefined)
+    return { code: 'BAD_TRANSFER_PARAMS', message: `remote range: ${rangeProblem(outside, peerLayout)}` };
   return null;
 }
 
@@ -127,7 +144,11 @@ export function dispatchNotification(
   fromEngineId: string,
   n: Notification,
 ): boolean {
-  if ((n.type === 'release' || n.type === 'write_done') && grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused') return false;
+  if (
+    (n.type === 'release' || n.type === 'write_done') &&
+    grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused'
+  )
+    return false;
   for (const h of [...handlers]) {
     try {
       h(fromEngineId, n);

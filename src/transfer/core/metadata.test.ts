@@ -1,11 +1,20 @@
-/** Proves the handshake compatibility rule: every mismatch that changes what a page means is named; numBlocks may differ. */
+/**
+ * Proves the handshake compatibility rule: every mismatch that changes what a page means is named; numBlocks may
+ * differ.
+ */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { presetKVGroups } from '../../kv/presets.ts';
 import { makeKVCacheConfig } from '../../kv/spec.ts';
 import { buildMetadata, compatibilityProblem, layoutFromKvConfig } from './metadata.ts';
 
-const base = { engineId: 'a', modelName: 'm', preset: 'dsv4-mini', layout: { numSlabs: 2, numBlocks: 8, pageBytes: 1280 }, blockSizes: [16, 16] };
+const base = {
+  engineId: 'a',
+  modelName: 'm',
+  preset: 'dsv4-mini',
+  layout: { numSlabs: 2, numBlocks: 8, pageBytes: 1280 },
+  blockSizes: [16, 16],
+};
 
 test('compatible peers: same model, preset, slabs, page size and block sizes; numBlocks may differ', () => {
   const a = buildMetadata(base);

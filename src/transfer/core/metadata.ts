@@ -33,9 +33,15 @@ export function compatibilityHash(m: Omit<MetadataInput, 'engineId'>): string {
 
 export function buildMetadata(m: MetadataInput): EngineMetadata {
   assert(m.engineId.length > 0 && m.engineId.length <= 256, 'engineId must be 1..256 characters');
-  assert(m.blockSizes.length > 0 && m.blockSizes.every((b) => Number.isInteger(b) && b > 0), 'blockSizes must be positive integers');
+  assert(
+    m.blockSizes.length > 0 && m.blockSizes.every((b) => Number.isInteger(b) && b > 0),
+    'blockSizes must be positive integers',
+  );
   const { numSlabs, numBlocks, pageBytes } = m.layout;
-  assert([numSlabs, numBlocks, pageBytes].every((x) => Number.isInteger(x) && x > 0), 'layout sizes must be positive integers');
+  assert(
+    [numSlabs, numBlocks, pageBytes].every((x) => Number.isInteger(x) && x > 0),
+    'layout sizes must be positive integers',
+  );
   return {
     engineId: m.engineId,
     modelName: m.modelName,
@@ -46,7 +52,11 @@ export function buildMetadata(m: MetadataInput): EngineMetadata {
 }
 
 /** The layout part of the options, derived from a KV cache config (group specs feed the hash). */
-export function layoutFromKvConfig(config: KVCacheConfig): { layout: SlabLayout; blockSizes: number[]; cacheHash: string } {
+export function layoutFromKvConfig(config: KVCacheConfig): {
+  layout: SlabLayout;
+  blockSizes: number[];
+  cacheHash: string;
+} {
   const specs = JSON.stringify(config.groups.map((g) => [g.layerNames, g.spec]));
   return {
     layout: { numSlabs: config.numSlabs, numBlocks: config.numBlocks, pageBytes: config.pageBytes },
@@ -61,12 +71,15 @@ export function compatibilityProblem(local: EngineMetadata, remote: EngineMetada
   if (remote.engineId === local.engineId) diffs.push(`same engine id ${local.engineId}`);
   if (remote.modelName !== local.modelName) diffs.push(`model ${remote.modelName} != ${local.modelName}`);
   if (remote.preset !== local.preset) diffs.push(`preset ${remote.preset} != ${local.preset}`);
-  if (remote.layout.numSlabs !== local.layout.numSlabs) diffs.push(`numSlabs ${remote.layout.numSlabs} != ${local.layout.numSlabs}`);
-  if (remote.layout.pageBytes !== local.layout.pageBytes) diffs.push(`pageBytes ${remote.layout.pageBytes} != ${local.layout.pageBytes}`);
+  if (remote.layout.numSlabs !== local.layout.numSlabs)
+    diffs.push(`numSlabs ${remote.layout.numSlabs} != ${local.layout.numSlabs}`);
+  if (remote.layout.pageBytes !== local.layout.pageBytes)
+    diffs.push(`pageBytes ${remote.layout.pageBytes} != ${local.layout.pageBytes}`);
   if (JSON.stringify(remote.layout.blockSizes) !== JSON.stringify(local.layout.blockSizes)) {
     diffs.push(`blockSizes [${remote.layout.blockSizes.join(',')}] != [${local.layout.blockSizes.join(',')}]`);
   }
-  if (diffs.length === 0 && remote.compatHash !== local.compatHash) diffs.push('KV cache specs differ (compatibility hash mismatch)');
+  if (diffs.length === 0 && remote.compatHash !== local.compatHash)
+    diffs.push('KV cache specs differ (compatibility hash mismatch)');
   return diffs.length === 0 ? null : `peer ${remote.engineId} is incompatible: ${diffs.join('; ')}`;
 }
 
@@ -82,9 +95,14 @@ function sameSecret(a: string | undefined, b: string | undefined): boolean {
  * (compared in constant time) and each side must accept the other's metadata. Null when admitted;
  * otherwise the error the initiator throws (and the remote counts a refused handshake).
  */
-export function localHandshakeRefusal(local: { secret: string | undefined; metadata: EngineMetadata }, remote: { secret: string | undefined; metadata: EngineMetadata }): HandoffError | null {
+export function localHandshakeRefusal(
+  local: { secret: string | undefined; metadata: EngineMetadata },
+  remote: { secret: string | undefined; metadata: EngineMetadata },
+): HandoffError | null {
   const remoteId = remote.metadata.engineId;
-  if (!sameSecret(local.secret, remote.secret)) return new HandoffError('UNAUTHORIZED', `handshake with ${remoteId} refused: side channel secret mismatch`);
-  const problem = compatibilityProblem(local.metadata, remote.metadata) ?? compatibilityProblem(remote.metadata, local.metadata);
+  if (!sameSecret(local.secret, remote.secret))
+    return new HandoffError('UNAUTHORIZED', `handshake with ${remoteId} refused: side channel secret mismatch`);
+  const problem =
+    compatibilityProblem(local.metadata, remote.metadata) ?? compatibilityProblem(remote.metadata, local.metadata);
   return problem === null ? null : new HandoffError('PEER_INCOMPATIBLE', problem);
 }

@@ -25,7 +25,8 @@ export const CQ_DONE = 2;
 export const CQ_FAILED = 3;
 
 /** What a NIC tells the core: a work request ended, or an abort took effect. */
-export type NicCompletionEvent = { t: 'cq'; wrId: number; code: ErrorCode | null; message: string } | { t: 'aborted'; wrId: number };
+export type NicCompletionEvent =
+  { t: 'cq'; wrId: number; code: ErrorCode | null; message: string } | { t: 'aborted'; wrId: number };
 
 /** One posted READ or WRITE, ranges coalesced. */
 export interface NicWorkRequest {

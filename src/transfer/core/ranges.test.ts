@@ -8,16 +8,30 @@ import type { TransferRange } from './types.ts';
 /** Every (slab, local byte) -> remote byte of a set of ranges. */
 function byteMap(ranges: readonly TransferRange[]): Map<string, number> {
   const m = new Map<string, number>();
-  for (const r of ranges) for (let i = 0; i < r.length; i++) m.set(`${r.slab}:${r.localOffset + i}`, r.remoteOffset + i);
+  for (const r of ranges)
+    for (let i = 0; i < r.length; i++) m.set(`${r.slab}:${r.localOffset + i}`, r.remoteOffset + i);
   return m;
 }
 
 const pageRanges = fc
-  .uniqueArray(fc.tuple(fc.integer({ min: 0, max: 2 }), fc.integer({ min: 0, max: 30 })), { selector: ([s, b]) => `${s}:${b}`, maxLength: 40 })
+  .uniqueArray(fc.tuple(fc.integer({ min: 0, max: 2 }), fc.integer({ min: 0, max: 30 })), {
+    selector: ([s, b]) => `${s}:${b}`,
+    maxLength: 40,
+  })
   .chain((pages) =>
-    fc.tuple(fc.constant(pages), fc.array(fc.integer({ min: 0, max: 3 }), { minLength: pages.length, maxLength: pages.length })),
+    fc.tuple(
+      fc.constant(pages),
+      fc.array(fc.integer({ min: 0, max: 3 }), { minLength: pages.length, maxLength: pages.length }),
+    ),
   )
-  .map(([pages, shifts]) => pages.map(([slab, b], i): TransferRange => ({ slab, localOffset: b * 16, remoteOffset: (b + (shifts[i] ?? 0)) * 16, length: 16 })));
+  .map(([pages, shifts]) =>
+    pages.map(([slab, b], i): TransferRange => ({
+      slab,
+      localOffset: b * 16,
+      remoteOffset: (b + (shifts[i] ?? 0)) * 16,
+      length: 16,
+    })),
+  );
 
 test('coalesceRanges: same bytes, same mapping, never more ranges, and contiguous runs become one', () => {
   fc.assert(
@@ -29,19 +43,30 @@ test('coalesceRanges: same bytes, same mapping, never more ranges, and contiguou
       for (let i = 1; i < merged.length; i++) {
         const a = merged[i - 1] as TransferRange;
         const b = merged[i] as TransferRange;
-        const mergeable = a.slab === b.slab && a.remoteOffset + a.length === b.remoteOffset && a.localOffset + a.length === b.localOffset;
+        const mergeable =
+          a.slab === b.slab &&
+          a.remoteOffset + a.length === b.remoteOffset &&
+          a.localOffset + a.length === b.localOffset;
         assert.ok(!mergeable, 'two neighbours left unmerged');
       }
     }),
   );
-  const run = [3, 1, 2, 0].map((b): TransferRange => ({ slab: 1, localOffset: 100 + b * 8, remoteOffset: b * 8, length: 8 }));
+  const run = [3, 1, 2, 0].map((b): TransferRange => ({
+    slab: 1,
+    localOffset: 100 + b * 8,
+    remoteOffset: b * 8,
+    length: 8,
+  }));
   assert.deepEqual(coalesceRanges(run), [{ slab: 1, localOffset: 100, remoteOffset: 0, length: 32 }]);
 });
 
 test('RangeStream: any split of the stream visits exactly the bytes of the ranges, in order', () => {
   fc.assert(
     fc.property(
-      fc.array(fc.record({ slab: fc.nat(3), offset: fc.nat(1000), length: fc.integer({ min: 1, max: 50 }) }), { minLength: 1, maxLength: 10 }),
+      fc.array(fc.record({ slab: fc.nat(3), offset: fc.nat(1000), length: fc.integer({ min: 1, max: 50 }) }), {
+        minLength: 1,
+        maxLength: 10,
+      }),
       fc.array(fc.integer({ min: 1, max: 60 }), { maxLength: 30 }),
       (ranges, steps) => {
         const s = new RangeStream(ranges);
@@ -56,7 +81,10 @@ test('RangeStream: any split of the stream visits exactly the bytes of the range
           left -= n;
         }
         assert.ok(s.complete);
-        assert.deepEqual(seen, ranges.flatMap((r) => Array.from({ length: r.length }, (_, i) => `${r.slab}:${r.offset + i}`)));
+        assert.deepEqual(
+          seen,
+          ranges.flatMap((r) => Array.from({ length: r.length }, (_, i) => `${r.slab}:${r.offset + i}`)),
+        );
         assert.throws(() => s.advance(1, () => {}), /past the end/);
       },
     ),
@@ -73,6 +101,17 @@ test('range checks: slab and bounds, granted pages, overlap', () => {
   assert.equal(pagesOutside({ slab: 0, offset: 100, length: 200 }, 100, new Set([1, 2])), null);
   assert.equal(pagesOutside({ slab: 0, offset: 100, length: 201 }, 100, new Set([1, 2])), 3);
   assert.equal(pagesOutside({ slab: 0, offset: 99, length: 2 }, 100, new Set([1, 2])), 0);
-  assert.ok(disjoint([{ slab: 0, offset: 0, length: 10 }, { slab: 0, offset: 10, length: 5 }, { slab: 1, offset: 0, length: 10 }]));
-  assert.ok(!disjoint([{ slab: 0, offset: 0, length: 10 }, { slab: 0, offset: 9, length: 5 }]));
+  assert.ok(
+    disjoint([
+      { slab: 0, offset: 0, length: 10 },
+      { slab: 0, offset: 10, length: 5 },
+      { slab: 1, offset: 0, length: 10 },
+    ]),
+  );
+  assert.ok(
+    !disjoint([
+      { slab: 0, offset: 0, length: 10 },
+      { slab: 0, offset: 9, length: 5 },
+    ]),
+  );
 });

@@ -26,7 +26,9 @@ export function totalBytes(ranges: readonly { length: number }[]): number {
  * sorting by (slab, remoteOffset). Bytes and their local<->remote mapping are preserved.
  */
 export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
-  const sorted = [...ranges].sort((a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset || a.localOffset - b.localOffset);
+  const sorted = [...ranges].sort(
+    (a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset || a.localOffset - b.localOffset,
+  );
   const out: TransferRange[] = [];
   for (const r of sorted) {
     assert(r.length > 0, 'coalesceRanges: zero-length range');
@@ -52,9 +54,12 @@ function isNonNegInt(x: number): boolean {
 /** Why a range does not fit the layout, or null. */
 export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
   const slabBytes = layout.numBlocks * layout.pageBytes;
-  if (!isNonNegInt(r.slab) || r.slab >= layout.numSlabs) return `slab ${r.slab} out of range (numSlabs ${layout.numSlabs})`;
-  if (!isNonNegInt(r.offset) || !isNonNegInt(r.length) || r.length === 0) return `bad range offset ${r.offset} length ${r.length}`;
-  if (r.offset + r.length > slabBytes) return `range [${r.offset}, ${r.offset + r.length}) beyond slab end ${slabBytes}`;
+  if (!isNonNegInt(r.slab) || r.slab >= layout.numSlabs)
+    return `slab ${r.slab} out of range (numSlabs ${layout.numSlabs})`;
+  if (!isNonNegInt(r.offset) || !isNonNegInt(r.length) || r.length === 0)
+    return `bad range offset ${r.offset} length ${r.length}`;
+  if (r.offset + r.length > slabBytes)
+    return `range [${r.offset}, ${r.offset + r.length}) beyond slab end ${slabBytes}`;
   return null;
 }
 
@@ -88,7 +93,12 @@ export function unpackRanges(p: Float64Array): TransferRange[] {
   assert(p.length % 4 === 0, 'packed ranges come in fours');
   const out: TransferRange[] = [];
   for (let i = 0; i < p.length; i += 4) {
-    out.push({ slab: p[i] as number, localOffset: p[i + 1] as number, remoteOffset: p[i + 2] as number, length: p[i + 3] as number });
+    out.push({
+      slab: p[i] as number,
+      localOffset: p[i + 1] as number,
+      remoteOffset: p[i + 2] as number,
+      length: p[i + 3] as number,
+    });
   }
   return out;
 }
@@ -123,7 +133,10 @@ export class RangeStream {
   }
 
   /** Visit the slab segments of the next `length` stream bytes: fn(slab, slabOffset, pieceOffset, segLength). */
-  advance(length: number, fn: (slab: number, slabOffset: number, pieceOffset: number, segLength: number) => void): void {
+  advance(
+    length: number,
+    fn: (slab: number, slabOffset: number, pieceOffset: number, segLength: number) => void,
+  ): void {
     assert(this.expected + length <= this.total, 'RangeStream: advance past the end');
     let done = 0;
     while (done < length) {

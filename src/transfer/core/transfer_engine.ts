@@ -9,7 +9,13 @@
  * once, when the host first sees the terminal state through poll() or wait().
  */
 import type { RaceCheckerLike } from '../../device/types.ts';
-import { checkLocalRanges, dispatchNotification, settleHandle, waitForHandles, workRequestProblem } from './handle_wait.ts';
+import {
+  checkLocalRanges,
+  dispatchNotification,
+  settleHandle,
+  waitForHandles,
+  workRequestProblem,
+} from './handle_wait.ts';
 import { assert, rethrowIfAssertion } from '../../util/assert.ts';
 import type { Env } from '../../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../../util/errors.ts';
@@ -50,7 +56,6 @@ interface HandleState {
   /** Its entry in the opt-in work-request log, if on. */
   log: WorkRequestRecord | null;
 }
-
 
 type HostCounters = Omit<TransferStats, 'grantsRefused' | 'badFrames' | 'grantsIssued' | 'grantsExpired'>;
 
@@ -104,7 +109,11 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     this.secret = opts.sideChannelSecret;
     this.metadata = buildMetadata(opts);
     const f = opts.faults ?? {};
-    this.faults = { readErrorRate: f.readErrorRate ?? 0, readDelayMs: f.readDelayMs ?? 0, dropNotificationRate: f.dropNotificationRate ?? 0 };
+    this.faults = {
+      readErrorRate: f.readErrorRate ?? 0,
+      readDelayMs: f.readDelayMs ?? 0,
+      dropNotificationRate: f.dropNotificationRate ?? 0,
+    };
     this.notifyTimeoutMs = opts.notifyTimeoutMs ?? 5000;
     this.handshakeTimeoutMs = opts.handshakeTimeoutMs ?? 5000;
     this.grants = new GrantIssuer(opts.env, nic, opts.layout.numBlocks);
@@ -162,7 +171,13 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   handshake(peer: PeerAddress): Promise<EngineMetadata> {
     if (this.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', 'engine is closed'));
     const abandon = new AbortController();
-    return this.withTimeout(this.handshakeImpl(peer, abandon.signal), this.handshakeTimeoutMs, 'PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port}`, () => abandon.abort());
+    return this.withTimeout(
+      this.handshakeImpl(peer, abandon.signal),
+      this.handshakeTimeoutMs,
+      'PEER_UNAVAILABLE',
+      `handshake with ${peer.host}:${peer.port}`,
+      () => abandon.abort(),
+    );
   }
 
   postRead(req: TransferRequest): TransferHandle {
@@ -186,10 +201,31 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
       bytes: totalBytes(ranges),
       descriptors: ranges.length,
     });
-    const st: HandleState = { handle, slot: null, state: 'pending', error: null, rc, rcId: null, observed: false, waiters: new Set(), log: null };
+    const st: HandleState = {
+      handle,
+      slot: null,
+      state: 'pending',
+      error: null,
+      rc,
+      rcId: null,
+      observed: false,
+      waiters: new Set(),
+      log: null,
+    };
     st.rcId = rc ? rc.nicPost(req.label, req.footprint) : null;
     const wl = this.workLog;
-    if (wl !== null) st.log = wl.posted({ wrId: handle.id, checkerWrId: st.rcId, kind, label: req.label, transferId: req.transferId, bytes: handle.bytes }, req.footprint);
+    if (wl !== null)
+      st.log = wl.posted(
+        {
+          wrId: handle.id,
+          checkerWrId: st.rcId,
+          kind,
+          label: req.label,
+          transferId: req.transferId,
+          bytes: handle.bytes,
+        },
+        req.footprint,
+      );
     this.states.set(handle, st);
     if (kind === 'read') this.counters.readsPosted++;
     else this.counters.writesPosted++;
@@ -282,7 +318,12 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
 
   wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
     // wait() takes only successes from the completion queue: failures arrive with the NIC's message.
-    return waitForHandles(this.env, handles.map((h) => this.stateOf(h)), timeoutMs, { refresh: (st) => this.refresh(st, false), observe: (st) => this.observe(st) });
+    return waitForHandles(
+      this.env,
+      handles.map((h) => this.stateOf(h)),
+      timeoutMs,
+      { refresh: (st) => this.refresh(st, false), observe: (st) => this.observe(st) },
+    );
   }
 
   async abort(handles: readonly TransferHandle[]): Promise<void> {
@@ -292,7 +333,9 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
       this.refresh(st);
       if (st.state !== 'pending' || st.slot === null) continue;
       const id = st.handle.id;
-      const aborted = new Promise<void>((resolve) => this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve]));
+      const aborted = new Promise<void>((resolve) =>
+        this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve]),
+      );
       this.nic.abort(id);
       // A synchronous NIC (sim) stopped it at once: the host knows now, in this step.
       if (st.state !== 'pending') this.markObserved(st);
@@ -313,11 +356,15 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
 
   async notify(peerEngineId: string, notification: Notification): Promise<void> {
     assert(NOTIFICATION_TYPES.includes(notification.type), `unknown notification type ${notification.type}`);
-    assert(typeof notification.transferId === 'string' && notification.transferId.length <= 256, 'bad notification transferId');
+    assert(
+      typeof notification.transferId === 'string' && notification.transferId.length <= 256,
+      'bad notification transferId',
+    );
     const n: Notification = structuredClone(notification);
     try {
       if (this.isClosed) throw new HandoffError('PEER_UNAVAILABLE', 'engine is closed');
-      if (!this.peers.has(peerEngineId)) throw new HandoffError('PEER_UNAVAILABLE', `no handshake with peer ${peerEngineId}`);
+      if (!this.peers.has(peerEngineId))
+        throw new HandoffError('PEER_UNAVAILABLE', `no handshake with peer ${peerEngineId}`);
       const dropped = this.faults.dropNotificationRate > 0 && this.env.rng.next() < this.faults.dropNotificationRate;
       const delivery = dropped ? new Promise<void>(() => {}) : this.sendNotification(peerEngineId, n);
       try {
@@ -332,7 +379,9 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     } catch (e) {
       rethrowIfAssertion(e);
       this.counters.notificationsFailed++;
-      throw isHandoffError(e) ? e : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
+      throw isHandoffError(e)
+        ? e
+        : new HandoffError('PEER_UNAVAILABLE', `notification to ${peerEngineId} failed: ${String(e)}`);
     }
   }
 
@@ -341,12 +390,24 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
 
   /** Called by the backend when a notification arrives from a peer. */
   protected deliver(fromEngineId: string, n: Notification): void {
-    const ok = dispatchNotification(this.grants, this.handlers, (e) => this.log.error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw'), fromEngineId, n);
+    const ok = dispatchNotification(
+      this.grants,
+      this.handlers,
+      (e) => this.log.error({ err: e, from: fromEngineId, type: n.type }, 'notification handler threw'),
+      fromEngineId,
+      n,
+    );
     if (!ok) this.counters.releasesRefused++;
   }
 
   /** `p`, or a `code` error after `ms` (then `onTimeout` runs, to let go of what `p` holds). */
-  protected withTimeout<T>(p: Promise<T>, ms: number, code: ErrorCode, what: string, onTimeout?: () => void): Promise<T> {
+  protected withTimeout<T>(
+    p: Promise<T>,
+    ms: number,
+    code: ErrorCode,
+    what: string,
+    onTimeout?: () => void,
+  ): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       const timer = this.env.setTimer(ms, () => {
         reject(new HandoffError(code, `${what}: no answer after ${ms} ms`));
@@ -366,7 +427,12 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   }
 
   stats(): TransferStats {
-    return { ...this.counters, grantsIssued: this.grants.issued, grantsExpired: this.grants.expired, ...this.nic.stats() };
+    return {
+      ...this.counters,
+      grantsIssued: this.grants.issued,
+      grantsExpired: this.grants.expired,
+      ...this.nic.stats(),
+    };
   }
 
   /**

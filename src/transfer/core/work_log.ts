@@ -33,7 +33,10 @@ export class WorkRequestLog {
 
   constructor(private readonly nic: Pick<Nic, 'nowEpochMs'>) {}
 
-  posted(r: Omit<WorkRequestRecord, 'postedMs' | 'doneMs' | 'state' | 'blockIds'>, footprint: readonly PageAccess[]): WorkRequestRecord | null {
+  posted(
+    r: Omit<WorkRequestRecord, 'postedMs' | 'doneMs' | 'state' | 'blockIds'>,
+    footprint: readonly PageAccess[],
+  ): WorkRequestRecord | null {
     if (this.records.length >= WORK_LOG_MAX) {
       this.dropped++;
       return null;

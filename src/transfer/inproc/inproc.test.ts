@@ -8,7 +8,10 @@ transferConformance('inproc');
 test('inproc: a second engine with a live engine id is refused with BAD_CONFIG; the id is free again after close', async () => {
   const a = await makeNode('inproc', 1, { engineId: 'dup' });
   const id = a.engine.engineId;
-  await assert.rejects(makeNode('inproc', 2, { engineId: id }).then(async (n) => (await n.engine.close(), n)), (e: Error & { code?: string }) => e.code === 'BAD_CONFIG');
+  await assert.rejects(
+    makeNode('inproc', 2, { engineId: id }).then(async (n) => (await n.engine.close(), n)),
+    (e: Error & { code?: string }) => e.code === 'BAD_CONFIG',
+  );
   await a.engine.close();
   const b = await makeNode('inproc', 3, { engineId: id });
   assert.equal(b.engine.engineId, id);

@@ -25,7 +25,8 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
   }
 
   static async create(opts: TransferEngineOptions): Promise<InprocTransferEngine> {
-    if (registry.has(opts.engineId)) throw new HandoffError('BAD_CONFIG', `inproc engine ${opts.engineId} already exists`);
+    if (registry.has(opts.engineId))
+      throw new HandoffError('BAD_CONFIG', `inproc engine ${opts.engineId} already exists`);
     const nic = await NicHost.start({
       kind: 'inproc',
       engineId: opts.engineId,
@@ -54,17 +55,24 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
   }
 
   protected async handshakeImpl(peer: PeerAddress): Promise<EngineMetadata> {
-    if (!peer.host.startsWith(SCHEME)) throw new HandoffError('PEER_UNAVAILABLE', `${peer.host} is not an inproc address`);
+    if (!peer.host.startsWith(SCHEME))
+      throw new HandoffError('PEER_UNAVAILABLE', `${peer.host} is not an inproc address`);
     const remote = registry.get(peer.host.slice(SCHEME.length));
-    if (remote === undefined || remote.isClosed) throw new HandoffError('PEER_UNAVAILABLE', `no inproc engine at ${peer.host}`);
-    const refusal = localHandshakeRefusal({ secret: this.secret, metadata: this.metadata }, { secret: remote.secret, metadata: remote.metadata });
+    if (remote === undefined || remote.isClosed)
+      throw new HandoffError('PEER_UNAVAILABLE', `no inproc engine at ${peer.host}`);
+    const refusal = localHandshakeRefusal(
+      { secret: this.secret, metadata: this.metadata },
+      { secret: remote.secret, metadata: remote.metadata },
+    );
     if (refusal !== null) {
       remote.counters.handshakesRefused++;
       throw refusal;
     }
     if (!this.linked.has(remote.engineId) || !remote.linked.has(this.engineId)) {
       const { port1, port2 } = new MessageChannel();
-      this.nic.send({ t: 'peer', peerEngineId: remote.engineId, inproc: { port: port1, slabs: remote.slabs } }, [port1]);
+      this.nic.send({ t: 'peer', peerEngineId: remote.engineId, inproc: { port: port1, slabs: remote.slabs } }, [
+        port1,
+      ]);
       remote.nic.send({ t: 'peer', peerEngineId: this.engineId, inproc: { port: port2, slabs: this.slabs } }, [port2]);
       this.linked.add(remote.engineId);
       remote.linked.add(this.engineId);

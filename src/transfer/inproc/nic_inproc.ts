@@ -104,13 +104,28 @@ export class InprocLink {
     const ranges = unpackRanges(m.ranges);
     const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, remoteSide(ranges));
     if (!d.ok) {
-      this.send({ t: 'error', reqId: m.reqId, code: 'GRANT_DENIED', message: `grant denied by ${this.ctx.engineId}: ${d.reason}` });
+      this.send({
+        t: 'error',
+        reqId: m.reqId,
+        code: 'GRANT_DENIED',
+        message: `grant denied by ${this.ctx.engineId}: ${d.reason}`,
+      });
       return;
     }
     for (const r of ranges) {
       const theirs = this.peerSlabs[r.slab];
-      if (theirs === undefined || !Number.isSafeInteger(r.localOffset) || r.localOffset < 0 || r.localOffset + r.length > theirs.length) {
-        this.send({ t: 'error', reqId: m.reqId, code: 'BAD_TRANSFER_PARAMS', message: `peer range outside its own slab ${r.slab}` });
+      if (
+        theirs === undefined ||
+        !Number.isSafeInteger(r.localOffset) ||
+        r.localOffset < 0 ||
+        r.localOffset + r.length > theirs.length
+      ) {
+        this.send({
+          t: 'error',
+          reqId: m.reqId,
+          code: 'BAD_TRANSFER_PARAMS',
+          message: `peer range outside its own slab ${r.slab}`,
+        });
         return;
       }
     }

@@ -76,10 +76,17 @@ export class NicHost implements Nic {
       dataPort: o.dataPort,
       dataFrameBytes: o.dataFrameBytes,
     };
-    const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), { workerData: init, transferList: [port2] });
+    const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), {
+      workerData: init,
+      transferList: [port2],
+    });
     const dataPort = await new Promise<number>((resolve, reject) => {
       worker.once('error', (e) =>
-        reject(e.message.includes('EADDRINUSE') ? listenFailed(e, o.listenHost, o.dataPort, 'KV data-plane') : new HandoffError('BAD_CONFIG', `NIC thread of ${o.engineId} failed to start: ${e.message}`)),
+        reject(
+          e.message.includes('EADDRINUSE')
+            ? listenFailed(e, o.listenHost, o.dataPort, 'KV data-plane')
+            : new HandoffError('BAD_CONFIG', `NIC thread of ${o.engineId} failed to start: ${e.message}`),
+        ),
       );
       worker.once('message', (ev: NicEvent) => {
         worker.removeAllListeners('error');
@@ -197,4 +204,3 @@ export class NicHost implements Nic {
     return this.closing;
   }
 }
-

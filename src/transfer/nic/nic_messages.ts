@@ -63,7 +63,14 @@ export type TcpPeer = { host: string; port: number; session: string };
 
 export type NicCommand =
   /** expiresAtEpochMs: performance.timeOrigin + performance.now() based, the same in every thread. */
-  | { t: 'grant'; transferId: string; token: string; peerEngineId: string | null; blockIds: number[]; expiresAtEpochMs: number }
+  | {
+      t: 'grant';
+      transferId: string;
+      token: string;
+      peerEngineId: string | null;
+      blockIds: number[];
+      expiresAtEpochMs: number;
+    }
   | { t: 'revoke'; transferId: string }
   /** tcp: `peerEngineId` may open a data connection to us presenting `session`. */
   | { t: 'session'; session: string; peerEngineId: string }

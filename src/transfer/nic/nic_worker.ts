@@ -162,7 +162,9 @@ class Nic implements NicContext {
         return;
       case 'rawRecv':
         assert(this.tcp !== null, 'rawRecv needs the tcp backend');
-        void this.tcp.rawRecv(cmd.host, cmd.port, cmd.bytes, cmd.chunkBytes).then((bytes) => this.emit({ t: 'rawDone', bytes }));
+        void this.tcp
+          .rawRecv(cmd.host, cmd.port, cmd.bytes, cmd.chunkBytes)
+          .then((bytes) => this.emit({ t: 'rawDone', bytes }));
         return;
       case 'close':
         void this.close();

@@ -50,8 +50,18 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
     if (registry.has(opts.engineId)) throw new HandoffError('BAD_CONFIG', `sim engine ${opts.engineId} already exists`);
     const { numSlabs, numBlocks, pageBytes } = opts.layout;
     assert(opts.slabViews.length === numSlabs, `expected ${numSlabs} slabs, got ${opts.slabViews.length}`);
-    assert(opts.slabViews.every((s) => s.byteLength === numBlocks * pageBytes), 'every slab is numBlocks x pageBytes');
-    const nic = new SimNic({ engineId: opts.engineId, env: opts.env, fabric: opts.fabric, layout: opts.layout, slabs: opts.slabViews, slotsMax: opts.inflightMax ?? 1024 });
+    assert(
+      opts.slabViews.every((s) => s.byteLength === numBlocks * pageBytes),
+      'every slab is numBlocks x pageBytes',
+    );
+    const nic = new SimNic({
+      engineId: opts.engineId,
+      env: opts.env,
+      fabric: opts.fabric,
+      layout: opts.layout,
+      slabs: opts.slabViews,
+      slotsMax: opts.inflightMax ?? 1024,
+    });
     super(opts, nic);
     this.fabric = opts.fabric;
     nic.reach = (to) => this.reachableNic(to);
@@ -76,11 +86,18 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
   // ---- side channel: handshakes and notifications are fabric items too ----
 
   protected handshakeImpl(peer: PeerAddress): Promise<EngineMetadata> {
-    if (!peer.host.startsWith(SCHEME)) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', `${peer.host} is not a sim address`));
+    if (!peer.host.startsWith(SCHEME))
+      return Promise.reject(new HandoffError('PEER_UNAVAILABLE', `${peer.host} is not a sim address`));
     const to = peer.host.slice(SCHEME.length);
     return new Promise<EngineMetadata>((resolve, reject) => {
       const item: FabricItem = {
-        id: this.fabric.newItemId(), kind: 'handshake', from: this.engineId, to, label: { what: 'handshake' }, bytes: 0, transferId: null,
+        id: this.fabric.newItemId(),
+        kind: 'handshake',
+        from: this.engineId,
+        to,
+        label: { what: 'handshake' },
+        bytes: 0,
+        transferId: null,
         notBeforeMs: this.env.nowMs(),
         run: () => {
           try {
@@ -99,7 +116,10 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
     const remote = registryOf(this.fabric).get(to);
     if (this.isClosed) throw new HandoffError('PEER_UNAVAILABLE', 'engine is closed');
     if (remote === undefined || remote.isClosed) throw new HandoffError('PEER_UNAVAILABLE', `no sim engine ${to}`);
-    const refusal = localHandshakeRefusal({ secret: this.secret, metadata: this.metadata }, { secret: remote.secret, metadata: remote.metadata });
+    const refusal = localHandshakeRefusal(
+      { secret: this.secret, metadata: this.metadata },
+      { secret: remote.secret, metadata: remote.metadata },
+    );
     if (refusal !== null) {
       remote.counters.handshakesRefused++;
       throw refusal;
@@ -113,7 +133,13 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
     return new Promise<void>((resolve, reject) => {
       const make = (ack: boolean): FabricItem => {
         const item: FabricItem = {
-          id: this.fabric.newItemId(), kind: 'notify', from: this.engineId, to, label: { what: `notify-${n.type}` }, bytes: 0, transferId: n.transferId,
+          id: this.fabric.newItemId(),
+          kind: 'notify',
+          from: this.engineId,
+          to,
+          label: { what: `notify-${n.type}` },
+          bytes: 0,
+          transferId: n.transferId,
           notBeforeMs: this.env.nowMs(),
           run: (fault) => {
             const remote = registryOf(this.fabric).get(to);

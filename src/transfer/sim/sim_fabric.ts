@@ -47,7 +47,14 @@ export type FabricEvent =
   | { t: 'observed'; engineId: string; itemId: number }
   | { t: 'notify-send'; item: FabricItem; notification: Notification }
   | { t: 'notify-deliver'; item: FabricItem; notification: Notification; delivered: boolean }
-  | { t: 'grant'; engineId: string; change: 'issued' | 'revoked' | 'expired' | 'released'; transferId: string; blockIds: number[]; peerEngineId: string | null }
+  | {
+      t: 'grant';
+      engineId: string;
+      change: 'issued' | 'revoked' | 'expired' | 'released';
+      transferId: string;
+      blockIds: number[];
+      peerEngineId: string | null;
+    }
   | { t: 'engine-closed'; engineId: string };
 
 /** Items queued at once (CONVENTIONS: bound every queue). */
@@ -86,7 +93,8 @@ export class SimFabric {
   /** The earliest time a delayed item becomes enabled, or null. */
   nextEnabledMs(nowMs: number): number | null {
     let best: number | null = null;
-    for (const i of this.items.values()) if (i.notBeforeMs > nowMs && (best === null || i.notBeforeMs < best)) best = i.notBeforeMs;
+    for (const i of this.items.values())
+      if (i.notBeforeMs > nowMs && (best === null || i.notBeforeMs < best)) best = i.notBeforeMs;
     return best;
   }
 

@@ -15,7 +15,14 @@ import { assert } from '../../util/assert.ts';
 import type { Env } from '../../util/env.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 import { GrantTable, type GrantDecision, type GrantQuery } from '../core/grant_table.ts';
-import { CQ_PENDING, type GrantEnd, type Nic, type NicCompletionEvent, type NicStats, type NicWorkRequest } from '../core/nic.ts';
+import {
+  CQ_PENDING,
+  type GrantEnd,
+  type Nic,
+  type NicCompletionEvent,
+  type NicStats,
+  type NicWorkRequest,
+} from '../core/nic.ts';
 import { localSide, remoteSide, totalBytes } from '../core/ranges.ts';
 import type { FabricFault, FabricItem, SimFabric } from './sim_fabric.ts';
 import type { SlabLayout } from '../core/types.ts';
@@ -80,15 +87,26 @@ export class SimNic implements Nic {
 
   post(wr: NicWorkRequest): void {
     const item: FabricItem = {
-      id: this.fabric.newItemId(), kind: wr.kind, from: this.engineId, to: wr.peerEngineId, label: wr.label,
-      bytes: totalBytes(wr.ranges), transferId: wr.transferId,
+      id: this.fabric.newItemId(),
+      kind: wr.kind,
+      from: this.engineId,
+      to: wr.peerEngineId,
+      label: wr.label,
+      bytes: totalBytes(wr.ranges),
+      transferId: wr.transferId,
       notBeforeMs: this.env.nowMs() + wr.delayMs,
       run: (fault) => this.execute(wr, item, wr.failWith !== null ? 'fail' : fault),
       cancel: (err) => this.failItem(wr.wrId, item, err.code, err.message),
     };
     this.pending.set(wr.wrId, { wr, item });
     this.unobserved.set(wr.wrId, item.id);
-    this.fabric.emit({ t: 'post', item, rcId: wr.checkerWrId, local: localSide(wr.ranges), remote: remoteSide(wr.ranges) });
+    this.fabric.emit({
+      t: 'post',
+      item,
+      rcId: wr.checkerWrId,
+      local: localSide(wr.ranges),
+      remote: remoteSide(wr.ranges),
+    });
     if (this.fabric.autoRun && wr.delayMs > 0) {
       this.env.setTimer(wr.delayMs, () => this.pending.has(wr.wrId) && this.fabric.enqueue(item));
     } else {
@@ -100,9 +118,21 @@ export class SimNic implements Nic {
     if (!this.pending.has(wr.wrId)) return;
     const remote = this.reach(item.to);
     if (remote === null) return this.failItem(wr.wrId, item, 'PEER_UNAVAILABLE', `peer ${item.to} is gone`);
-    if (fault === 'fail') return this.failItem(wr.wrId, item, 'TRANSFER_FAILED', `injected fault: ${item.kind} of transfer ${item.transferId} failed`);
+    if (fault === 'fail')
+      return this.failItem(
+        wr.wrId,
+        item,
+        'TRANSFER_FAILED',
+        `injected fault: ${item.kind} of transfer ${item.transferId} failed`,
+      );
     // The grant is checked where it lives: on the side whose pages are the remote ones.
-    const decision = remote.checkGrant({ peerEngineId: this.engineId, transferId: wr.transferId, token: wr.grantToken, ranges: remoteSide(wr.ranges), nowMs: remote.env.nowMs() });
+    const decision = remote.checkGrant({
+      peerEngineId: this.engineId,
+      transferId: wr.transferId,
+      token: wr.grantToken,
+      ranges: remoteSide(wr.ranges),
+      nowMs: remote.env.nowMs(),
+    });
     if (!decision.ok) return this.failItem(wr.wrId, item, 'GRANT_DENIED', decision.reason);
     for (const r of wr.ranges) {
       const local = this.slabs[r.slab] as Uint8Array;
@@ -156,7 +186,14 @@ export class SimNic implements Nic {
     assert(g !== undefined, `sim NIC: revoke of unknown grant ${transferId}`);
     this.grantRecords.delete(transferId);
     this.table.revoke(transferId);
-    this.fabric.emit({ t: 'grant', engineId: this.engineId, change: why, transferId, blockIds: g.blockIds, peerEngineId: g.peerEngineId });
+    this.fabric.emit({
+      t: 'grant',
+      engineId: this.engineId,
+      change: why,
+      transferId,
+      blockIds: g.blockIds,
+      peerEngineId: g.peerEngineId,
+    });
   }
 
   private checkGrant(q: GrantQuery): GrantDecision {

@@ -30,16 +30,19 @@ function collector(): { events: Event[]; sink: ConstructorParameters<typeof Fram
       data: (head, piece, at) => {
         const last = events[events.length - 1];
         if (at > 0) {
-          assert.ok(last?.kind === 'data' && last.head.reqId === head.reqId && last.bytes.length === at, 'a continuation piece follows its frame');
+          assert.ok(
+            last?.kind === 'data' && last.head.reqId === head.reqId && last.bytes.length === at,
+            'a continuation piece follows its frame',
+          );
           last.bytes.push(...piece);
-        }
-        else events.push({ kind: 'data', head: { ...head }, bytes: [...piece] });
+        } else events.push({ kind: 'data', head: { ...head }, bytes: [...piece] });
       },
     },
   };
 }
 
-const hex = (min: number, max: number) => fc.uint8Array({ minLength: min, maxLength: max }).map((b) => Buffer.from(b).toString('hex'));
+const hex = (min: number, max: number) =>
+  fc.uint8Array({ minLength: min, maxLength: max }).map((b) => Buffer.from(b).toString('hex'));
 const str = fc.string({ unit: 'grapheme', maxLength: 40 });
 const u32 = fc.integer({ min: 0, max: 0xffff_ffff });
 const range = fc.record({ slab: fc.integer({ min: 0, max: 0xffff }), offset: fc.maxSafeNat(), length: u32 });
@@ -56,12 +59,22 @@ const controlFrame: fc.Arbitrary<ControlFrame> = fc.oneof(
   }),
   fc.record({ type: fc.constant('done' as const), reqId: u32 }),
   fc.record({ type: fc.constant('error' as const), reqId: u32, code: str, message: str }),
-  fc.record({ type: fc.constant('side' as const), body: fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v)) as unknown) }),
+  fc.record({
+    type: fc.constant('side' as const),
+    body: fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v)) as unknown),
+  }),
 );
 
 type Item = { control: ControlFrame } | { reqId: number; streamOffset: number; payload: Uint8Array };
-const dataItem = fc.record({ reqId: u32, streamOffset: fc.maxSafeNat(), payload: fc.uint8Array({ minLength: 1, maxLength: 3000 }) });
-const item: fc.Arbitrary<Item> = fc.oneof(controlFrame.map((control) => ({ control })), dataItem);
+const dataItem = fc.record({
+  reqId: u32,
+  streamOffset: fc.maxSafeNat(),
+  payload: fc.uint8Array({ minLength: 1, maxLength: 3000 }),
+});
+const item: fc.Arbitrary<Item> = fc.oneof(
+  controlFrame.map((control) => ({ control })),
+  dataItem,
+);
 
 function encodeItem(it: Item): Uint8Array {
   if ('control' in it) return encodeFrame(it.control);
@@ -70,7 +83,11 @@ function encodeItem(it: Item): Uint8Array {
 
 function expected(it: Item): Event {
   if ('control' in it) return { kind: 'frame', f: it.control };
-  return { kind: 'data', head: { reqId: it.reqId, streamOffset: it.streamOffset, length: it.payload.length }, bytes: [...it.payload] };
+  return {
+    kind: 'data',
+    head: { reqId: it.reqId, streamOffset: it.streamOffset, length: it.payload.length },
+    bytes: [...it.payload],
+  };
 }
 
 /** Split `bytes` at the given cut points. */
@@ -115,25 +132,30 @@ test('frame codec: any sequence of valid frames, cut anywhere, decodes to the sa
 
 test('frame codec: a truncated stream emits only the whole frames before the cut, never throws', () => {
   fc.assert(
-    fc.property(fc.array(item, { minLength: 1, maxLength: 6 }), fc.nat(), fc.array(fc.nat(), { maxLength: 10 }), (items, cutAt, cuts) => {
-      const encoded = items.map(encodeItem);
-      const stream = Buffer.concat(encoded);
-      const cut = cutAt % stream.length;
-      const { events, sink } = collector();
-      const dec = new FrameDecoder(sink);
-      assert.equal(feed(dec, chunks(stream.subarray(0, cut), cuts)), null);
-      let whole = 0;
-      let end = 0;
-      for (const e of encoded) {
-        if (end + e.length > cut) break;
-        end += e.length;
-        whole++;
-      }
-      const controlSeen = events.filter((e) => e.kind === 'frame').length;
-      const controlWhole = items.slice(0, whole).filter((i) => 'control' in i).length;
-      assert.equal(controlSeen, controlWhole, 'no control frame emitted before all its bytes arrived');
-      assert.equal(dec.idle, cut === end);
-    }),
+    fc.property(
+      fc.array(item, { minLength: 1, maxLength: 6 }),
+      fc.nat(),
+      fc.array(fc.nat(), { maxLength: 10 }),
+      (items, cutAt, cuts) => {
+        const encoded = items.map(encodeItem);
+        const stream = Buffer.concat(encoded);
+        const cut = cutAt % stream.length;
+        const { events, sink } = collector();
+        const dec = new FrameDecoder(sink);
+        assert.equal(feed(dec, chunks(stream.subarray(0, cut), cuts)), null);
+        let whole = 0;
+        let end = 0;
+        for (const e of encoded) {
+          if (end + e.length > cut) break;
+          end += e.length;
+          whole++;
+        }
+        const controlSeen = events.filter((e) => e.kind === 'frame').length;
+        const controlWhole = items.slice(0, whole).filter((i) => 'control' in i).length;
+        assert.equal(controlSeen, controlWhole, 'no control frame emitted before all its bytes arrived');
+        assert.equal(dec.idle, cut === end);
+      },
+    ),
     { numRuns: 300 },
   );
 });
@@ -160,20 +182,26 @@ test('frame codec: random bytes in random chunks only ever raise FrameError, and
 });
 
 test('frame codec: well-framed random bodies of every type reach the body parsers and only raise FrameError', () => {
-  const framed = fc.record({ type: fc.integer({ min: 0, max: 10 }), body: fc.uint8Array({ maxLength: 200 }) }).map(({ type, body }) => {
-    const b = Buffer.alloc(5 + body.length);
-    b.writeUInt32BE(body.length, 0);
-    b[4] = type;
-    b.set(body, 5);
-    return b;
-  });
+  const framed = fc
+    .record({ type: fc.integer({ min: 0, max: 10 }), body: fc.uint8Array({ maxLength: 200 }) })
+    .map(({ type, body }) => {
+      const b = Buffer.alloc(5 + body.length);
+      b.writeUInt32BE(body.length, 0);
+      b[4] = type;
+      b.set(body, 5);
+      return b;
+    });
   let parsed = 0;
   fc.assert(
-    fc.property(fc.array(framed, { minLength: 1, maxLength: 5 }), fc.array(fc.nat(), { maxLength: 8 }), (frames, cuts) => {
-      const { events, sink } = collector();
-      feed(new FrameDecoder(sink, small), chunks(Buffer.concat(frames), cuts));
-      parsed += events.length;
-    }),
+    fc.property(
+      fc.array(framed, { minLength: 1, maxLength: 5 }),
+      fc.array(fc.nat(), { maxLength: 8 }),
+      (frames, cuts) => {
+        const { events, sink } = collector();
+        feed(new FrameDecoder(sink, small), chunks(Buffer.concat(frames), cuts));
+        parsed += events.length;
+      },
+    ),
     { numRuns: 1000 },
   );
   assert.ok(parsed > 0, 'some random bodies parse (the generator reaches the parsers)');
@@ -181,11 +209,15 @@ test('frame codec: well-framed random bodies of every type reach the body parser
 
 test('frame codec: valid streams with flipped bytes decode or raise FrameError, nothing else', () => {
   fc.assert(
-    fc.property(fc.array(item, { minLength: 1, maxLength: 4 }), fc.array(fc.tuple(fc.nat(), fc.integer({ min: 1, max: 255 })), { minLength: 1, maxLength: 6 }), (items, flips) => {
-      const stream = Buffer.concat(items.map(encodeItem));
-      for (const [at, x] of flips) stream[at % stream.length] = (stream[at % stream.length] ?? 0) ^ x;
-      feed(new FrameDecoder(collector().sink), [stream]);
-    }),
+    fc.property(
+      fc.array(item, { minLength: 1, maxLength: 4 }),
+      fc.array(fc.tuple(fc.nat(), fc.integer({ min: 1, max: 255 })), { minLength: 1, maxLength: 6 }),
+      (items, flips) => {
+        const stream = Buffer.concat(items.map(encodeItem));
+        for (const [at, x] of flips) stream[at % stream.length] = (stream[at % stream.length] ?? 0) ^ x;
+        feed(new FrameDecoder(collector().sink), [stream]);
+      },
+    ),
     { numRuns: 300 },
   );
 });
@@ -227,7 +259,10 @@ test('frame codec: DATA payloads reach the sink in pieces without reassembly', (
     },
   });
   for (let i = 0; i < stream.length; i += 65536) dec.push(stream.subarray(i, i + 65536));
-  assert.equal(pieces.reduce((a, b) => a + b, 0), payload.length);
+  assert.equal(
+    pieces.reduce((a, b) => a + b, 0),
+    payload.length,
+  );
   assert.ok(pieces.length > 1);
   assert.ok(dec.bufferedBytes === 0 && dec.idle);
 });
@@ -258,7 +293,10 @@ test('frame limits: a DATA payload of exactly dataBytesMax (16 MiB, the tcp defa
   for (let i = 0; i < 16; i++) dec.push(payload);
   assert.equal(ok.dataBytes, max);
   assert.ok(dec.idle, 'the whole frame was consumed');
-  assert.throws(() => new FrameDecoder(counter().sink).push(encodeDataHeader(3, 0, max + 1)), (e: unknown) => e instanceof FrameError && /too large/.test(e.message));
+  assert.throws(
+    () => new FrameDecoder(counter().sink).push(encodeDataHeader(3, 0, max + 1)),
+    (e: unknown) => e instanceof FrameError && /too large/.test(e.message),
+  );
   // The lower bound: one payload byte is a frame, zero is not.
   const one = counter();
   new FrameDecoder(one.sink).push(Buffer.concat([encodeDataHeader(3, 0, 1), Buffer.from([7])]));
@@ -267,9 +305,14 @@ test('frame limits: a DATA payload of exactly dataBytesMax (16 MiB, the tcp defa
 
 test('frame limits: a DATA payload of exactly a custom dataBytesMax is accepted; one byte more is rejected', () => {
   const ok = counter();
-  new FrameDecoder(ok.sink, small).push(Buffer.concat([encodeDataHeader(1, 0, small.dataBytesMax), new Uint8Array(small.dataBytesMax)]));
+  new FrameDecoder(ok.sink, small).push(
+    Buffer.concat([encodeDataHeader(1, 0, small.dataBytesMax), new Uint8Array(small.dataBytesMax)]),
+  );
   assert.equal(ok.dataBytes, small.dataBytesMax);
-  assert.throws(() => new FrameDecoder(counter().sink, small).push(encodeDataHeader(1, 0, small.dataBytesMax + 1)), FrameError);
+  assert.throws(
+    () => new FrameDecoder(counter().sink, small).push(encodeDataHeader(1, 0, small.dataBytesMax + 1)),
+    FrameError,
+  );
 });
 
 test('frame limits: a control body (side JSON) of exactly controlBytesMax is accepted; controlBytesMax + 1 is rejected', () => {
@@ -282,13 +325,20 @@ test('frame limits: a control body (side JSON) of exactly controlBytesMax is acc
   assert.equal(ok.frames.length, 1);
   assert.equal((ok.frames[0] as { body: string }).body.length, max - 2);
   const over = encodeFrame({ type: 'side', body: 'a'.repeat(max - 1) });
-  assert.throws(() => new FrameDecoder(counter().sink).push(over), (e: unknown) => e instanceof FrameError && /exceeds/.test(e.message));
+  assert.throws(
+    () => new FrameDecoder(counter().sink).push(over),
+    (e: unknown) => e instanceof FrameError && /exceeds/.test(e.message),
+  );
   // Same boundary for a binary control frame under custom limits.
-  const err = (msgBytes: number): Uint8Array => encodeFrame({ type: 'error', reqId: 1, code: '', message: 'm'.repeat(msgBytes) });
+  const err = (msgBytes: number): Uint8Array =>
+    encodeFrame({ type: 'error', reqId: 1, code: '', message: 'm'.repeat(msgBytes) });
   const fits = err(small.stringBytesMax);
   const lim: FrameLimits = { ...small, controlBytesMax: fits.length - 5 };
   new FrameDecoder(counter().sink, lim).push(fits);
-  assert.throws(() => new FrameDecoder(counter().sink, { ...lim, controlBytesMax: fits.length - 6 }).push(fits), FrameError);
+  assert.throws(
+    () => new FrameDecoder(counter().sink, { ...lim, controlBytesMax: fits.length - 6 }).push(fits),
+    FrameError,
+  );
 });
 
 test('frame limits: a string field of exactly stringBytesMax bytes (counted in utf-8 bytes) is accepted; one byte more is rejected', () => {
@@ -299,18 +349,30 @@ test('frame limits: a string field of exactly stringBytesMax bytes (counted in u
     assert.deepEqual(ok.frames, [{ type: 'hello', engineId: id, session: '00'.repeat(16) }]);
   }
   for (const id of ['x'.repeat(small.stringBytesMax + 1), `${'é'.repeat(small.stringBytesMax / 2)}x`]) {
-    assert.throws(() => new FrameDecoder(counter().sink, small).push(hello(id)), (e: unknown) => e instanceof FrameError && /string of 257 bytes/.test(e.message));
+    assert.throws(
+      () => new FrameDecoder(counter().sink, small).push(hello(id)),
+      (e: unknown) => e instanceof FrameError && /string of 257 bytes/.test(e.message),
+    );
   }
 });
 
 test('frame limits: exactly rangesMax ranges in a READ/WRITE is accepted; rangesMax + 1 is rejected', () => {
   const rw = (n: number): Uint8Array =>
-    encodeFrame({ type: 'write', reqId: 9, transferId: 't', grantToken: 'ab', ranges: Array.from({ length: n }, (_, i) => ({ slab: i, offset: i * 64, length: 64 })) });
+    encodeFrame({
+      type: 'write',
+      reqId: 9,
+      transferId: 't',
+      grantToken: 'ab',
+      ranges: Array.from({ length: n }, (_, i) => ({ slab: i, offset: i * 64, length: 64 })),
+    });
   const ok = counter();
   new FrameDecoder(ok.sink, small).push(rw(small.rangesMax));
   assert.equal(ok.frames.length, 1);
   assert.equal((ok.frames[0] as { ranges: unknown[] }).ranges.length, small.rangesMax);
-  assert.throws(() => new FrameDecoder(counter().sink, small).push(rw(small.rangesMax + 1)), (e: unknown) => e instanceof FrameError && /ranges exceed/.test(e.message));
+  assert.throws(
+    () => new FrameDecoder(counter().sink, small).push(rw(small.rangesMax + 1)),
+    (e: unknown) => e instanceof FrameError && /ranges exceed/.test(e.message),
+  );
 });
 
 test('frame limits: u64 fields (range offset, DATA stream offset) accept 2^53 - 1 and reject 2^53', () => {
@@ -322,15 +384,27 @@ test('frame limits: u64 fields (range offset, DATA stream offset) accept 2^53 - 
     return out;
   };
   // read frame: header 5 | reqId 4 | str '' 2 | bytes8 '' 1 | n 4 | slab 2 | offset 8 | length 4
-  const read = encodeFrame({ type: 'read', reqId: 1, transferId: '', grantToken: '', ranges: [{ slab: 0, offset: top, length: 1 }] });
+  const read = encodeFrame({
+    type: 'read',
+    reqId: 1,
+    transferId: '',
+    grantToken: '',
+    ranges: [{ slab: 0, offset: top, length: 1 }],
+  });
   const ok = counter();
   new FrameDecoder(ok.sink).push(read);
   assert.equal((ok.frames[0] as { ranges: Array<{ offset: number }> }).ranges[0]?.offset, top);
-  assert.throws(() => new FrameDecoder(counter().sink).push(set2p53(read, 18)), (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message));
+  assert.throws(
+    () => new FrameDecoder(counter().sink).push(set2p53(read, 18)),
+    (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message),
+  );
   // DATA: header 5 | reqId 4 | streamOffset 8
   const data = Buffer.concat([encodeDataHeader(1, top, 1), Buffer.from([1])]);
   const heads: DataHead[] = [];
   new FrameDecoder({ frame: () => assert.fail('no control frame'), data: (h) => void heads.push({ ...h }) }).push(data);
   assert.deepEqual(heads, [{ reqId: 1, streamOffset: top, length: 1 }]);
-  assert.throws(() => new FrameDecoder(counter().sink).push(set2p53(data, 9)), (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message));
+  assert.throws(
+    () => new FrameDecoder(counter().sink).push(set2p53(data, 9)),
+    (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message),
+  );
 });

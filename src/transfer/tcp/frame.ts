@@ -131,7 +131,8 @@ class Reader {
     this.view = new DataView(b.buffer, b.byteOffset, b.byteLength);
   }
   private need(n: number): void {
-    if (this.pos + n > this.b.length) throw new FrameError(`frame body truncated (need ${n} bytes at ${this.pos} of ${this.b.length})`);
+    if (this.pos + n > this.b.length)
+      throw new FrameError(`frame body truncated (need ${n} bytes at ${this.pos} of ${this.b.length})`);
   }
   u8(): number {
     this.need(1);
@@ -157,13 +158,14 @@ class Reader {
   }
   str(): string {
     const n = this.u16();
-    if (n > this.limits.stringBytesMax) throw new FrameError(`string of ${n} bytes exceeds ${this.limits.stringBytesMax}`);
+    if (n > this.limits.stringBytesMax)
+      throw new FrameError(`string of ${n} bytes exceeds ${this.limits.stringBytesMax}`);
     this.need(n);
     const s = this.b.subarray(this.pos, this.pos + n);
     this.pos += n;
     try {
       return utf8Strict.decode(s);
-    // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
+      // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
     } catch {
       throw new FrameError('string is not valid utf-8');
     }
@@ -275,13 +277,13 @@ function parseControl(type: number, body: Uint8Array, limits: FrameLimits): Cont
       let text: string;
       try {
         text = utf8Strict.decode(body);
-      // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
+        // catch-ok: only TextDecoder.decode runs in the try: its TypeError means bad utf-8
       } catch {
         throw new FrameError('side frame is not valid utf-8');
       }
       try {
         return { type: 'side', body: JSON.parse(text) as unknown };
-      // catch-ok: only JSON.parse runs in the try: its SyntaxError means bad JSON
+        // catch-ok: only JSON.parse runs in the try: its SyntaxError means bad JSON
       } catch {
         throw new FrameError('side frame is not valid JSON');
       }
@@ -367,12 +369,14 @@ export class FrameDecoder {
     this.type = v.getUint8(4);
     if (this.type === TYPE.data) {
       if (this.bodyLen <= DATA_HEAD_BYTES) throw new FrameError('DATA frame without payload');
-      if (this.bodyLen - DATA_HEAD_BYTES > this.limits.dataBytesMax) throw new FrameError(`DATA frame of ${this.bodyLen} bytes too large`);
+      if (this.bodyLen - DATA_HEAD_BYTES > this.limits.dataBytesMax)
+        throw new FrameError(`DATA frame of ${this.bodyLen} bytes too large`);
       this.state = 'dataHead';
       return;
     }
     if (this.type < TYPE.hello || this.type > TYPE.side) throw new FrameError(`unknown frame type ${this.type}`);
-    if (this.bodyLen > this.limits.controlBytesMax) throw new FrameError(`frame of ${this.bodyLen} bytes exceeds ${this.limits.controlBytesMax}`);
+    if (this.bodyLen > this.limits.controlBytesMax)
+      throw new FrameError(`frame of ${this.bodyLen} bytes exceeds ${this.limits.controlBytesMax}`);
     this.body = new Uint8Array(this.bodyLen);
     this.bodyGot = 0;
     this.state = 'control';
@@ -383,7 +387,11 @@ export class FrameDecoder {
     const v = new DataView(this.head.buffer, FRAME_HEADER_BYTES, DATA_HEAD_BYTES);
     const hi = v.getUint32(4);
     if (hi >= 1 << 21) throw new FrameError('DATA stream offset beyond 2^53');
-    this.data = { reqId: v.getUint32(0), streamOffset: hi * U32 + v.getUint32(8), length: this.bodyLen - DATA_HEAD_BYTES };
+    this.data = {
+      reqId: v.getUint32(0),
+      streamOffset: hi * U32 + v.getUint32(8),
+      length: this.bodyLen - DATA_HEAD_BYTES,
+    };
     this.payloadGot = 0;
     this.state = 'payload';
   }

@@ -108,7 +108,9 @@ export class TcpPlane {
       });
     });
     this.rawServer = server;
-    return new Promise((resolve) => server.listen(0, this.host, () => resolve((server.address() as net.AddressInfo).port)));
+    return new Promise((resolve) =>
+      server.listen(0, this.host, () => resolve((server.address() as net.AddressInfo).port)),
+    );
   }
 
   private rawSend(socket: net.Socket, count: number, chunk: number): void {

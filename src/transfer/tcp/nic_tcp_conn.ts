@@ -10,7 +10,15 @@
  * typed error. Nothing is written for a denied request.
  */
 import net from 'node:net';
-import { FrameDecoder, FrameError, encodeDataHeader, encodeFrame, type ControlFrame, type DataHead, type FrameSink } from './frame.ts';
+import {
+  FrameDecoder,
+  FrameError,
+  encodeDataHeader,
+  encodeFrame,
+  type ControlFrame,
+  type DataHead,
+  type FrameSink,
+} from './frame.ts';
 import { COUNTER, asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, localSide, remoteSide, unpackRanges, type WireRange } from '../core/ranges.ts';
@@ -128,8 +136,10 @@ abstract class Conn implements FrameSink {
 
 /** Checks that a DATA piece continues `stream` exactly. */
 function expectPiece(stream: RangeStream, head: DataHead, piece: Uint8Array, pieceOffset: number): void {
-  if (head.streamOffset + pieceOffset !== stream.expected) throw new FrameError(`DATA out of order for request ${head.reqId}`);
-  if (head.streamOffset + head.length > stream.total) throw new FrameError(`DATA beyond the end of request ${head.reqId}`);
+  if (head.streamOffset + pieceOffset !== stream.expected)
+    throw new FrameError(`DATA out of order for request ${head.reqId}`);
+  if (head.streamOffset + head.length > stream.total)
+    throw new FrameError(`DATA beyond the end of request ${head.reqId}`);
   if (piece.length === 0) throw new FrameError('empty DATA piece');
 }
 
@@ -201,7 +211,12 @@ export class ServerConn extends Conn {
   }
 
   private deny(reqId: number, reason: string): void {
-    this.send({ type: 'error', reqId, code: 'GRANT_DENIED', message: `grant denied by ${this.ctx.engineId}: ${reason}` });
+    this.send({
+      type: 'error',
+      reqId,
+      code: 'GRANT_DENIED',
+      message: `grant denied by ${this.ctx.engineId}: ${reason}`,
+    });
   }
 
   protected onClosed(): void {
@@ -289,7 +304,8 @@ export class ClientConn extends Conn {
         return;
       case 'done':
         if (this.ignore.delete(f.reqId)) return;
-        if (!this.writes.has(f.reqId) || this.sender.has(f.reqId)) throw new FrameError(`unexpected done for ${f.reqId}`);
+        if (!this.writes.has(f.reqId) || this.sender.has(f.reqId))
+          throw new FrameError(`unexpected done for ${f.reqId}`);
         this.writes.delete(f.reqId);
         this.ctx.complete(f.reqId, null, '');
         return;

@@ -13,7 +13,11 @@ import { FrameDecoder, encodeFrame, type ControlFrame } from './frame.ts';
 transferConformance('tcp');
 
 /** Send `bytes` to a port; resolve with what came back, whether the server closed first, and how. */
-function exchange(port: number, bytes: Uint8Array, closeAfterMs: number): Promise<{ received: Buffer; serverClosed: boolean }> {
+function exchange(
+  port: number,
+  bytes: Uint8Array,
+  closeAfterMs: number,
+): Promise<{ received: Buffer; serverClosed: boolean }> {
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
     let serverClosed = true;
@@ -40,7 +44,12 @@ describe('tcp backend: ports and hostile connections', () => {
   before(async () => {
     [P, D] = await Promise.all([makeNode('tcp', 11, { engineId: 'hP' }), makeNode('tcp', null, { engineId: 'hD' })]);
     await D.engine.handshake(P.engine.address());
-    token = P.engine.issueGrant({ transferId: 'live', peerEngineId: D.engine.engineId, blockIds: [1, 2, 3], ttlMs: 60_000 }).token;
+    token = P.engine.issueGrant({
+      transferId: 'live',
+      peerEngineId: D.engine.engineId,
+      blockIds: [1, 2, 3],
+      ttlMs: 60_000,
+    }).token;
     for (const s of P.slabs) snapshot.push(s.slice());
   });
   after(async () => {
@@ -76,14 +85,19 @@ describe('tcp backend: ports and hostile connections', () => {
   });
 
   test('data and side-channel ports: random bytes and random well-framed frames never crash the engine or change a page', async () => {
-    const framed = fc.record({ type: fc.integer({ min: 0, max: 9 }), body: fc.uint8Array({ maxLength: 64 }) }).map(({ type, body }) => {
-      const b = Buffer.alloc(5 + body.length);
-      b.writeUInt32BE(body.length, 0);
-      b[4] = type;
-      b.set(body, 5);
-      return b;
-    });
-    const input = fc.oneof(fc.uint8Array({ minLength: 1, maxLength: 300 }), fc.array(framed, { minLength: 1, maxLength: 4 }).map((f) => Buffer.concat(f)));
+    const framed = fc
+      .record({ type: fc.integer({ min: 0, max: 9 }), body: fc.uint8Array({ maxLength: 64 }) })
+      .map(({ type, body }) => {
+        const b = Buffer.alloc(5 + body.length);
+        b.writeUInt32BE(body.length, 0);
+        b[4] = type;
+        b.set(body, 5);
+        return b;
+      });
+    const input = fc.oneof(
+      fc.uint8Array({ minLength: 1, maxLength: 300 }),
+      fc.array(framed, { minLength: 1, maxLength: 4 }).map((f) => Buffer.concat(f)),
+    );
     await fc.assert(
       fc.asyncProperty(input, fc.boolean(), async (bytes, side) => {
         const port = side ? P.engine.ports().sideChannel : P.engine.ports().data;
@@ -95,9 +109,22 @@ describe('tcp backend: ports and hostile connections', () => {
     P.slabs.forEach((s, i) => assert.deepEqual(s, snapshot[i], `slab ${i} changed`));
     assert.ok(P.engine.stats().badFrames > 0, 'bad frames were seen and counted');
     // The engine still serves its real peer.
-    const h = D.engine.postRead(readOf(P, 'live', token, pageRanges([[1, 4], [2, 5]])));
+    const h = D.engine.postRead(
+      readOf(
+        P,
+        'live',
+        token,
+        pageRanges([
+          [1, 4],
+          [2, 5],
+        ]),
+      ),
+    );
     await D.engine.wait([h], 5000);
-    assertLanded(D, P, [[1, 4], [2, 5]]);
+    assertLanded(D, P, [
+      [1, 4],
+      [2, 5],
+    ]);
     await D.engine.notify(P.engine.engineId, { type: 'remote_blocks', transferId: 'live' });
   });
 });

@@ -112,7 +112,11 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     const session = hexId(this.env, 16);
     this.nic.send({ t: 'session', session, peerEngineId: remote.engineId });
     const dataHost = isWildcard(msg.dataHost) ? (conn.socket.remoteAddress ?? '127.0.0.1') : msg.dataHost;
-    this.nic.send({ t: 'peer', peerEngineId: remote.engineId, tcp: { host: dataHost, port: msg.dataPort, session: msg.session } });
+    this.nic.send({
+      t: 'peer',
+      peerEngineId: remote.engineId,
+      tcp: { host: dataHost, port: msg.dataPort, session: msg.session },
+    });
     this.adopt(conn, remote);
     conn.send({
       m: 'welcome',
@@ -153,11 +157,16 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
         conn.close();
         reject(e);
       };
-      const onAbandoned = (): void => fail(new HandoffError('PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port} abandoned`), conn);
+      const onAbandoned = (): void =>
+        fail(new HandoffError('PEER_UNAVAILABLE', `handshake with ${peer.host}:${peer.port} abandoned`), conn);
       const onMessage = (conn: SideConn, msg: SideMessage): void => {
         if (settled) return this.onPeerMessage(conn, msg);
         if (challenge === null) {
-          if (msg.m !== 'challenge') return fail(new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} did not send a challenge`), conn);
+          if (msg.m !== 'challenge')
+            return fail(
+              new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} did not send a challenge`),
+              conn,
+            );
           challenge = { nonce: msg.nonce, engineId: msg.engineId };
           this.nic.send({ t: 'session', session: mySession, peerEngineId: msg.engineId });
           conn.send({
@@ -176,16 +185,26 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
           return fail(new HandoffError(code, `${challenge.engineId} refused the handshake: ${msg.message}`), conn);
         }
         if (msg.m !== 'welcome' || msg.meta.engineId !== challenge.engineId) {
-          return fail(new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} broke the handshake protocol`), conn);
+          return fail(
+            new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} broke the handshake protocol`),
+            conn,
+          );
         }
         if (this.secret !== undefined && !proofMatches(this.secret, 'server', myNonce, msg.meta.engineId, msg.proof)) {
-          return fail(new HandoffError('UNAUTHORIZED', `${msg.meta.engineId} did not prove the side channel secret`), conn);
+          return fail(
+            new HandoffError('UNAUTHORIZED', `${msg.meta.engineId} did not prove the side channel secret`),
+            conn,
+          );
         }
         const remote = msg.meta as EngineMetadata;
         const problem = compatibilityProblem(this.metadata, remote);
         if (problem !== null) return fail(new HandoffError('PEER_INCOMPATIBLE', problem), conn);
         const dataHost = isWildcard(msg.dataHost) ? peer.host : msg.dataHost;
-        this.nic.send({ t: 'peer', peerEngineId: remote.engineId, tcp: { host: dataHost, port: msg.dataPort, session: msg.session } });
+        this.nic.send({
+          t: 'peer',
+          peerEngineId: remote.engineId,
+          tcp: { host: dataHost, port: msg.dataPort, session: msg.session },
+        });
         this.adopt(conn, remote);
         settled = true;
         abandoned.removeEventListener('abort', onAbandoned);
@@ -195,7 +214,14 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       const conn = this.track(
         new SideConn(socket, onMessage, (c) => {
           this.untrack(c);
-          if (!settled) fail(new HandoffError('PEER_UNAVAILABLE', `side channel to ${peer.host}:${peer.port} closed during the handshake`), c);
+          if (!settled)
+            fail(
+              new HandoffError(
+                'PEER_UNAVAILABLE',
+                `side channel to ${peer.host}:${peer.port} closed during the handshake`,
+              ),
+              c,
+            );
         }),
       );
       assert(conn.peerEngineId === null, 'fresh connection has no peer');
@@ -245,13 +271,17 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   }
 
   protected override sideChannelStalled(peerEngineId: string): void {
-    this.log.warn({ peer: peerEngineId }, 'side channel silent past the notify timeout: closing it; the next use handshakes again');
+    this.log.warn(
+      { peer: peerEngineId },
+      'side channel silent past the notify timeout: closing it; the next use handshakes again',
+    );
     for (const c of [...this.allConns]) if (c.peerEngineId === peerEngineId) c.close();
   }
 
   protected sendNotification(peerEngineId: string, n: Notification): Promise<void> {
     const conn = this.conns.get(peerEngineId);
-    if (conn === undefined || conn.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', `no side channel to ${peerEngineId}`));
+    if (conn === undefined || conn.isClosed)
+      return Promise.reject(new HandoffError('PEER_UNAVAILABLE', `no side channel to ${peerEngineId}`));
     return conn.notify(n);
   }
 
@@ -265,7 +295,9 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   async rawStreamMs(from: TcpTransferEngine, bytes: number, chunkBytes: number): Promise<number> {
     const port = await from.nic.request({ t: 'rawServe' }, (ev) => (ev.t === 'rawPort' ? ev.port : undefined));
     const t0 = this.env.nowMs();
-    await this.nic.request({ t: 'rawRecv', host: from.address().host, port, bytes, chunkBytes }, (ev) => (ev.t === 'rawDone' ? ev.bytes : undefined));
+    await this.nic.request({ t: 'rawRecv', host: from.address().host, port, bytes, chunkBytes }, (ev) =>
+      ev.t === 'rawDone' ? ev.bytes : undefined,
+    );
     return this.env.nowMs() - t0;
   }
 }

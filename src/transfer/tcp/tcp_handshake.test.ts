@@ -38,7 +38,10 @@ test('a handshake that times out closes its socket: the silent peer sees every c
     const fdsBefore = openFds();
     const attempts = 3;
     for (let i = 0; i < attempts; i++) {
-      await assert.rejects(D.engine.handshake({ host: '127.0.0.1', port }), (e: unknown) => isHandoffError(e) && e.code === 'PEER_UNAVAILABLE' && /no answer/.test(e.message));
+      await assert.rejects(
+        D.engine.handshake({ host: '127.0.0.1', port }),
+        (e: unknown) => isHandoffError(e) && e.code === 'PEER_UNAVAILABLE' && /no answer/.test(e.message),
+      );
     }
     await eventually(`the silent peer accepted ${attempts} connections`, () => accepted.length === attempts);
     await eventually(`all ${attempts} accepted connections closed (closed ${closed})`, () => closed === attempts);

@@ -27,7 +27,12 @@ const metaSchema = z.object({
   engineId: name,
   modelName: z.string().max(256),
   preset: z.string().max(256),
-  layout: z.object({ numSlabs: posInt, numBlocks: posInt, pageBytes: posInt, blockSizes: z.array(posInt).min(1).max(64) }),
+  layout: z.object({
+    numSlabs: posInt,
+    numBlocks: posInt,
+    pageBytes: posInt,
+    blockSizes: z.array(posInt).min(1).max(64),
+  }),
   compatHash: z.string().max(128),
 });
 
@@ -54,7 +59,13 @@ export function proof(secret: string, role: 'client' | 'server', nonce: string, 
   return createHmac('sha256', secret).update(`${role}|${nonce}|${engineId}`).digest('hex');
 }
 
-export function proofMatches(secret: string, role: 'client' | 'server', nonce: string, engineId: string, got: string): boolean {
+export function proofMatches(
+  secret: string,
+  role: 'client' | 'server',
+  nonce: string,
+  engineId: string,
+  got: string,
+): boolean {
   const want = Buffer.from(proof(secret, role, nonce, engineId), 'hex');
   const have = Buffer.from(/^[0-9a-f]*$/.test(got) ? got : '', 'hex');
   return have.length === want.length && timingSafeEqual(have, want);
@@ -66,7 +77,12 @@ const PENDING_NOTIFIES_MAX = 4096;
 export class SideConn implements FrameSink {
   /** Set once the handshake on this connection succeeded. */
   peerEngineId: string | null = null;
-  private readonly decoder = new FrameDecoder(this, { controlBytesMax: 1 << 20, dataBytesMax: 0, rangesMax: 0, stringBytesMax: 0 });
+  private readonly decoder = new FrameDecoder(this, {
+    controlBytesMax: 1 << 20,
+    dataBytesMax: 0,
+    rangesMax: 0,
+    stringBytesMax: 0,
+  });
   private readonly pending = new Map<number, { resolve: () => void; reject: (e: HandoffError) => void }>();
   private seq = 0;
   private closed = false;
@@ -117,7 +133,8 @@ export class SideConn implements FrameSink {
 
   notify(n: Notification): Promise<void> {
     if (this.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', 'side channel closed'));
-    if (this.pending.size >= PENDING_NOTIFIES_MAX) return Promise.reject(new HandoffError('OVERLOADED', 'too many unacknowledged notifications'));
+    if (this.pending.size >= PENDING_NOTIFIES_MAX)
+      return Promise.reject(new HandoffError('OVERLOADED', 'too many unacknowledged notifications'));
     const seq = this.seq++;
     return new Promise((resolve, reject) => {
       this.pending.set(seq, { resolve, reject });
@@ -128,7 +145,8 @@ export class SideConn implements FrameSink {
   frame(f: ControlFrame): void {
     if (f.type !== 'side') throw new FrameError(`unexpected ${f.type} frame on the side channel`);
     const parsed = sideMessageSchema.safeParse(f.body);
-    if (!parsed.success) throw new FrameError(`invalid side channel message: ${parsed.error.issues[0]?.message ?? '?'}`);
+    if (!parsed.success)
+      throw new FrameError(`invalid side channel message: ${parsed.error.issues[0]?.message ?? '?'}`);
     const msg = parsed.data;
     if (msg.m === 'ack') {
       const p = this.pending.get(msg.seq);
