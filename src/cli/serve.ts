@@ -6,7 +6,7 @@
 import { Option, type Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger } from '../util/log.ts';
-import { DEFAULT_INSTANCE_OPTIONS, startInstance, type InstanceOptions } from '../serve/instance.ts';
+import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOptions } from '../serve/instance.ts';
 import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, optionalInt, portFlag, presetFlag } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { parsePeerAllowList } from '../connector/peer_directory.ts';
@@ -51,38 +51,45 @@ export function registerServe(program: Command): void {
     .option('--json', 'print one JSON line when ready')
     .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
-    .action(async (o: Opts) => {
-      configureLogs({ format: logFormatFlag(o['logFormat']) });
-      const opts = serveOptionsFrom(o);
-      const env = new RealEnv();
-      const log = createLogger(`serve-${opts.role}`);
-      const inst = await startInstance(opts, env, log);
-      const managed = o['exitWithParent'] === true;
-      // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
-      onShutdown(() => inst.close(), {
-        env,
-        exitWithParent: managed,
-        log: (m) => (managed ? log.debug(m) : log.info(m)),
-      });
-      const ready = {
-        url: inst.url,
-        role: opts.role,
-        model: opts.preset,
-        engineId: inst.info.engine_id,
-        pid: process.pid,
-        sideChannelHost: inst.info.side_channel_host,
-        sideChannelPort: inst.info.side_channel_port,
-        dataPort: inst.info.data_port,
-        transferMode: inst.info.transfer_mode,
-      };
-      if (o['json']) process.stdout.write(`${JSON.stringify(ready)}\n`);
-      else {
-        const kv = inst.info.engine_id
-          ? `, engine ${inst.info.engine_id}, KV side channel ${inst.info.side_channel_host}:${inst.info.side_channel_port} (${inst.info.transfer_mode})`
-          : '';
-        process.stdout.write(`handoff serve: ${opts.role} ${opts.preset} listening on ${inst.url}${kv}\n`);
-      }
-    });
+    .action(runServe);
+}
+
+async function runServe(o: Opts): Promise<void> {
+  configureLogs({ format: logFormatFlag(o['logFormat']) });
+  const opts = serveOptionsFrom(o);
+  const env = new RealEnv();
+  const log = createLogger(`serve-${opts.role}`);
+  const inst = await startInstance(opts, env, log);
+  const managed = o['exitWithParent'] === true;
+  // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
+  onShutdown(() => inst.close(), {
+    env,
+    exitWithParent: managed,
+    log: (m) => (managed ? log.debug(m) : log.info(m)),
+  });
+  printReady(inst, opts, Boolean(o['json']));
+}
+
+/** The ready line: one JSON object with `--json`, else a sentence. */
+function printReady(inst: Instance, opts: InstanceOptions, json: boolean): void {
+  const ready = {
+    url: inst.url,
+    role: opts.role,
+    model: opts.preset,
+    engineId: inst.info.engine_id,
+    pid: process.pid,
+    sideChannelHost: inst.info.side_channel_host,
+    sideChannelPort: inst.info.side_channel_port,
+    dataPort: inst.info.data_port,
+    transferMode: inst.info.transfer_mode,
+  };
+  if (json) process.stdout.write(`${JSON.stringify(ready)}\n`);
+  else {
+    const kv = inst.info.engine_id
+      ? `, engine ${inst.info.engine_id}, KV side channel ${inst.info.side_channel_host}:${inst.info.side_channel_port} (${inst.info.transfer_mode})`
+      : '';
+    process.stdout.write(`handoff serve: ${opts.role} ${opts.preset} listening on ${inst.url}${kv}\n`);
+  }
 }
 
 export function serveOptionsFrom(o: Opts): InstanceOptions {

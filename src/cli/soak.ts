@@ -63,6 +63,79 @@ async function pagesBack(url: string, env: Env, timeoutMs: number): Promise<bool
   }
 }
 
+interface SoakTally {
+  requests: number;
+  errors: number;
+  mismatches: number;
+  outputTokens: number;
+  firstProblem: string | null;
+}
+
+/** One seeded completion request (its prompt, length, temperature and seed drawn from rng). */
+function soakRequestBody(rng: SeededRng, model: string): Record<string, unknown> {
+  const len = 8 + rng.int(200);
+  return {
+    model,
+    prompt: Array.from({ length: len }, () => 1 + rng.int(50000)),
+    max_tokens: 4 + rng.int(28),
+    temperature: rng.int(2) === 0 ? 0 : 0.8,
+    seed: rng.int(1 << 30),
+    ignore_eos: true,
+    return_token_ids: true,
+  };
+}
+
+/**
+ * `concurrency` workers send seeded requests through the proxy (`pdUrl`) and to the colocated server
+ * (`refUrl`) until the deadline, comparing the token ids.
+ */
+async function driveSoakLoad(
+  o: { preset: string; concurrency: number; seed: number },
+  urls: { pdUrl: string; refUrl: string },
+  env: Env,
+  deadline: number,
+  onProgress?: (done: number, errors: number, mismatches: number) => void,
+): Promise<SoakTally> {
+  const rng = new SeededRng(o.seed);
+  const tally: SoakTally = { requests: 0, errors: 0, mismatches: 0, outputTokens: 0, firstProblem: null };
+  const worker = async (): Promise<void> => {
+    while (env.nowMs() < deadline) {
+      const body = soakRequestBody(rng, o.preset);
+      tally.requests++;
+      try {
+        const [pd, ref] = await Promise.all([completion(urls.pdUrl, body), completion(urls.refUrl, body)]);
+        tally.outputTokens += pd.length;
+        if (pd.join(',') !== ref.join(',')) {
+          tally.mismatches++;
+          tally.firstProblem ??= `request ${tally.requests}: P/D tokens ${pd.slice(0, 6).join(',')}… differ from colocated ${ref.slice(0, 6).join(',')}…`;
+        }
+      } catch (e) {
+        rethrowIfAssertion(e);
+        tally.errors++;
+        tally.firstProblem ??= `request ${tally.requests}: ${(e as Error).message}`;
+      }
+      onProgress?.(tally.requests, tally.errors, tally.mismatches);
+    }
+  };
+  await Promise.all(Array.from({ length: o.concurrency }, worker));
+  return tally;
+}
+
+/** After the load: did both sides get every page back, and how many races did their checkers find. */
+async function checkSoakCluster(
+  urls: { prefillUrl: string; decodeUrl: string },
+  env: Env,
+): Promise<{ prefillPagesBack: boolean; decodePagesBack: boolean; races: number }> {
+  const [prefillPagesBack, decodePagesBack] = await Promise.all([
+    pagesBack(urls.prefillUrl, env, 30_000),
+    pagesBack(urls.decodeUrl, env, 30_000),
+  ]);
+  const races =
+    ((await metrics(urls.decodeUrl)).get('handoff_races_total') ?? 0) +
+    ((await metrics(urls.prefillUrl)).get('handoff_races_total') ?? 0);
+  return { prefillPagesBack, decodePagesBack, races };
+}
+
 export async function runSoak(
   o: {
     preset: ReturnType<typeof presetFlag>;
@@ -90,63 +163,22 @@ export async function runSoak(
     env,
     { env: { HANDOFF_LOG_LEVEL: 'warn' } },
   );
-  const rng = new SeededRng(o.seed);
-  let requests = 0;
-  let errors = 0;
-  let mismatches = 0;
-  let outputTokens = 0;
-  let firstProblem: string | null = null;
   const t0 = env.nowMs();
   const deadline = t0 + o.durationS * 1000;
   try {
-    const worker = async (): Promise<void> => {
-      while (env.nowMs() < deadline) {
-        const len = 8 + rng.int(200);
-        const body = {
-          model: o.preset,
-          prompt: Array.from({ length: len }, () => 1 + rng.int(50000)),
-          max_tokens: 4 + rng.int(28),
-          temperature: rng.int(2) === 0 ? 0 : 0.8,
-          seed: rng.int(1 << 30),
-          ignore_eos: true,
-          return_token_ids: true,
-        };
-        requests++;
-        try {
-          const [pd, ref] = await Promise.all([completion(cluster.proxyUrl, body), completion(colocated.url, body)]);
-          outputTokens += pd.length;
-          if (pd.join(',') !== ref.join(',')) {
-            mismatches++;
-            firstProblem ??= `request ${requests}: P/D tokens ${pd.slice(0, 6).join(',')}… differ from colocated ${ref.slice(0, 6).join(',')}…`;
-          }
-        } catch (e) {
-          rethrowIfAssertion(e);
-          errors++;
-          firstProblem ??= `request ${requests}: ${(e as Error).message}`;
-        }
-        onProgress?.(requests, errors, mismatches);
-      }
-    };
-    await Promise.all(Array.from({ length: o.concurrency }, worker));
+    const urls = { pdUrl: cluster.proxyUrl, refUrl: colocated.url };
+    const tally = await driveSoakLoad(o, urls, env, deadline, onProgress);
     const elapsedS = (env.nowMs() - t0) / 1000;
-    const [prefillPagesBack, decodePagesBack] = await Promise.all([
-      pagesBack(cluster.prefill.url, env, 30_000),
-      pagesBack(cluster.decode.url, env, 30_000),
-    ]);
-    const races =
-      ((await metrics(cluster.decode.url)).get('handoff_races_total') ?? 0) +
-      ((await metrics(cluster.prefill.url)).get('handoff_races_total') ?? 0);
+    const checks = await checkSoakCluster({ prefillUrl: cluster.prefill.url, decodeUrl: cluster.decode.url }, env);
     return {
       durationS: elapsedS,
-      requests,
-      errors,
-      mismatches,
-      outputTokens,
-      tokensPerSec: outputTokens / elapsedS,
-      prefillPagesBack,
-      decodePagesBack,
-      races,
-      firstProblem,
+      requests: tally.requests,
+      errors: tally.errors,
+      mismatches: tally.mismatches,
+      outputTokens: tally.outputTokens,
+      tokensPerSec: tally.outputTokens / elapsedS,
+      ...checks,
+      firstProblem: tally.firstProblem,
     };
   } finally {
     await Promise.all([cluster.stop(), colocated.stop()]);

@@ -7,7 +7,7 @@ import type { Env } from '../util/env.ts';
 import { SimEnv } from '../util/env.ts';
 import { KVCacheManager } from '../kv/kv_cache_manager.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
+import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
 import { createModel } from '../model/model.ts';
 import { DEFAULT_ONE_SIDED_CONFIG } from '../connector/config.ts';
 import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
@@ -63,6 +63,83 @@ function measureModelStepMs(preset: ModelPreset, env: Env): number {
   return (env.nowMs() - t0) / n;
 }
 
+/** A decode-side scheduler sized for `running` requests, with a one-sided consumer connector. */
+function makeBenchScheduler(preset: ModelPreset, running: number): { sched: Scheduler; kvConfig: KVCacheConfig } {
+  const simEnv = new SimEnv(1);
+  const kvConfig = makeKVCacheConfig(presetKVGroups(preset), running * 8 + 64);
+  const kv = new KVCacheManager(kvConfig, { enableCaching: true });
+  const conn = new OneSidedConnectorScheduler(
+    { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' },
+    kvConfig,
+    simEnv,
+    { engineId: 'd', host: 'h', port: 1 },
+    null,
+  );
+  const sched = new Scheduler(
+    { ...DEFAULT_SCHEDULER_CONFIG, maxNumSeqs: running + 1, maxNumBatchedTokens: running * 64, maxModelLen: 4096 },
+    kv,
+    conn,
+    simEnv,
+  );
+  return { sched, kvConfig };
+}
+
+/** Adds request `r${id}`; with `params`, it loads its prompt from a remote prefill (a READ admission). */
+function addBenchRequest(sched: Scheduler, kvConfig: KVCacheConfig, id: number, params: boolean): void {
+  const numTokens = 40;
+  const remote = kvConfig.groups.map((g, k) =>
+    g.spec.type === 'mamba' ? [5000 + id] : [10_000 + id * 8 + k * 4, 10_001 + id * 8 + k * 4, 10_002 + id * 8 + k * 4],
+  );
+  sched.addRequest(
+    new Request({
+      requestId: `r${id}`,
+      promptTokenIds: Array.from({ length: numTokens }, (_, i) => (id * 37 + i) % 50000),
+      sampling: { maxTokens: 4000, temperature: 0, seed: 0, stopTokenIds: [], ignoreEos: true },
+      kvTransferParams: params
+        ? {
+            do_remote_prefill: true,
+            remote_engine_id: 'p',
+            remote_host: 'h',
+            remote_port: 1,
+            remote_block_ids: remote,
+            transfer_id: `t${id}`,
+            grant: 'ab'.repeat(16),
+          }
+        : null,
+      arrivalMs: 0,
+    }),
+  );
+}
+
+/** One scheduler step whose every sampling request samples token 5. */
+function benchStep(sched: Scheduler): void {
+  const so = sched.schedule();
+  const sampled = Object.keys(so.sampleAfter).map((requestId) => ({
+    requestId,
+    tokenId: 5,
+    logprob: null,
+    logitsHash: null,
+    nanLogits: false,
+  }));
+  sched.updateFromOutput(so, { step: so.step, sampled, kvConnectorOutput: emptyConnectorOutput() });
+}
+
+/** Mean scheduler time per step with `running` requests decoding, one READ admission per step. */
+function measureSchedMsPerStep(preset: ModelPreset, env: Env, running: number, steps: number): number {
+  const { sched, kvConfig } = makeBenchScheduler(preset, running);
+  let next = 0;
+  for (let i = 0; i < running; i++) addBenchRequest(sched, kvConfig, next++, false);
+  for (let i = 0; i < 5; i++) benchStep(sched); // prefill and warm up
+  let total = 0;
+  for (let i = 0; i < steps; i++) {
+    addBenchRequest(sched, kvConfig, next++, true); // one READ admission per step: the exclusion path runs
+    const t0 = env.nowMs();
+    benchStep(sched);
+    total += env.nowMs() - t0;
+  }
+  return total / steps;
+}
+
 export function benchSched(opts: {
   preset: ModelPreset;
   env: Env;
@@ -71,73 +148,7 @@ export function benchSched(opts: {
 }): SchedBenchRow[] {
   const tokenStepMs = measureModelStepMs(opts.preset, opts.env);
   return (opts.runningCounts ?? [64, 256]).map((running) => {
-    const simEnv = new SimEnv(1);
-    const kvConfig = makeKVCacheConfig(presetKVGroups(opts.preset), running * 8 + 64);
-    const kv = new KVCacheManager(kvConfig, { enableCaching: true });
-    const conn = new OneSidedConnectorScheduler(
-      { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer' },
-      kvConfig,
-      simEnv,
-      { engineId: 'd', host: 'h', port: 1 },
-      null,
-    );
-    const sched = new Scheduler(
-      { ...DEFAULT_SCHEDULER_CONFIG, maxNumSeqs: running + 1, maxNumBatchedTokens: running * 64, maxModelLen: 4096 },
-      kv,
-      conn,
-      simEnv,
-    );
-    let next = 0;
-    const add = (params: boolean): void => {
-      const id = next++;
-      const numTokens = 40;
-      const remote = kvConfig.groups.map((g, k) =>
-        g.spec.type === 'mamba'
-          ? [5000 + id]
-          : [10_000 + id * 8 + k * 4, 10_001 + id * 8 + k * 4, 10_002 + id * 8 + k * 4],
-      );
-      sched.addRequest(
-        new Request({
-          requestId: `r${id}`,
-          promptTokenIds: Array.from({ length: numTokens }, (_, i) => (id * 37 + i) % 50000),
-          sampling: { maxTokens: 4000, temperature: 0, seed: 0, stopTokenIds: [], ignoreEos: true },
-          kvTransferParams: params
-            ? {
-                do_remote_prefill: true,
-                remote_engine_id: 'p',
-                remote_host: 'h',
-                remote_port: 1,
-                remote_block_ids: remote,
-                transfer_id: `t${id}`,
-                grant: 'ab'.repeat(16),
-              }
-            : null,
-          arrivalMs: 0,
-        }),
-      );
-    };
-    for (let i = 0; i < running; i++) add(false);
-    const step = (): void => {
-      const so = sched.schedule();
-      const sampled = Object.keys(so.sampleAfter).map((requestId) => ({
-        requestId,
-        tokenId: 5,
-        logprob: null,
-        logitsHash: null,
-        nanLogits: false,
-      }));
-      sched.updateFromOutput(so, { step: so.step, sampled, kvConnectorOutput: emptyConnectorOutput() });
-    };
-    for (let i = 0; i < 5; i++) step(); // prefill and warm up
-    const steps = opts.steps ?? 50;
-    let total = 0;
-    for (let i = 0; i < steps; i++) {
-      add(true); // one READ admission per step: the exclusion path runs
-      const t0 = opts.env.nowMs();
-      step();
-      total += opts.env.nowMs() - t0;
-    }
-    const schedMsPerStep = total / steps;
+    const schedMsPerStep = measureSchedMsPerStep(opts.preset, opts.env, running, opts.steps ?? 50);
     const modelStepMs = tokenStepMs * running;
     return {
       running,

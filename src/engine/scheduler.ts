@@ -11,14 +11,11 @@
  *   4. connector.buildConnectorMeta(output), then connector.excludeReadDestinations: the seed's fix, a
  *      visible step (this step's READ destinations leave the zero list);
  *   5. advance numComputedTokens and output placeholders (async scheduling: one step ahead).
- * updateFromOutput(): append sampled tokens, stop checks, load failures, finished sending/receiving,
- * and deferred frees behind the fence (free_fence.ts).
+ * updateFromOutput(): append sampled tokens, stop checks, load and forward failures (step_failures.ts),
+ * finished sending/receiving, and deferred frees behind the fence (free_fence.ts).
  */
 import { assert, defined } from '../util/assert.ts';
-import { HandoffError, type ErrorCode } from '../util/errors.ts';
-
-/** Load failures caused by the request's own kv_transfer_params: always an error to the client. */
-const CLIENT_FAULT_CODES = new Set(['GRANT_DENIED', 'BAD_TRANSFER_PARAMS', 'PEER_INCOMPATIBLE']);
+import { HandoffError } from '../util/errors.ts';
 import type { Env } from '../util/env.ts';
 import type { KVCacheManager, RequestTokens } from '../kv/kv_cache_manager.ts';
 import type { ConnectorScheduler } from '../connector/base.ts';
@@ -33,6 +30,7 @@ import { FreeFence } from './free_fence.ts';
 import { RequestTransfers } from './request_transfers.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
 import { checkRequestFits } from './request_validation.ts';
+import { failAsyncLoads, failForward, failRunningLoads, type StepFailureHost } from './step_failures.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
 
@@ -379,10 +377,13 @@ export class Scheduler {
     const outputs: EngineOutput[] = [];
 
     const failed = new Set(conn.failedLoadReqIds);
-    if (conn.invalidBlockIds.length > 0 || failed.size > 0)
-      this.handleLoadErrors(conn.invalidBlockIds, failed, epochs, conn.loadErrors);
-
-    for (const [id, message] of Object.entries(result.forwardErrors ?? {})) this.failForward(so, id, message, epochs);
+    const host = this.failureHost();
+    if (conn.invalidBlockIds.length > 0 || failed.size > 0) {
+      failAsyncLoads(host, this.waiting, failed);
+      const invalid = new Set(conn.invalidBlockIds);
+      failRunningLoads(host, [...this.running], invalid, failed, epochs, conn.loadErrors ?? {});
+    }
+    for (const [id, message] of Object.entries(result.forwardErrors ?? {})) failForward(host, so, id, message, epochs);
     for (const s of result.sampled) {
       const req = this.requests.get(s.requestId);
       if (!req || req.isFinished || epochs.get(s.requestId) !== req.epoch || failed.has(s.requestId)) continue;
@@ -415,77 +416,23 @@ export class Scheduler {
     return outputs;
   }
 
-  private handleLoadErrors(
-    invalidBlockIds: number[],
-    failed: Set<string>,
-    epochs: Map<string, number>,
-    loadErrors: Record<string, { code: string; message: string }> = {},
-  ): void {
-    const invalid = new Set(invalidBlockIds);
-    const bs = defined(this.kv.config.groups[0], 'group 0').spec.blockSize;
-    // Async loads that failed (WRITE never arrived): recompute from the local hit, or fail.
-    for (const req of this.waiting.filter((r) => r.status === 'WAITING_FOR_REMOTE_KVS' && failed.has(r.requestId))) {
-      this.stats.loadFailures++;
-      if (this.config.kvLoadFailurePolicy === 'fail') {
-        req.error = new HandoffError('KV_LOAD_FAILED', `KV load for request ${req.requestId} failed`);
-        this.finish(req, 'FINISHED_ERROR');
-        continue;
-      }
-      const start = Math.floor(req.numLocalHitTokens / bs) * bs;
-      this.kv.recordBlocksForZeroing(req.requestId, start);
-      req.numComputedTokens = start;
-      req.status = 'PREEMPTED';
-      this.transfers.dropLoad(req.requestId);
-    }
-    for (const req of [...this.running]) {
-      if (epochs.get(req.requestId) !== req.epoch) continue;
-      const blocks = this.kv.getBlockIds(req.requestId);
-      // A failed request without page detail: every loaded page is suspect, from the first external page.
-      let firstBad = failed.has(req.requestId) ? Math.floor(req.numLocalHitTokens / bs) : Infinity;
-      for (const g of blocks) g.forEach((b, idx) => invalid.has(b) && (firstBad = Math.min(firstBad, idx)));
-      if (firstBad === Infinity) continue;
-      this.stats.loadFailures++;
-      failed.add(req.requestId);
-      const cause = loadErrors[req.requestId];
-      if (cause && CLIENT_FAULT_CODES.has(cause.code)) {
-        // The params were bad (forged/expired grant, unknown engine...): the client gets a 4xx, no silent recompute.
-        req.error = new HandoffError(cause.code as ErrorCode, `kv_transfer_params rejected: ${cause.message}`);
-        this.finish(req, 'FINISHED_ERROR');
-        continue;
-      }
-      if (this.config.kvLoadFailurePolicy === 'fail') {
-        req.error = new HandoffError('KV_LOAD_FAILED', `KV load for request ${req.requestId} failed`);
-        this.finish(req, 'FINISHED_ERROR');
-        continue;
-      }
-      // Recompute: truncate to the first invalid page, re-zero the pages from there, rebuild on the worker.
-      const startToken = Math.min(firstBad * bs, Math.floor((req.numTokens - 1) / bs) * bs);
-      this.kv.recordBlocksForZeroing(req.requestId, startToken);
-      req.numComputedTokens = startToken;
-      req.numOutputPlaceholders = 0;
-      req.epoch++;
-      this.running.splice(this.running.indexOf(req), 1);
-      req.status = 'PREEMPTED';
-      this.preemptedSinceLast.push(req.requestId);
-      this.waiting.unshift(req);
-    }
-  }
-
-  /**
-   * A request's forward failed on the device: it fails alone with a 500. The pages its step wrote are
-   * withdrawn from the prefix cache, and requests that already hit them (their KV is not valid) fail too.
-   */
-  private failForward(so: SchedulerOutput, requestId: string, message: string, epochs: Map<string, number>): void {
-    const req = this.requests.get(requestId);
-    if (!req || req.isFinished || epochs.get(requestId) !== req.epoch) return;
-    const data =
-      so.scheduledNewReqs.find((n) => n.requestId === requestId) ??
-      so.scheduledCachedReqs.find((c) => c.requestId === requestId);
-    const holders = this.kv.uncacheFrom(requestId, data?.numComputedTokens ?? 0);
-    req.error = new HandoffError('INTERNAL', `the model failed on this request: ${message}`);
-    this.finish(req, 'FINISHED_ERROR');
-    const shared = `a prefix this request shared with ${requestId} was never computed: ${message}`;
-    for (const id of holders) this.abortRequest(id, 'FINISHED_ERROR', new HandoffError('INTERNAL', shared));
+  /** What the failure handling (step_failures.ts) may touch. */
+  private failureHost(): StepFailureHost {
+    return {
+      requests: this.requests,
+      kv: this.kv,
+      config: this.config,
+      transfers: this.transfers,
+      countFailure: () => this.stats.loadFailures++,
+      finish: (req, status) => this.finish(req, status),
+      abortRequest: (id, status, error) => this.abortRequest(id, status, error),
+      requeue: (req) => {
+        this.running.splice(this.running.indexOf(req), 1);
+        req.status = 'PREEMPTED';
+        this.preemptedSinceLast.push(req.requestId);
+        this.waiting.unshift(req);
+      },
+    };
   }
 
   private stopStatus(req: Request, tokenId: number): RequestStatus | null {

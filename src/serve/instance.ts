@@ -6,6 +6,8 @@
  * instance (`both`) runs without a connector unless a config asks for one.
  */
 import type { RaceChecker } from '../device/race/race_checker.ts';
+import type { Device } from '../device/types.ts';
+import type { KVCacheConfig } from '../kv/spec.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
@@ -136,13 +138,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,
-      makeDevice:
-        opts.device === 'threaded'
-          ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
-          : simDevice(opts.preset, opts.modelSeed, {
-              raceCheck: opts.raceCheck,
-              ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }),
-            }),
+      makeDevice: deviceFactory(opts),
       connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },
     env,
@@ -173,13 +169,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     readStats,
     log,
   );
-  let port: number;
-  try {
-    port = await server.listen(opts.port, opts.host);
-  } catch (err) {
-    await e.close();
-    throw err;
-  }
+  const port = await listenOrClose(server, e, opts);
   const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
   return {
     engine: e,
@@ -191,6 +181,26 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       await e.close();
     },
   };
+}
+
+/** The instance's device: the threaded one, or the in-process sim device. */
+function deviceFactory(opts: InstanceOptions): (kv: KVCacheConfig) => Promise<Device> {
+  return opts.device === 'threaded'
+    ? threadedDevice(opts.preset, opts.modelSeed, opts.raceCheck, opts.kernelModuleUrl)
+    : simDevice(opts.preset, opts.modelSeed, {
+        raceCheck: opts.raceCheck,
+        ...(opts.kernelModuleUrl === undefined ? {} : { kernelModuleUrl: opts.kernelModuleUrl }),
+      });
+}
+
+/** Listen on the instance's port; when that fails the engine is closed before the error propagates. */
+async function listenOrClose(server: InstanceServer, engine: LLMEngine, opts: InstanceOptions): Promise<number> {
+  try {
+    return await server.listen(opts.port, opts.host);
+  } catch (err) {
+    await engine.close();
+    throw err;
+  }
 }
 
 /** The connector of a P/D instance: its transfer endpoint and the producers it may contact. */

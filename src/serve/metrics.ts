@@ -35,6 +35,172 @@ const LATENCY_BUCKETS_S = [
   0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
 ];
 
+type Read<T> = (x: T) => number;
+
+/** Metric families read from the engine's stats at scrape time. */
+interface ScrapedFamilies {
+  /** A gauge set to the value read. */
+  gauge(name: string, help: string, f: Read<InstanceStatsSnapshot>): void;
+  /** A counter mirroring a cumulative stat: it advances by the difference since the last scrape. */
+  mirror(name: string, help: string, f: Read<InstanceStatsSnapshot>): void;
+}
+
+function scrapedFamilies(reg: Registry, read: () => InstanceStatsSnapshot): ScrapedFamilies {
+  // Reading is cheap (counters and sizes), so every collector reads for itself.
+  return {
+    gauge(name, help, f) {
+      new Gauge({
+        name,
+        help,
+        registers: [reg],
+        collect() {
+          this.set(f(read()));
+        },
+      });
+    },
+    mirror(name, help, f) {
+      let last = 0;
+      new Counter({
+        name,
+        help,
+        registers: [reg],
+        collect() {
+          const v = f(read());
+          if (v > last) this.inc(v - last);
+          last = Math.max(last, v);
+        },
+      });
+    },
+  };
+}
+
+/** Queues, KV pages, zeroing, preemptions, load failures, leases, steps. */
+function registerEngineMetrics(f: ScrapedFamilies): void {
+  f.gauge('handoff_num_requests_running', 'requests in the running queue', (x) => x.running);
+  f.gauge('handoff_num_requests_waiting', 'requests waiting to be scheduled', (x) => x.waiting);
+  f.gauge(
+    'handoff_num_requests_held_for_send',
+    'finished prefill requests whose pages are held for a decode peer',
+    (x) => x.heldForSend,
+  );
+  f.gauge('handoff_kv_cache_usage_perc', 'fraction of KV pages in use (0..1)', (x) => x.kvUsage);
+  f.gauge('handoff_kv_free_pages', 'free KV pages (including evictable prefix-cache pages)', (x) => x.freePages);
+  f.gauge('handoff_kv_total_pages', 'KV pages in the pool (block 0, the null block, excluded)', (x) => x.totalPages);
+  f.mirror('handoff_preemptions_total', 'requests preempted for lack of pages', (x) => x.preemptions);
+  f.mirror('handoff_pages_zero_listed_total', 'new pages put on the zeroing list', (x) => x.pagesZeroListed);
+  f.mirror('handoff_pages_zeroed_total', 'pages zeroed by the worker', (x) => x.pagesZeroed);
+  f.mirror(
+    'handoff_pages_excluded_from_zeroing_total',
+    'READ destination pages removed from the zeroing list',
+    (x) => x.pagesExcludedFromZeroing,
+  );
+  f.mirror('handoff_kv_load_failures_total', 'requests whose KV load failed', (x) => x.kvLoadFailures);
+  f.mirror(
+    'handoff_leases_expired_total',
+    'held prefill pages freed because no release arrived in time',
+    (x) => x.leasesExpired,
+  );
+  f.mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
+}
+
+/** The race checker and the lifecycle oracle (--race-check). */
+function registerCheckerMetrics(f: ScrapedFamilies): void {
+  f.gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) =>
+    x.races === null ? 0 : 1,
+  );
+  f.mirror('handoff_races_total', 'unordered conflicting page accesses found by the race checker', (x) => x.races ?? 0);
+  f.mirror(
+    'handoff_lifecycle_violations_total',
+    'page lifecycle invariant violations found by the lifecycle oracle (--race-check)',
+    (x) => x.lifecycleViolations ?? 0,
+  );
+}
+
+/** The transfer engine's counters (0 without a connector). */
+function registerTransferMetrics(f: ScrapedFamilies): void {
+  const t =
+    (g: Read<TransferStats>) =>
+    (x: InstanceStatsSnapshot): number =>
+      x.transfer ? g(x.transfer) : 0;
+  f.mirror(
+    'handoff_transfer_bytes_read_total',
+    'bytes pulled by this engine with READs',
+    t((x) => x.bytesRead),
+  );
+  f.mirror(
+    'handoff_transfer_bytes_written_total',
+    'bytes pushed by this engine with WRITEs',
+    t((x) => x.bytesWritten),
+  );
+  f.mirror(
+    'handoff_transfer_reads_total',
+    'READ work requests posted',
+    t((x) => x.readsPosted),
+  );
+  f.mirror(
+    'handoff_transfer_read_failures_total',
+    'READ work requests that failed',
+    t((x) => x.readsFailed),
+  );
+  f.mirror(
+    'handoff_transfer_writes_total',
+    'WRITE work requests posted',
+    t((x) => x.writesPosted),
+  );
+  f.mirror(
+    'handoff_transfer_write_failures_total',
+    'WRITE work requests that failed',
+    t((x) => x.writesFailed),
+  );
+  f.mirror(
+    'handoff_transfer_grants_issued_total',
+    'grants issued for this engine pages',
+    t((x) => x.grantsIssued),
+  );
+  f.mirror(
+    'handoff_transfer_grants_refused_total',
+    'READs/WRITEs refused by this engine (GRANT_DENIED)',
+    t((x) => x.grantsRefused),
+  );
+  f.mirror(
+    'handoff_transfer_grants_expired_total',
+    'grants that expired unused',
+    t((x) => x.grantsExpired),
+  );
+  f.mirror(
+    'handoff_transfer_releases_refused_total',
+    'release/write_done notifications refused (wrong peer or grant token)',
+    t((x) => x.releasesRefused),
+  );
+  f.mirror(
+    'handoff_transfer_notifications_failed_total',
+    'side-channel notifications that failed',
+    t((x) => x.notificationsFailed),
+  );
+  f.mirror(
+    'handoff_transfer_bad_frames_total',
+    'data-plane connections closed for malformed frames',
+    t((x) => x.badFrames),
+  );
+}
+
+/** READ latency on the decode side, drained from the engine at scrape time. */
+function registerReadLatency(reg: Registry, read: () => InstanceStatsSnapshot): void {
+  new Histogram({
+    name: 'handoff_kv_read_seconds',
+    help: 'time from posting a request’s READs to all of them landed (decode side)',
+    buckets: LATENCY_BUCKETS_S,
+    registers: [reg],
+    collect() {
+      for (const ms of read().drainReadLatenciesMs()) this.observe(ms / 1000);
+    },
+  });
+}
+
+function latencyHistogram(reg: Registry, name: string, help: string): Histogram {
+  return new Histogram({ name, help, buckets: LATENCY_BUCKETS_S, registers: [reg] });
+}
+
 export class InstanceMetrics {
   readonly registry = new Registry();
   private readonly ttft: Histogram;
@@ -48,158 +214,26 @@ export class InstanceMetrics {
   constructor(labels: { role: string; model: string }, read: () => InstanceStatsSnapshot) {
     const reg = this.registry;
     reg.setDefaultLabels(labels);
-    // Reading is cheap (counters and sizes), so every collector reads for itself.
-    const s = read;
-    const gauge = (name: string, help: string, f: (x: InstanceStatsSnapshot) => number): void => {
-      new Gauge({
-        name,
-        help,
-        registers: [reg],
-        collect() {
-          this.set(f(s()));
-        },
-      });
-    };
-    const mirror = (name: string, help: string, f: (x: InstanceStatsSnapshot) => number): void => {
-      let last = 0;
-      new Counter({
-        name,
-        help,
-        registers: [reg],
-        collect() {
-          const v = f(s());
-          if (v > last) this.inc(v - last);
-          last = Math.max(last, v);
-        },
-      });
-    };
-    const t =
-      (f: (x: TransferStats) => number) =>
-      (x: InstanceStatsSnapshot): number =>
-        x.transfer ? f(x.transfer) : 0;
-
-    gauge('handoff_num_requests_running', 'requests in the running queue', (x) => x.running);
-    gauge('handoff_num_requests_waiting', 'requests waiting to be scheduled', (x) => x.waiting);
-    gauge(
-      'handoff_num_requests_held_for_send',
-      'finished prefill requests whose pages are held for a decode peer',
-      (x) => x.heldForSend,
+    const families = scrapedFamilies(reg, read);
+    registerEngineMetrics(families);
+    registerCheckerMetrics(families);
+    registerTransferMetrics(families);
+    registerReadLatency(reg, read);
+    this.ttft = latencyHistogram(
+      reg,
+      'handoff_time_to_first_token_seconds',
+      'time from request arrival to its first token',
     );
-    gauge('handoff_kv_cache_usage_perc', 'fraction of KV pages in use (0..1)', (x) => x.kvUsage);
-    gauge('handoff_kv_free_pages', 'free KV pages (including evictable prefix-cache pages)', (x) => x.freePages);
-    gauge('handoff_kv_total_pages', 'KV pages in the pool (block 0, the null block, excluded)', (x) => x.totalPages);
-    mirror('handoff_preemptions_total', 'requests preempted for lack of pages', (x) => x.preemptions);
-    mirror('handoff_pages_zero_listed_total', 'new pages put on the zeroing list', (x) => x.pagesZeroListed);
-    mirror('handoff_pages_zeroed_total', 'pages zeroed by the worker', (x) => x.pagesZeroed);
-    mirror(
-      'handoff_pages_excluded_from_zeroing_total',
-      'READ destination pages removed from the zeroing list',
-      (x) => x.pagesExcludedFromZeroing,
+    this.itl = latencyHistogram(
+      reg,
+      'handoff_inter_token_latency_seconds',
+      'time between consecutive tokens of a request',
     );
-    mirror('handoff_kv_load_failures_total', 'requests whose KV load failed', (x) => x.kvLoadFailures);
-    mirror(
-      'handoff_leases_expired_total',
-      'held prefill pages freed because no release arrived in time',
-      (x) => x.leasesExpired,
+    this.e2e = latencyHistogram(
+      reg,
+      'handoff_e2e_request_latency_seconds',
+      'time from arrival to the end of a request',
     );
-    mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
-    gauge('handoff_race_checker_enabled', '1 when the happens-before race checker runs on this device', (x) =>
-      x.races === null ? 0 : 1,
-    );
-    mirror('handoff_races_total', 'unordered conflicting page accesses found by the race checker', (x) => x.races ?? 0);
-    mirror(
-      'handoff_lifecycle_violations_total',
-      'page lifecycle invariant violations found by the lifecycle oracle (--race-check)',
-      (x) => x.lifecycleViolations ?? 0,
-    );
-    mirror(
-      'handoff_transfer_bytes_read_total',
-      'bytes pulled by this engine with READs',
-      t((x) => x.bytesRead),
-    );
-    mirror(
-      'handoff_transfer_bytes_written_total',
-      'bytes pushed by this engine with WRITEs',
-      t((x) => x.bytesWritten),
-    );
-    mirror(
-      'handoff_transfer_reads_total',
-      'READ work requests posted',
-      t((x) => x.readsPosted),
-    );
-    mirror(
-      'handoff_transfer_read_failures_total',
-      'READ work requests that failed',
-      t((x) => x.readsFailed),
-    );
-    mirror(
-      'handoff_transfer_writes_total',
-      'WRITE work requests posted',
-      t((x) => x.writesPosted),
-    );
-    mirror(
-      'handoff_transfer_write_failures_total',
-      'WRITE work requests that failed',
-      t((x) => x.writesFailed),
-    );
-    mirror(
-      'handoff_transfer_grants_issued_total',
-      'grants issued for this engine pages',
-      t((x) => x.grantsIssued),
-    );
-    mirror(
-      'handoff_transfer_grants_refused_total',
-      'READs/WRITEs refused by this engine (GRANT_DENIED)',
-      t((x) => x.grantsRefused),
-    );
-    mirror(
-      'handoff_transfer_grants_expired_total',
-      'grants that expired unused',
-      t((x) => x.grantsExpired),
-    );
-    mirror(
-      'handoff_transfer_releases_refused_total',
-      'release/write_done notifications refused (wrong peer or grant token)',
-      t((x) => x.releasesRefused),
-    );
-    mirror(
-      'handoff_transfer_notifications_failed_total',
-      'side-channel notifications that failed',
-      t((x) => x.notificationsFailed),
-    );
-    mirror(
-      'handoff_transfer_bad_frames_total',
-      'data-plane connections closed for malformed frames',
-      t((x) => x.badFrames),
-    );
-
-    new Histogram({
-      name: 'handoff_kv_read_seconds',
-      help: 'time from posting a request’s READs to all of them landed (decode side)',
-      buckets: LATENCY_BUCKETS_S,
-      registers: [reg],
-      collect() {
-        for (const ms of s().drainReadLatenciesMs()) this.observe(ms / 1000);
-      },
-    });
-    this.ttft = new Histogram({
-      name: 'handoff_time_to_first_token_seconds',
-      help: 'time from request arrival to its first token',
-      buckets: LATENCY_BUCKETS_S,
-      registers: [reg],
-    });
-    this.itl = new Histogram({
-      name: 'handoff_inter_token_latency_seconds',
-      help: 'time between consecutive tokens of a request',
-      buckets: LATENCY_BUCKETS_S,
-      registers: [reg],
-    });
-    this.e2e = new Histogram({
-      name: 'handoff_e2e_request_latency_seconds',
-      help: 'time from arrival to the end of a request',
-      buckets: LATENCY_BUCKETS_S,
-      registers: [reg],
-    });
     this.finished = new Counter({
       name: 'handoff_requests_total',
       help: 'finished requests by finish reason',

@@ -69,36 +69,8 @@ export class ModelRunner {
 
   async executeModel(so: SchedulerOutput): Promise<StepHandle> {
     this.stats.steps++;
-    // 1. Request state.
-    for (const id of [...so.finishedReqIds, ...so.preemptedReqIds]) {
-      this.reqs.delete(id);
-      this.poisoned.delete(id);
-      this.forgotten.push(id);
-    }
-    for (const n of so.scheduledNewReqs) {
-      this.poisoned.delete(n.requestId);
-      this.reqs.set(n.requestId, {
-        tokenIds: [...n.tokenIds],
-        blockTables: n.blockIds.map((g) => [...g]),
-        sampling: n.sampling,
-      });
-    }
-    for (const c of so.scheduledCachedReqs) {
-      const r = defined(this.reqs.get(c.requestId), `runner state of ${c.requestId}`);
-      c.newBlockIds.forEach((ids, g) => defined(r.blockTables[g], `block table ${g}`).push(...ids));
-    }
-    // 2. Zeroing, then copy-on-write, on the compute stream.
-    if (so.newBlockIdsToZero && so.newBlockIdsToZero.length > 0) {
-      const zeroer = defined(this.zeroer, 'zero list sent to a cache that needs no zeroing');
-      zeroer.zeroBlockIds(so.newBlockIdsToZero, so.step);
-      this.stats.pagesZeroed += so.newBlockIdsToZero.length;
-    }
-    if (so.kvCacheBlockCopies.length > 0) {
-      this.device.compute.enqueue({
-        op: { kind: 'copy', pairs: so.kvCacheBlockCopies, slabs: [...Array(this.kvConfig.numSlabs).keys()] },
-        label: { what: 'cow-copy', step: so.step },
-      });
-    }
+    this.applyRequestState(so);
+    this.enqueueZeroingAndCopies(so);
     // 3. Loads: every READ of this step has landed (or failed) when this returns.
     const loads: LoadResult = this.hooks
       ? await this.hooks.preForward(so)
@@ -107,24 +79,7 @@ export class ModelRunner {
     const failed = this.poisoned;
     // 4. The forward.
     const requests = this.buildForwardRequests(so, failed);
-    let forward: Promise<ForwardResult | null> = Promise.resolve(null);
-    if (requests.length > 0 || this.forgotten.length > 0) {
-      const args: StepArgs = { step: so.step, requests, forget: this.forgotten };
-      this.forgotten = [];
-      this.stats.forwards++;
-      const ticket = this.device.compute.enqueue({
-        op: { kind: 'kernel', name: 'step', args },
-        label: { what: 'forward', step: so.step, requestIds: requests.map((r) => r.requestId) },
-        footprint: forwardFootprint(this.kvConfig, args),
-      });
-      forward = ticket.done as Promise<ForwardResult>;
-      if (this.forwardPadMs > 0) {
-        this.device.compute.enqueue({
-          op: { kind: 'sleep', ms: this.forwardPadMs },
-          label: { what: 'forward-pad', step: so.step },
-        });
-      }
-    }
+    const forward = this.enqueueForward(so, requests);
     // 5. Results. A forward that failed as a whole fails the requests it computed, not the engine.
     const forwardIds = requests.map((r) => r.requestId);
     const output = forward.then(
@@ -144,6 +99,62 @@ export class ModelRunner {
       },
     );
     return { output };
+  }
+
+  /** 1. Request state: forget finished and preempted requests, take in new ones, extend block tables. */
+  private applyRequestState(so: SchedulerOutput): void {
+    for (const id of [...so.finishedReqIds, ...so.preemptedReqIds]) {
+      this.reqs.delete(id);
+      this.poisoned.delete(id);
+      this.forgotten.push(id);
+    }
+    for (const n of so.scheduledNewReqs) {
+      this.poisoned.delete(n.requestId);
+      this.reqs.set(n.requestId, {
+        tokenIds: [...n.tokenIds],
+        blockTables: n.blockIds.map((g) => [...g]),
+        sampling: n.sampling,
+      });
+    }
+    for (const c of so.scheduledCachedReqs) {
+      const r = defined(this.reqs.get(c.requestId), `runner state of ${c.requestId}`);
+      c.newBlockIds.forEach((ids, g) => defined(r.blockTables[g], `block table ${g}`).push(...ids));
+    }
+  }
+
+  /** 2. Zeroing, then copy-on-write, on the compute stream. */
+  private enqueueZeroingAndCopies(so: SchedulerOutput): void {
+    if (so.newBlockIdsToZero && so.newBlockIdsToZero.length > 0) {
+      const zeroer = defined(this.zeroer, 'zero list sent to a cache that needs no zeroing');
+      zeroer.zeroBlockIds(so.newBlockIdsToZero, so.step);
+      this.stats.pagesZeroed += so.newBlockIdsToZero.length;
+    }
+    if (so.kvCacheBlockCopies.length > 0) {
+      this.device.compute.enqueue({
+        op: { kind: 'copy', pairs: so.kvCacheBlockCopies, slabs: [...Array(this.kvConfig.numSlabs).keys()] },
+        label: { what: 'cow-copy', step: so.step },
+      });
+    }
+  }
+
+  /** 4. Enqueue the step kernel (when there is anything to compute or forget), then the pad; null if none. */
+  private enqueueForward(so: SchedulerOutput, requests: StepArgs['requests']): Promise<ForwardResult | null> {
+    if (requests.length === 0 && this.forgotten.length === 0) return Promise.resolve(null);
+    const args: StepArgs = { step: so.step, requests, forget: this.forgotten };
+    this.forgotten = [];
+    this.stats.forwards++;
+    const ticket = this.device.compute.enqueue({
+      op: { kind: 'kernel', name: 'step', args },
+      label: { what: 'forward', step: so.step, requestIds: requests.map((r) => r.requestId) },
+      footprint: forwardFootprint(this.kvConfig, args),
+    });
+    if (this.forwardPadMs > 0) {
+      this.device.compute.enqueue({
+        op: { kind: 'sleep', ms: this.forwardPadMs },
+        label: { what: 'forward-pad', step: so.step },
+      });
+    }
+    return ticket.done as Promise<ForwardResult>;
   }
 
   private async collect(
