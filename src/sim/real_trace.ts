@@ -50,21 +50,19 @@ function who(x: RaceReport['a']): string {
   return `${x.write ? 'write' : 'read'} by ${x.agent} ${x.label.what}${reqs}${step}`;
 }
 
-/** The run's timeline in the simulator's trace model. */
-export function realTrace(log: RealRunLog): SimTrace {
-  const p = log.process;
-  assert(p !== 'proxy' && p.length > 0, `process name '${p}' is reserved or empty`);
-  // The trace starts at the earliest moment logged (a loop, not Math.min(...): logs can be long).
+/** The earliest moment logged, where the trace starts (a loop, not Math.min(...): logs can be long). */
+function traceOrigin(log: RealRunLog): number {
   let t0 = Infinity;
   for (const o of log.ops) t0 = Math.min(t0, o.enqueuedMs, o.startMs ?? Infinity);
   for (const w of log.workRequests) t0 = Math.min(t0, w.postedMs);
   for (const r of log.requests) t0 = Math.min(t0, r.startMs);
-  const origin = Number.isFinite(t0) ? t0 : 0;
-  const at = (ms: number): number => ms - origin;
-  const rec = new TraceRecorder();
+  return Number.isFinite(t0) ? t0 : 0;
+}
 
+/** Records every op (enqueue instant, compute slice); returns the slice keys by checker op id. */
+function recordOps(rec: TraceRecorder, p: string, ops: TimedOp[], at: (ms: number) => number): Map<number, string> {
   const opByChecker = new Map<number, string>();
-  for (const o of log.ops) {
+  for (const o of ops) {
     const key = opKey(p, o);
     if (o.checkerOpId !== null) opByChecker.set(o.checkerOpId, key);
     const args = {
@@ -96,9 +94,18 @@ export function realTrace(log: RealRunLog): SimTrace {
       args: { ...args, queuedMs: o.startMs - o.enqueuedMs },
     });
   }
+  return opByChecker;
+}
 
+/** Records every work request (post instant, nic slice); returns the slice keys by checker work-request id. */
+function recordWorkRequests(
+  rec: TraceRecorder,
+  p: string,
+  workRequests: WorkRequestRecord[],
+  at: (ms: number) => number,
+): Map<number, string> {
   const wrByChecker = new Map<number, string>();
-  for (const w of log.workRequests) {
+  for (const w of workRequests) {
     const key = wrKey(p, w);
     if (w.checkerWrId !== null) wrByChecker.set(w.checkerWrId, key);
     rec.instant({
@@ -130,12 +137,24 @@ export function realTrace(log: RealRunLog): SimTrace {
       },
     });
   }
+  return wrByChecker;
+}
 
-  // One highlight per racing pair of accesses, naming every page they both touch (like SimWorld.toTrace).
+/**
+ * One highlight per racing pair of accesses, naming every page they both touch (like SimWorld.toTrace).
+ * Returns the title suffix counting the pairs not shown ('' when all are).
+ */
+function markRaces(
+  rec: TraceRecorder,
+  p: string,
+  races: RaceReport[],
+  opByChecker: Map<number, string>,
+  wrByChecker: Map<number, string>,
+): string {
   const keyOf = (x: RaceReport['a']): string | null =>
     (x.source === 'op' ? opByChecker.get(x.id) : x.source === 'nic' ? wrByChecker.get(x.id) : undefined) ?? null;
   const pairs = new Map<string, { r: RaceReport; blocks: Set<number> }>();
-  for (const r of log.races) {
+  for (const r of races) {
     const k = `${r.a.source}${r.a.id}|${r.b.source}${r.b.id}`;
     const pair = pairs.get(k) ?? { r, blocks: new Set<number>() };
     pair.blocks.add(r.block);
@@ -147,9 +166,19 @@ export function realTrace(log: RealRunLog): SimTrace {
     const pages = [...blocks].sort((a, b) => a - b).join(',');
     rec.markRace(keyOf(r.a), keyOf(r.b), `${p}: ${who(r.a)} unordered with ${who(r.b)} on blocks ${pages}`);
   }
-  const more =
-    pairs.size > TRACE_RACE_PAIRS_MAX ? ` (${pairs.size - TRACE_RACE_PAIRS_MAX} more racing pairs not shown)` : '';
+  return pairs.size > TRACE_RACE_PAIRS_MAX ? ` (${pairs.size - TRACE_RACE_PAIRS_MAX} more racing pairs not shown)` : '';
+}
 
+/** The run's timeline in the simulator's trace model. */
+export function realTrace(log: RealRunLog): SimTrace {
+  const p = log.process;
+  assert(p !== 'proxy' && p.length > 0, `process name '${p}' is reserved or empty`);
+  const origin = traceOrigin(log);
+  const at = (ms: number): number => ms - origin;
+  const rec = new TraceRecorder();
+  const opByChecker = recordOps(rec, p, log.ops, at);
+  const wrByChecker = recordWorkRequests(rec, p, log.workRequests, at);
+  const more = markRaces(rec, p, log.races, opByChecker, wrByChecker);
   const requests = log.requests.map((r) => ({
     index: r.index,
     startMs: at(r.startMs),

@@ -66,21 +66,12 @@ function prompt(rng: SeededRng, n: number): number[] {
   return Array.from({ length: n }, () => 1 + rng.int(VOCAB_LIMIT - 1));
 }
 
-export function buildScenario(
-  name: ScenarioName,
-  preset: ModelPreset,
-  seed: number,
-  opts: { requests?: number; mutant?: MutantName } = {},
-): ScenarioConfig {
-  const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = name === '1p1d-write' ? 'write' : 'read';
-  if (mode === 'write' && preset === 'hybrid-mini')
-    throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
-  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
+/** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
+function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
   const prefix = name === 'prefix-hit' ? prompt(rng, 32) : [];
   let arrivalMs = 0;
-  const requests: SimRequestSpec[] = Array.from({ length: n }, (_, index) => {
+  return Array.from({ length: n }, (_, index) => {
     let len: number;
     if (name === 'chunked-prefill') len = 60 + rng.int(90);
     else if (name === 'preempt') len = 20 + rng.int(25);
@@ -96,28 +87,48 @@ export function buildScenario(
       arrivalMs,
     };
   });
+}
 
-  const mutant = opts.mutant;
-  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => {
-    const c: OneSidedConfig = {
-      ...DEFAULT_ONE_SIDED_CONFIG,
-      role,
-      mode,
-      leaseMs: SIM_LEASE_MS,
-      transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS,
-    };
-    if (mutant === undefined) return c;
-    if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
-    if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
-    const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
-      'no-await-reads': 'consumer',
-      'tail-not-zeroed': 'consumer',
-      'free-before-release': 'producer',
-      'write-done-early': 'producer',
-    };
-    if (site[mutant] === role) c.mutant = mutant;
-    return c;
+/** One side's connector config, with the mutant (if any) planted on the side it belongs to. */
+function scenarioConnector(
+  role: 'producer' | 'consumer',
+  mode: 'read' | 'write',
+  mutant: MutantName | undefined,
+): OneSidedConfig {
+  const c: OneSidedConfig = {
+    ...DEFAULT_ONE_SIDED_CONFIG,
+    role,
+    mode,
+    leaseMs: SIM_LEASE_MS,
+    transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS,
   };
+  if (mutant === undefined) return c;
+  if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
+  if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
+  const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
+    'no-await-reads': 'consumer',
+    'tail-not-zeroed': 'consumer',
+    'free-before-release': 'producer',
+    'write-done-early': 'producer',
+  };
+  if (site[mutant] === role) c.mutant = mutant;
+  return c;
+}
+
+export function buildScenario(
+  name: ScenarioName,
+  preset: ModelPreset,
+  seed: number,
+  opts: { requests?: number; mutant?: MutantName } = {},
+): ScenarioConfig {
+  const rng = new SeededRng(streamSeed(seed, 3));
+  const mode = name === '1p1d-write' ? 'write' : 'read';
+  if (mode === 'write' && preset === 'hybrid-mini')
+    throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
+  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
+  const requests = scenarioRequests(name, rng, n);
+  const mutant = opts.mutant;
+  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
   const sched = (role: 'producer' | 'consumer'): Partial<SchedulerConfig> => ({
     maxNumSeqs: 8,

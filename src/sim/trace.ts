@@ -75,6 +75,55 @@ export class TraceRecorder {
 
 const US = 1000;
 
+type TraceEvent = Record<string, unknown>;
+type PidOf = (process: string) => number;
+type TidOf = (lane: string) => number;
+
+/** Process and thread name events: one process per trace process, one thread per lane. */
+function nameEvents(processes: string[], pid: PidOf, tid: TidOf): TraceEvent[] {
+  const ev: TraceEvent[] = [];
+  for (const p of processes) {
+    ev.push({
+      ph: 'M',
+      name: 'process_name',
+      pid: pid(p),
+      tid: 0,
+      args: { name: p === 'proxy' ? 'proxy' : p === 'P' ? 'P (prefill)' : p === 'D' ? 'D (decode)' : p },
+    });
+    for (const lane of p === 'proxy' ? ['proxy'] : LANES)
+      ev.push({ ph: 'M', name: 'thread_name', pid: pid(p), tid: tid(lane), args: { name: lane } });
+  }
+  return ev;
+}
+
+/** Appends one flow arrow per race whose two slices are both in the trace. */
+function pushRaceFlows(ev: TraceEvent[], t: SimTrace, pid: PidOf, tid: TidOf): void {
+  t.races.forEach((r, n) => {
+    const a = t.spans.find((s) => s.key === r.a);
+    const b = t.spans.find((s) => s.key === r.b);
+    if (a === undefined || b === undefined) return;
+    ev.push({
+      ph: 's',
+      id: n + 1,
+      name: 'race',
+      cat: 'race',
+      pid: pid(a.process),
+      tid: tid(a.lane),
+      ts: a.startMs * US,
+    });
+    ev.push({
+      ph: 'f',
+      bp: 'e',
+      id: n + 1,
+      name: 'race',
+      cat: 'race',
+      pid: pid(b.process),
+      tid: tid(b.lane),
+      ts: b.startMs * US,
+    });
+  });
+}
+
 /** Chrome trace-event format (JSON object form). */
 export function toChromeTrace(t: SimTrace): {
   traceEvents: Array<Record<string, unknown>>;
@@ -87,18 +136,7 @@ export function toChromeTrace(t: SimTrace): {
   ];
   const pid = (p: string): number => processes.indexOf(p) + 1;
   const tid = (lane: string): number => (lane === 'proxy' ? 1 : LANES.indexOf(lane as LaneKind) + 1);
-  const ev: Array<Record<string, unknown>> = [];
-  for (const p of processes) {
-    ev.push({
-      ph: 'M',
-      name: 'process_name',
-      pid: pid(p),
-      tid: 0,
-      args: { name: p === 'proxy' ? 'proxy' : p === 'P' ? 'P (prefill)' : p === 'D' ? 'D (decode)' : p },
-    });
-    for (const lane of p === 'proxy' ? ['proxy'] : LANES)
-      ev.push({ ph: 'M', name: 'thread_name', pid: pid(p), tid: tid(lane), args: { name: lane } });
-  }
+  const ev: Array<Record<string, unknown>> = nameEvents(processes, pid, tid);
   for (const s of t.spans) {
     ev.push({
       ph: 'X',
@@ -128,29 +166,6 @@ export function toChromeTrace(t: SimTrace): {
     ev.push({ ...common, ph: 'b', ts: r.startMs * US, args: { outcome: r.outcome } });
     ev.push({ ...common, ph: 'e', ts: Math.max(r.endMs, r.startMs) * US });
   }
-  t.races.forEach((r, n) => {
-    const a = t.spans.find((s) => s.key === r.a);
-    const b = t.spans.find((s) => s.key === r.b);
-    if (a === undefined || b === undefined) return;
-    ev.push({
-      ph: 's',
-      id: n + 1,
-      name: 'race',
-      cat: 'race',
-      pid: pid(a.process),
-      tid: tid(a.lane),
-      ts: a.startMs * US,
-    });
-    ev.push({
-      ph: 'f',
-      bp: 'e',
-      id: n + 1,
-      name: 'race',
-      cat: 'race',
-      pid: pid(b.process),
-      tid: tid(b.lane),
-      ts: b.startMs * US,
-    });
-  });
+  pushRaceFlows(ev, t, pid, tid);
   return { traceEvents: ev, displayTimeUnit: 'ms', metadata: { title: t.title, races: t.races.map((r) => r.text) } };
 }

@@ -143,6 +143,64 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     return meta;
   }
 
+  /** Answers the listener's challenge: registers our data session with the NIC and sends the hello. */
+  private sendHello(
+    conn: SideConn,
+    challenge: { nonce: string; engineId: string },
+    myNonce: string,
+    mySession: string,
+  ): void {
+    this.nic.send({ t: 'session', session: mySession, peerEngineId: challenge.engineId });
+    conn.send({
+      m: 'hello',
+      meta: this.metadata,
+      proof: this.secret === undefined ? '' : proof(this.secret, 'client', challenge.nonce, this.engineId),
+      nonce: myNonce,
+      dataHost: this.bindHost,
+      dataPort: this.nic.dataPort,
+      session: mySession,
+    });
+  }
+
+  /** The listener's answer to our hello: its welcome, or why the handshake fails. */
+  private checkWelcome(
+    peer: PeerAddress,
+    challengerId: string,
+    myNonce: string,
+    msg: SideMessage,
+  ): Extract<SideMessage, { m: 'welcome' }> | HandoffError {
+    if (msg.m === 'refuse') {
+      const code = msg.code === 'UNAUTHORIZED' || msg.code === 'PEER_INCOMPATIBLE' ? msg.code : 'PEER_UNAVAILABLE';
+      return new HandoffError(code, `${challengerId} refused the handshake: ${msg.message}`);
+    }
+    if (msg.m !== 'welcome' || msg.meta.engineId !== challengerId) {
+      return new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} broke the handshake protocol`);
+    }
+    if (this.secret !== undefined && !proofMatches(this.secret, 'server', myNonce, msg.meta.engineId, msg.proof)) {
+      return new HandoffError('UNAUTHORIZED', `${msg.meta.engineId} did not prove the side channel secret`);
+    }
+    const problem = compatibilityProblem(this.metadata, msg.meta as EngineMetadata);
+    if (problem !== null) return new HandoffError('PEER_INCOMPATIBLE', problem);
+    return msg;
+  }
+
+  /** Tells the NIC where the welcomed peer's data plane is and adopts the connection; returns its metadata. */
+  private completeDial(
+    conn: SideConn,
+    peer: PeerAddress,
+    welcome: Extract<SideMessage, { m: 'welcome' }>,
+  ): EngineMetadata {
+    const remote = welcome.meta as EngineMetadata;
+    const dataHost = isWildcard(welcome.dataHost) ? peer.host : welcome.dataHost;
+    this.nic.send({
+      t: 'peer',
+      peerEngineId: remote.engineId,
+      tcp: { host: dataHost, port: welcome.dataPort, session: welcome.session },
+    });
+    this.adopt(conn, remote);
+    return remote;
+  }
+
   /** Invariant: a dial that does not end in a handshake closes its socket (failure, refusal or `abandoned`). */
   private dial(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata> {
     return new Promise<EngineMetadata>((resolve, reject) => {
@@ -168,44 +226,12 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
               conn,
             );
           challenge = { nonce: msg.nonce, engineId: msg.engineId };
-          this.nic.send({ t: 'session', session: mySession, peerEngineId: msg.engineId });
-          conn.send({
-            m: 'hello',
-            meta: this.metadata,
-            proof: this.secret === undefined ? '' : proof(this.secret, 'client', msg.nonce, this.engineId),
-            nonce: myNonce,
-            dataHost: this.bindHost,
-            dataPort: this.nic.dataPort,
-            session: mySession,
-          });
+          this.sendHello(conn, challenge, myNonce, mySession);
           return;
         }
-        if (msg.m === 'refuse') {
-          const code = msg.code === 'UNAUTHORIZED' || msg.code === 'PEER_INCOMPATIBLE' ? msg.code : 'PEER_UNAVAILABLE';
-          return fail(new HandoffError(code, `${challenge.engineId} refused the handshake: ${msg.message}`), conn);
-        }
-        if (msg.m !== 'welcome' || msg.meta.engineId !== challenge.engineId) {
-          return fail(
-            new HandoffError('PEER_UNAVAILABLE', `${peer.host}:${peer.port} broke the handshake protocol`),
-            conn,
-          );
-        }
-        if (this.secret !== undefined && !proofMatches(this.secret, 'server', myNonce, msg.meta.engineId, msg.proof)) {
-          return fail(
-            new HandoffError('UNAUTHORIZED', `${msg.meta.engineId} did not prove the side channel secret`),
-            conn,
-          );
-        }
-        const remote = msg.meta as EngineMetadata;
-        const problem = compatibilityProblem(this.metadata, remote);
-        if (problem !== null) return fail(new HandoffError('PEER_INCOMPATIBLE', problem), conn);
-        const dataHost = isWildcard(msg.dataHost) ? peer.host : msg.dataHost;
-        this.nic.send({
-          t: 'peer',
-          peerEngineId: remote.engineId,
-          tcp: { host: dataHost, port: msg.dataPort, session: msg.session },
-        });
-        this.adopt(conn, remote);
+        const welcome = this.checkWelcome(peer, challenge.engineId, myNonce, msg);
+        if (welcome instanceof HandoffError) return fail(welcome, conn);
+        const remote = this.completeDial(conn, peer, welcome);
         settled = true;
         abandoned.removeEventListener('abort', onAbandoned);
         resolve(remote);
