@@ -81,6 +81,13 @@ export function parsePeerAllowList(raw: string): PeerAllowList {
   return items;
 }
 
+/** A handshake's engine id must be the one the request's params name. */
+function expectEngine(engineId: string, host: string, port: number, expected: string): string {
+  if (engineId !== expected)
+    throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${engineId}, not ${expected}`);
+  return engineId;
+}
+
 export class PeerDirectory {
   private readonly entries = new Map<string, Entry>();
   /** Engine ids some handshake returned (bounded): a failed handshake to one of them is a peer fault. */
@@ -138,12 +145,23 @@ export class PeerDirectory {
     if (st.state === 'failed') throw st.error;
     if (st.state !== 'ready')
       throw new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} is being replaced`);
-    if (st.engineId !== expectedEngineId)
-      throw new HandoffError(
-        'BAD_TRANSFER_PARAMS',
-        `peer at ${host}:${port} is ${st.engineId}, not ${expectedEngineId}`,
-      );
-    return st.engineId;
+    return expectEngine(st.engineId, host, port, expectedEngineId);
+  }
+
+  /**
+   * The step path's view: the engine at host:port as known now, never starting or waiting for a
+   * handshake (the scheduler side admitted the request only once it settled). A failed handshake to an
+   * engine this instance never reached means the params are wrong (400); to a known one, the peer is gone.
+   */
+  readyEngine(host: string, port: number, expectedEngineId: string): string {
+    const st = this.peek(host, port);
+    if (st?.state === 'failed') {
+      if (this.knows(expectedEngineId)) throw st.error;
+      const why = `remote_engine_id ${expectedEngineId} is unknown here and ${host}:${port} does not answer (${st.error.message})`;
+      throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
+    }
+    if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
+    return expectEngine(st.engineId, host, port, expectedEngineId);
   }
 
   /**

@@ -28,7 +28,6 @@ export class Producer {
     PRODUCER_TRANSITIONS,
     1 << 20,
   );
-  private numEarly = 0;
 
   constructor(private readonly ctx: WorkerContext) {}
 
@@ -43,7 +42,6 @@ export class Producer {
       if (t === undefined) this.transfers.add(transferId, { state: 'held', requestId });
       else if (t.state === 'released-early') {
         t.requestId = requestId;
-        this.numEarly--;
         this.transfers.move(transferId, 'released');
       }
     }
@@ -58,18 +56,13 @@ export class Producer {
       return;
     }
     if (t !== undefined) return; // a duplicate release
-    if (this.numEarly >= EARLY_RELEASES_MAX) this.dropEarlyReleases();
+    const early = this.transfers.inState('released-early');
+    if (early.length >= EARLY_RELEASES_MAX) for (const [id] of early) this.transfers.drop(id);
     this.transfers.add(transferId, { state: 'released-early', requestId: null });
-    this.numEarly++;
   }
 
   /** Requests whose pages may be freed now (vLLM's get_finished, sending side). */
   takeFinished(): string[] {
     return this.transfers.take('released').map(([, t]) => t.requestId as string);
-  }
-
-  private dropEarlyReleases(): void {
-    for (const [id] of this.transfers.inState('released-early')) this.transfers.drop(id);
-    this.numEarly = 0;
   }
 }

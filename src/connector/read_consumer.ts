@@ -59,7 +59,7 @@ export class ReadConsumer {
   private post(r: RecvReqMeta, step: number): ReadTransfer {
     if (r.localBlockIds.every((g) => g.length === 0)) return { state: 'landed', r, handle: null, error: null };
     try {
-      const peerEngineId = this.ctx.readyPeer(r.remoteHost, r.remotePort, r.remoteEngineId);
+      const peerEngineId = this.ctx.peers.readyEngine(r.remoteHost, r.remotePort, r.remoteEngineId);
       const { ranges, footprint } = this.ctx.rangesFor(r.localBlockIds, r.remoteBlockIds);
       this.stats.readsPosted++;
       const handle = this.ctx.transfer.postRead({

@@ -1,11 +1,10 @@
 /**
  * What every role of the connector's worker side shares: the transfer engine, the device, the peer
- * directory, the byte ranges of pages per transfer group, and the rule for which peer a transfer may use
- * (never a handshake on the step path: only peers the directory already reached).
+ * directory (whose `readyEngine` never handshakes on the step path) and the byte ranges of pages per
+ * transfer group.
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import type { Mutations } from '../util/mutants.ts';
 import type { Device, PageAccess } from '../device/types.ts';
@@ -54,23 +53,5 @@ export class WorkerContext {
         for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
     });
     return { ranges, footprint };
-  }
-
-  /**
-   * The engine at host:port, as the directory knows it now. Never handshakes and never waits: the
-   * scheduler side admitted the request only once the handshake settled.
-   */
-  readyPeer(host: string, port: number, expected: string): string {
-    const st = this.peers.peek(host, port);
-    if (st?.state === 'failed') {
-      // An engine this instance never reached, at an address that does not answer: the params are wrong.
-      if (this.peers.knows(expected)) throw st.error;
-      const why = `remote_engine_id ${expected} is unknown here and ${host}:${port} does not answer (${st.error.message})`;
-      throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
-    }
-    if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
-    if (st.engineId !== expected)
-      throw new HandoffError('BAD_TRANSFER_PARAMS', `peer at ${host}:${port} is ${st.engineId}, not ${expected}`);
-    return st.engineId;
   }
 }

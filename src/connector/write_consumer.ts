@@ -65,7 +65,7 @@ export class WriteConsumer {
     });
     let engineId: string;
     try {
-      engineId = this.ctx.readyPeer(host, port, remoteEngineId);
+      engineId = this.ctx.peers.readyEngine(host, port, remoteEngineId);
     } catch (e) {
       if (!isHandoffError(e)) throw e;
       t.deadlineMs = now; // nothing can be written: fail the load at the next postForward
@@ -97,10 +97,8 @@ export class WriteConsumer {
     this.ctx.transfer.revokeGrant(transferId);
     const t = this.recvs.get(transferId);
     if (t?.state === 'granted') this.recvs.move(transferId, 'aborted');
-    else if (t === undefined)
-      this.recvs.add(transferId, { state: 'aborted-released', requestId, deadlineMs: 0, blockIds: [] });
-    // its load ended: nothing can land
-    else if (t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);
+    // Never told where to write, or its load already ended: nothing can land.
+    else if (t === undefined || t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);
   }
 
   /** The producer's data is visible in our pages. */

@@ -18,7 +18,6 @@ import type { SchedulerOutput } from '../worker/scheduler_output.ts';
 import type { EngineOutput } from './output.ts';
 import type { Request } from './request.ts';
 import type { Scheduler } from './scheduler.ts';
-import { validatePromptTokenIds, validateSampling } from './request_validation.ts';
 
 export interface EngineCoreOptions {
   asyncScheduling: boolean;
@@ -52,9 +51,6 @@ export class EngineCore {
   addRequest(req: Request, onOutput: OutputListener): void {
     if (this.fatal) throw new HandoffError('INTERNAL', `engine stopped: ${this.fatal.message}`);
     if (this.stopped) throw new HandoffError('OVERLOADED', 'engine is shutting down');
-    // Invariant: nothing a client sent reaches the sampler's or the model's assertions unchecked.
-    validateSampling(req.sampling);
-    validatePromptTokenIds(req.promptTokenIds);
     this.scheduler.addRequest(req);
     this.listeners.set(req.requestId, onOutput);
     this.kick();

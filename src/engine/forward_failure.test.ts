@@ -3,7 +3,7 @@
  * requests of the step go on (the same tokens as without the failure), nothing leaks, and the engine
  * keeps serving. A step op that fails as a whole fails only the requests of that step. Pages a failed
  * step wrote never serve a prefix hit. Bad sampling values that slipped past the HTTP edge are refused
- * at addRequest, before they can reach the sampler's assertions.
+ * when the engine makes the request, before they can reach the sampler's assertions.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

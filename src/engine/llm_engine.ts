@@ -21,6 +21,7 @@ import type { ConnectorWorkerHooks } from '../worker/hooks.ts';
 import { ModelRunner } from '../worker/model_runner.ts';
 import type { SamplingParamsData } from '../worker/scheduler_output.ts';
 import { EngineCore } from './engine_core.ts';
+import { validatePromptTokenIds, validateSampling } from './request_validation.ts';
 import type { EngineOutput } from './output.ts';
 import { Request } from './request.ts';
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
@@ -135,23 +136,24 @@ export class LLMEngine {
   /** Build and validate a request; throws HandoffError (nothing allocated) on bad input. */
   makeRequest(g: GenerateRequest): Request {
     const params = g.kvTransferParams ?? null;
-    const maxTokens = g.sampling.maxTokens;
-    if (!Number.isInteger(maxTokens) || maxTokens < 1)
-      throw new HandoffError('BAD_REQUEST', 'max_tokens must be an integer >= 1');
-    if (g.promptTokenIds.length === 0) throw new HandoffError('BAD_REQUEST', 'the prompt is empty');
+    // The engine's own check, not trusting the HTTP edge: nothing a client sent reaches the sampler's or
+    // the model's assertions (or the Request constructor's) unchecked.
+    validatePromptTokenIds(g.promptTokenIds);
     const prompt = this.connector?.scheduler.prefillPromptTokens(g.promptTokenIds, params) ?? g.promptTokenIds;
+    const sampling = {
+      maxTokens: g.sampling.maxTokens,
+      temperature: g.sampling.temperature ?? 0,
+      topP: g.sampling.topP,
+      topK: g.sampling.topK,
+      seed: g.sampling.seed ?? 0,
+      stopTokenIds: g.sampling.stopTokenIds ?? [],
+      ignoreEos: g.sampling.ignoreEos ?? false,
+    };
+    validateSampling(sampling);
     const req = new Request({
       requestId: g.requestId ?? `req-${hexId(this.env, 8)}`,
       promptTokenIds: prompt,
-      sampling: {
-        maxTokens,
-        temperature: g.sampling.temperature ?? 0,
-        topP: g.sampling.topP,
-        topK: g.sampling.topK,
-        seed: g.sampling.seed ?? 0,
-        stopTokenIds: g.sampling.stopTokenIds ?? [],
-        ignoreEos: g.sampling.ignoreEos ?? false,
-      },
+      sampling,
       kvTransferParams: params ? { ...params } : null,
       arrivalMs: this.env.nowMs(),
     });

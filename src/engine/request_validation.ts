@@ -1,8 +1,8 @@
 /**
- * The engine's own check of a request, at `addRequest`: the HTTP edge validates first, but the engine
- * does not trust it (a bound dropped at the edge once let `top_p: 1.5` crash the engine loop). Every
- * value the sampler and the model assert on is checked here and refused as a BAD_REQUEST naming the
- * field, so nothing a client sends can reach those assertions.
+ * The engine's own check of a request, when it is made (`LLMEngine.makeRequest`, before `addRequest`):
+ * the HTTP edge validates first, but the engine does not trust it (a bound dropped at the edge once let
+ * `top_p: 1.5` crash the engine loop). Every value the sampler and the model assert on is checked here
+ * and refused as a BAD_REQUEST naming the field, so nothing a client sends can reach those assertions.
  */
 import { HandoffError } from '../util/errors.ts';
 import { VOCAB_SIZE } from '../model/config.ts';

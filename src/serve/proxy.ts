@@ -245,10 +245,14 @@ export class Proxy {
     await pdFlow<void>(
       {
         prefill: async (ask, signal) => {
-          const answer = await this.prefillCall(p, path, prefillBody(body, ask), headers, signal);
+          const call = { path, body: prefillBody(body, ask), headers, signal };
+          const answer = await this.post('prefill', p, call, async (r) => (await r.json()) as Body);
           return { kvTransferParams: answer['kv_transfer_params'] };
         },
-        decode: (params, signal) => this.decodeCall(d, path, decodeBody(body, params), headers, signal, res),
+        decode: (params, signal) =>
+          this.post('decode', d, { path, body: decodeBody(body, params), headers, signal }, (r) =>
+            relay(r, res, signal),
+          ),
       },
       { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client.signal },
     );
@@ -269,51 +273,25 @@ export class Proxy {
     }
   }
 
-  private prefillCall(
+  /** POST to one upstream of `role`, counted as load on it; a non-2xx answer becomes its error. */
+  private post<T>(
+    role: 'prefill' | 'decode',
     m: PoolMember,
-    path: string,
-    body: Body,
-    headers: Record<string, string>,
-    signal: AbortSignal,
-  ): Promise<Body> {
-    return this.using(this.prefill, m, async () => {
+    call: { path: string; body: Body; headers: Record<string, string>; signal: AbortSignal },
+    onOk: (response: Response) => Promise<T>,
+  ): Promise<T> {
+    return this.using(role === 'prefill' ? this.prefill : this.decode, m, async () => {
       const u = await callUpstream(this.env, {
         method: 'POST',
-        url: `${m.url}${path}`,
-        body,
-        headers,
-        signal,
+        url: `${m.url}${call.path}`,
+        body: call.body,
+        headers: call.headers,
+        signal: call.signal,
         timeoutMs: this.opts.upstreamTimeoutMs,
       });
       try {
-        if (!u.response.ok) throw withStatus(await upstreamError('prefill', u.response), u.response.status);
-        return (await u.response.json()) as Body;
-      } finally {
-        u.done();
-      }
-    });
-  }
-
-  private decodeCall(
-    m: PoolMember,
-    path: string,
-    body: Body,
-    headers: Record<string, string>,
-    signal: AbortSignal,
-    res: ServerResponse,
-  ): Promise<void> {
-    return this.using(this.decode, m, async () => {
-      const u = await callUpstream(this.env, {
-        method: 'POST',
-        url: `${m.url}${path}`,
-        body,
-        headers,
-        signal,
-        timeoutMs: this.opts.upstreamTimeoutMs,
-      });
-      try {
-        if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
-        await relay(u.response, res, signal);
+        if (!u.response.ok) throw withStatus(await upstreamError(role, u.response), u.response.status);
+        return await onOk(u.response);
       } finally {
         u.done();
       }
