@@ -128,8 +128,11 @@ test('llama-mini: masked slots are multiplied, not skipped: NaN in an unwritten 
   }
 });
 
-// The micro twins (the simulator's default models) keep the story: same page formats, smaller tensors.
-for (const [preset, tables] of [
+// The micro twin of the seed's model (the simulator's default) keeps the story: same page formats, smaller
+// tensors. (hybrid-micro's 160 bytes of Mamba state, read as bf16 K/V past the sequence, are finite junk for
+// this prompt, which changes nothing, as the llama-mini test shows; its corruptions are caught by P/D ==
+// colocated.)
+const MICRO_TABLES: Array<[ModelPreset, number[][]]> = [
   [
     'dsv4-micro',
     [
@@ -137,8 +140,8 @@ for (const [preset, tables] of [
       [3, 4],
     ],
   ],
-  ['hybrid-micro', [[1, X], [3]]],
-] as const) {
+];
+for (const [preset, tables] of MICRO_TABLES) {
   test(`${preset}: an f32 state page reused without zeroing corrupts the output; zeroed, it equals a fresh run`, () => {
     const freshTables = tables.map((t) => t.map((b) => (b === X ? 2 : b)));
     const fresh = runNew(preset, makeSlabs(kvConfigFor(preset)), freshTables);
