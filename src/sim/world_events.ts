@@ -8,7 +8,8 @@
  *     after every READ of its transfer ended;
  *   - checks the request half of I7 (ownership epochs): a transfer posted for request R may write only
  *     pages no other live request owns (the lifecycle binds it to the pages' generation);
- *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it);
+ *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it),
+ *     and the abort scenario's abort from decode's WRITE grant on (decode awaits prefill's WRITE);
  *   - records NIC slices and maps race-checker work-request ids to them for the trace.
  */
 import type { RaceReport } from '../device/race/race_report.ts';
@@ -165,12 +166,12 @@ export class WorldEvents {
    */
   private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
     const r = this.requestOf(item);
-    if (r === undefined) return '';
+    if (r === undefined || !dst.alive) return '';
     const idOf = (q: ProxyRequest): string => (dst === this.w.D ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q));
     const owner = idOf(r);
     const mine = new Set(dst.engine.kv.getBlockIds(owner).flat());
     for (const q of this.w.proxy.requests) {
-      if (q === r || !dst.alive) continue;
+      if (q === r) continue;
       const taken = dst.engine.kv
         .getBlockIds(idOf(q))
         .flat()
