@@ -17,7 +17,10 @@ import {
   traceSim,
   writeTrace,
   type SimOptions,
+  type ScenarioName,
+  type Strategy,
 } from '../sim/index.ts';
+import { formatSweepReport, runSweep } from '../sim/sweep.ts';
 
 function intOpt(name: string, v: unknown, min: number, max: number): number | undefined {
   if (v === undefined) return undefined;
@@ -25,6 +28,49 @@ function intOpt(name: string, v: unknown, min: number, max: number): number | un
   if (!Number.isInteger(n) || n < min || n > max)
     throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
   return n;
+}
+
+/** `--scenario all | a,b` and `--strategy a,b`: the pairs of a sweep (one pair: a plain run). */
+function simLists(o: Record<string, unknown>): { scenarios: ScenarioName[]; strategies: Strategy[] } {
+  const list = (v: unknown): string[] =>
+    String(v)
+      .split(',')
+      .map((x) => x.trim())
+      .filter((x) => x.length > 0);
+  const scenarios = String(o['scenario']) === 'all' ? [...SCENARIOS] : list(o['scenario']);
+  for (const s of scenarios)
+    if (!isScenarioName(s))
+      throw new HandoffError('BAD_CONFIG', `unknown scenario '${s}' (${SCENARIOS.join(', ')}, all)`);
+  const strategies = list(o['strategy']);
+  for (const s of strategies)
+    if (!isStrategy(s)) throw new HandoffError('BAD_CONFIG', `unknown strategy '${s}' (${STRATEGIES.join(', ')})`);
+  if (scenarios.length === 0 || strategies.length === 0)
+    throw new HandoffError('BAD_CONFIG', '--scenario and --strategy need at least one name');
+  return { scenarios: scenarios as ScenarioName[], strategies: strategies as Strategy[] };
+}
+
+async function simSweep(
+  o: Record<string, unknown>,
+  lists: { scenarios: ScenarioName[]; strategies: Strategy[] },
+  run: { seeds: number; jobs: number; budgetS?: number },
+): Promise<void> {
+  if (o['replay']) throw new HandoffError('BAD_CONFIG', '--replay runs one scenario and strategy');
+  const {
+    scenario: _a,
+    strategy: _b,
+    ...base
+  } = simOptions({ ...o, scenario: lists.scenarios[0], strategy: lists.strategies[0] });
+  const report = await runSweep({
+    ...base,
+    ...lists,
+    ...run,
+    onRun: (r) =>
+      process.stderr.write(
+        `${r.scenario} ${r.strategy}: ${r.schedules} schedules, ${r.violations.length === 0 ? 'ok' : 'VIOLATIONS'}\n`,
+      ),
+  });
+  process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSweepReport(report)}\n`);
+  if (report.failingRuns > 0) process.exitCode = 1;
 }
 
 function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { seeds?: number } {
@@ -62,8 +108,8 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
 
 function common(c: Command): Command {
   return c
-    .option('--scenario <s>', SCENARIOS.join(' | '), '1p1d')
-    .option('--strategy <s>', STRATEGIES.join(' | '), 'random')
+    .option('--scenario <s>', `${SCENARIOS.join(' | ')}; sim: a list or all`, '1p1d')
+    .option('--strategy <s>', `${STRATEGIES.join(' | ')}; sim: a list`, 'random')
     .option('--model <preset>', `model preset: ${MODEL_PRESETS.join(' | ')}`, DEFAULT_SIM_PRESET)
     .option('--mutant <m>', `reintroduce a known bug: ${Object.keys(MUTANTS).join(', ')}`)
     .option('--seed <n>', 'first seed (the seed to replay)')
@@ -88,14 +134,17 @@ export function registerSimCommands(program: Command): void {
     .option('--replay', 'run only --seed, exactly as the failure ran')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
+      const lists = simLists(o);
+      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
+      const seeds = intOpt('seeds', o['seeds'], 1, 1_000_000) ?? (budgetS === undefined ? 20 : 1_000_000);
+      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
+      if (lists.scenarios.length * lists.strategies.length > 1)
+        return simSweep(o, lists, { seeds, jobs, ...(budgetS !== undefined ? { budgetS } : {}) });
       const base = simOptions(o);
       const bar = new cliProgress.SingleBar(
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,
       );
-      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
-      const seeds = base.seeds ?? (budgetS === undefined ? 20 : 1_000_000);
-      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
       bar.start(o['replay'] ? 1 : seeds, 0, { failing: 0 });
       const report = await runSim({
         ...base,

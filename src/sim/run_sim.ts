@@ -146,12 +146,13 @@ async function* seedResults(
   count: number,
   jobs: number,
   more: () => boolean,
+  shared: SimThreads | null,
 ): AsyncGenerator<SeedResult> {
   if (jobs <= 1) {
     for (let k = 0; k < count && (k === 0 || more()); k++) yield await runSeed(o, first + k, o.replay === true);
     return;
   }
-  const threads = new SimThreads(jobs);
+  const threads = shared ?? new SimThreads(jobs);
   const inFlight: Array<Promise<SeedResult>> = [];
   let next = 0;
   const fill = (): void => {
@@ -170,7 +171,7 @@ async function* seedResults(
     // closing the threads rejects them.
     // catch-ok: an abandoned seed's rejection is the thread being closed, nothing to report
     for (const p of inFlight) p.catch(() => undefined);
-    await threads.close();
+    if (shared === null) await threads.close();
   }
 }
 
@@ -206,15 +207,20 @@ class Tally {
   }
 }
 
-export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise<SimReport> {
+/** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */
+export async function runSim(
+  o: SimOptions,
+  wall: Env = new RealEnv(0),
+  threads: SimThreads | null = null,
+): Promise<SimReport> {
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
   const count = o.replay ? 1 : o.seeds;
-  const jobs = o.replay ? 1 : (o.jobs ?? 1);
+  const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
   const t0 = wall.nowMs();
   const budgetMs = o.budgetS === undefined ? Infinity : o.budgetS * 1000;
   const { seeds: _s, onProgress: _p, jobs: _j, budgetS: _b, ...seedOptions } = o;
   const tally = new Tally(o);
-  for await (const r of seedResults(seedOptions, first, count, jobs, () => wall.nowMs() - t0 < budgetMs)) {
+  for await (const r of seedResults(seedOptions, first, count, jobs, () => wall.nowMs() - t0 < budgetMs, threads)) {
     const go = tally.add(r);
     o.onProgress?.(tally.done, count, tally.failing);
     if (!go) break;
