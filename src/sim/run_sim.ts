@@ -246,7 +246,7 @@ export async function runSim(
 export function formatSimReport(r: SimReport): string {
   const head = `sim ${r.scenario} · ${r.strategy} · ${r.seeds} seed${r.seeds === 1 ? '' : 's'}${r.mutant ? ` · mutant ${r.mutant}` : ''} · ${r.schedulesPerSec} schedules/s`;
   if (r.firstFailingSeed === null)
-    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I6, P/D == colocated, liveness, leaks)`;
+    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I7, P/D == colocated, liveness, leaks)`;
   const failingSeeds = new Set(r.violations.map((v) => v.seed)).size;
   const lines = [head, `FAIL: ${failingSeeds}+ failing seed(s), first at seed ${r.firstFailingSeed}`];
   for (const v of r.violations.slice(0, 10))

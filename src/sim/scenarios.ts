@@ -10,6 +10,7 @@
  *   peer-death       the prefill instance dies while a READ is in flight (an explorer choice)
  *   prefix-hit       requests share a 2-page prefix: local prefix hits on both sides, READ of the rest
  *   chunked-prefill  long prompts in 32-token chunks
+ *   abort-write      `abort` with WRITE: decode aborts a request while prefill's WRITE into it is in flight
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -29,6 +30,7 @@ export const SCENARIOS = [
   'peer-death',
   'prefix-hit',
   'chunked-prefill',
+  'abort-write',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -112,6 +114,9 @@ function scenarioConnector(
     'tail-not-zeroed': 'consumer',
     'free-before-release': 'producer',
     'write-done-early': 'producer',
+    'stale-writer': 'consumer',
+    'read-done-early': 'consumer',
+    'prefix-shift': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
@@ -124,7 +129,7 @@ export function buildScenario(
   opts: { requests?: number; mutant?: MutantName } = {},
 ): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = name === '1p1d-write' ? 'write' : 'read';
+  const mode = name === '1p1d-write' || name === 'abort-write' ? 'write' : 'read';
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
@@ -147,7 +152,7 @@ export function buildScenario(
     requests,
     prefill: { numBlocks: 64, scheduler: sched('producer'), connector: connector('producer') },
     decode: { numBlocks: name === 'preempt' ? 13 : 64, scheduler: sched('consumer'), connector: connector('consumer') },
-    abortTarget: name === 'abort' ? rng.int(n) : null,
+    abortTarget: name === 'abort' || name === 'abort-write' ? rng.int(n) : null,
     killPrefillMidRead: name === 'peer-death',
     idlePollMs: 2,
     notifyTimeoutMs: 50,
