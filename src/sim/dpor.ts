@@ -47,6 +47,8 @@ export interface DporChooser {
   ran(global: boolean, extraWrites?: readonly string[]): void;
   /** Something that is not a choice happened (time jumped, timers fired): ordered with everything. */
   barrier(): void;
+  /** The execution ended with these keys still enabled (the last step may have disabled others). */
+  end(enabled: readonly string[]): void;
 }
 
 export interface DporSystem<R> {
@@ -197,6 +199,7 @@ export class DporSearch<R> {
         assert(pendingNode === null, 'dpor: barrier inside a step');
         events.push({ node: null, key: '', fp: { reads: [], writes: [], global: true, costMs: 0 }, creator: -1 });
       },
+      end: (enabled) => this.noteDisabled(prevEnabled, enabled, depth - 1),
     };
   }
 

@@ -164,7 +164,10 @@ test('a step seen cancelling another is explored in both orders (disabling count
           const en: Candidate[] = [];
           if (!order.includes('cancel')) en.push({ key: 'cancel', fp: fpOf({ reads: [], writes: ['b'] }) });
           if (!cancelled && !jobDone) en.push({ key: 'job', fp: fpOf({ reads: [], writes: ['a'] }) });
-          if (en.length === 0) return order.join(',');
+          if (en.length === 0) {
+            ch.end([]);
+            return order.join(',');
+          }
           const c = en[ch.choose(en, Infinity)] as Candidate;
           order.push(c.key);
           if (c.key === 'cancel') cancelled = true;
