@@ -109,10 +109,16 @@ test('n independent processes of k steps: exactly one schedule, and the space is
 test('two processes writing the same variable: exactly 2 traces; two readers of it: 1', async () => {
   const w = (v: string): Step => ({ reads: [], writes: [v] });
   const r = (v: string): Step => ({ reads: [v], writes: [] });
-  const writers = await dpor([[w('a'), w('x')], [w('b'), w('x')]]);
+  const writers = await dpor([
+    [w('a'), w('x')],
+    [w('b'), w('x')],
+  ]);
   assert.equal(writers.stats.schedules, 2);
   assert.equal(new Set(writers.traces).size, 2);
-  const readers = await dpor([[r('x'), w('a')], [r('x'), w('b')]]);
+  const readers = await dpor([
+    [r('x'), w('a')],
+    [r('x'), w('b')],
+  ]);
   assert.equal(readers.stats.schedules, 1);
   // Three processes each writing x once: 3! orders of the writes.
   assert.equal((await dpor([[w('x')], [w('x')], [w('x')]])).stats.schedules, 6);

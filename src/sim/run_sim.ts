@@ -31,6 +31,10 @@ export interface SimOptions {
   requests?: number;
   pctDepth?: number;
   dfsDepth?: number;
+  /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
+  dporDepth?: number;
+  maxSchedules?: number;
+  schedule?: readonly number[];
   onProgress?: (done: number, total: number, failingSeeds: number) => void;
 }
 
@@ -71,7 +75,16 @@ const DFS_DUPLICATES_MAX = 64;
 export function replayCommand(
   o: Pick<
     SimOptions,
-    'scenario' | 'strategy' | 'mutant' | 'model' | 'faults' | 'maxSteps' | 'requests' | 'pctDepth' | 'dfsDepth'
+    | 'scenario'
+    | 'strategy'
+    | 'mutant'
+    | 'model'
+    | 'faults'
+    | 'maxSteps'
+    | 'requests'
+    | 'pctDepth'
+    | 'dfsDepth'
+    | 'schedule'
   >,
   seed: number,
 ): string {
@@ -83,6 +96,7 @@ export function replayCommand(
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
+  if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
   parts.push('--replay');
   return parts.join(' ');
 }
@@ -103,7 +117,7 @@ export async function runSeed(
     ...(o.faults !== undefined ? { faults: o.faults } : {}),
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
-    explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth },
+    explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
   });
