@@ -7,6 +7,7 @@
 import { RealEnv, type Env } from '../util/env.ts';
 import { DporSearch, type DporSystem } from './dpor.ts';
 import { DporWorldExplorer } from './dpor_world.ts';
+import { coverageReport, mergeCounts, type OrderCounts } from './coverage.ts';
 import { judgeEnd } from './oracles.ts';
 import { replayCommand, type SimOptions, type SimReport, type SimViolation } from './run_sim.ts';
 import { SimWorld, type Violation } from './world.ts';
@@ -27,6 +28,7 @@ const TOTAL_MAX = 50;
 export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promise<DporReport> {
   const depth = o.dporDepth ?? DPOR_DEPTH_DEFAULT;
   const maxSchedules = o.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT;
+  const coverage: OrderCounts = {};
   const system: DporSystem<Violation[]> = {
     execute: async (chooser) => {
       const world = await SimWorld.create({
@@ -43,6 +45,7 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
       await world.run();
       await judgeEnd(world);
       await world.shutdown();
+      mergeCounts(coverage, world.coverage.finish());
       return world.violations;
     },
   };
@@ -74,6 +77,7 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
     replay:
       first === null ? null : replayCommand({ ...o, strategy: 'dpor', faults: false, schedule: first.schedule }, 0),
     schedulesPerSec: Math.round((stats.schedules / seconds) * 100) / 100,
+    coverage: coverageReport(coverage),
     schedules: stats.schedules,
     exhausted: stats.exhausted,
     bound: { depth, maxSchedules, depthCut: stats.depthCut, capped: stats.capped },

@@ -7,6 +7,7 @@ import { RealEnv, type Env } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { Strategy } from './explorer.ts';
+import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type OrderCounts } from './coverage.ts';
 import { judgeEnd } from './oracles.ts';
 import type { ScenarioName } from './scenarios.ts';
 import type { SimTrace } from './trace.ts';
@@ -52,6 +53,8 @@ export interface SimReport {
   firstFailingSeed: number | null;
   replay: string | null;
   schedulesPerSec: number;
+  /** Orders of zero / land / forward seen on transfer destinations (coverage.ts). */
+  coverage: CoverageReport;
 }
 
 export interface SeedResult {
@@ -65,6 +68,7 @@ export interface SeedResult {
   duplicate: boolean;
   faultsFired: Record<string, number>;
   trace: SimTrace | null;
+  coverage: OrderCounts;
 }
 
 /** Violations kept per failing seed and in all. */
@@ -134,6 +138,7 @@ export async function runSeed(
     duplicate: world.explorer.duplicate,
     faultsFired: { ...world.buggify.fired },
     trace: world.toTrace(title),
+    coverage: world.coverage.finish(),
   };
 }
 
@@ -145,6 +150,7 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
   let ran = 0;
   let failing = 0;
   let duplicatesInARow = 0;
+  const coverage: OrderCounts = {};
   const t0 = wall.nowMs();
   for (let k = 0; k < count; k++) {
     const seed = first + k;
@@ -156,6 +162,7 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
     }
     duplicatesInARow = 0;
     ran++;
+    mergeCounts(coverage, r.coverage);
     if (r.violations.length > 0) {
       failing++;
       firstFailingSeed ??= seed;
@@ -175,6 +182,7 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
     firstFailingSeed,
     replay: firstFailingSeed === null ? null : replayCommand(o, firstFailingSeed),
     schedulesPerSec: Math.round((ran / seconds) * 100) / 100,
+    coverage: coverageReport(coverage),
   };
 }
 
@@ -182,7 +190,7 @@ export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise
 export function formatSimReport(r: SimReport): string {
   const head = `sim ${r.scenario} · ${r.strategy} · ${r.seeds} seed${r.seeds === 1 ? '' : 's'}${r.mutant ? ` · mutant ${r.mutant}` : ''} · ${r.schedulesPerSec} schedules/s`;
   if (r.firstFailingSeed === null)
-    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I6, P/D == colocated, liveness, leaks)`;
+    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I6, P/D == colocated, liveness, leaks)\n${formatCoverage(r.coverage)}`;
   const failingSeeds = new Set(r.violations.map((v) => v.seed)).size;
   const lines = [head, `FAIL: ${failingSeeds}+ failing seed(s), first at seed ${r.firstFailingSeed}`];
   for (const v of r.violations.slice(0, 10))
@@ -190,6 +198,6 @@ export function formatSimReport(r: SimReport): string {
       `  seed ${v.seed} step ${v.step} @${v.atMs.toFixed(3)}ms [${v.oracle}${v.invariant ? ` ${v.invariant}` : ''}] ${v.message}`,
     );
   if (r.violations.length > 10) lines.push(`  ... ${r.violations.length - 10} more`);
-  lines.push(`replay: ${r.replay}`);
+  lines.push(`replay: ${r.replay}`, formatCoverage(r.coverage));
   return lines.join('\n');
 }

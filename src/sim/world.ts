@@ -23,6 +23,7 @@ import { createExplorer, type ChoiceInfo, type Explorer, type ExplorerOptions, t
 import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
+import { OrderCoverage } from './coverage.ts';
 import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
@@ -95,6 +96,7 @@ export class SimWorld {
   P!: SimInstance;
   D!: SimInstance;
   proxy!: SimProxy;
+  coverage!: OrderCoverage;
   step = 0;
   private events!: WorldEvents;
   private hash = 0x811c9dc5;
@@ -149,6 +151,7 @@ export class SimWorld {
       (r, what) => w.proxyEvent(r, what),
     );
     w.events = new WorldEvents(w);
+    w.coverage = new OrderCoverage(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
     return w;
   }
