@@ -1,10 +1,13 @@
 /** `handoff sim` and `handoff trace`: the deterministic simulator, its bug zoo and replay, and timelines. */
+import { availableParallelism } from 'node:os';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
-import { isModelPreset } from '../kv/presets.ts';
+import { MODEL_PRESETS } from '../kv/presets.ts';
+import { anyPresetFlag } from './flags.ts';
 import {
+  DEFAULT_SIM_PRESET,
   formatSimReport,
   isScenarioName,
   isStrategy,
@@ -35,8 +38,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
   const strategy = String(o['strategy']);
   if (!isStrategy(strategy))
     throw new HandoffError('BAD_CONFIG', `unknown strategy '${strategy}' (${STRATEGIES.join(', ')})`);
-  const model = String(o['model']);
-  if (!isModelPreset(model)) throw new HandoffError('BAD_CONFIG', `unknown model '${model}'`);
+  const model = anyPresetFlag(o['model']);
   const mutant = o['mutant'] === undefined ? undefined : String(o['mutant']);
   if (mutant !== undefined && !isMutantName(mutant))
     throw new HandoffError('BAD_CONFIG', `unknown mutant '${mutant}' (${Object.keys(MUTANTS).join(', ')})`);
@@ -77,7 +79,7 @@ function common(c: Command): Command {
   return c
     .option('--scenario <s>', SCENARIOS.join(' | '), '1p1d')
     .option('--strategy <s>', STRATEGIES.join(' | '), 'random')
-    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--model <preset>', `model preset: ${MODEL_PRESETS.join(' | ')}`, DEFAULT_SIM_PRESET)
     .option('--mutant <m>', `reintroduce a known bug: ${Object.keys(MUTANTS).join(', ')}`)
     .option('--seed <n>', 'first seed (the seed to replay)')
     .option('--no-faults', 'turn off BUGGIFY fault injection')
@@ -98,7 +100,9 @@ export function registerSimCommands(program: Command): void {
         'explore orderings of compute, zeroing and network deterministically; print one replay command per failure',
       ),
   )
-    .option('--seeds <n>', 'how many seeds (schedules) to run', '20')
+    .option('--seeds <n>', 'how many seeds (schedules) to run (with --budget-s: at most; default unbounded)')
+    .option('--jobs <n>', 'seed threads (default: the cores); the report is the same for any value')
+    .option('--budget-s <s>', 'start seeds until this many seconds have passed')
     .option('--replay', 'run only --seed, exactly as the failure ran')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
@@ -107,12 +111,16 @@ export function registerSimCommands(program: Command): void {
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,
       );
-      const seeds = base.seeds ?? 20;
+      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
+      const seeds = base.seeds ?? (budgetS === undefined ? 20 : 1_000_000);
+      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
       const dpor = base.strategy === 'dpor' && !o['replay'];
       bar.start(o['replay'] ? 1 : dpor ? (base.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT) : seeds, 0, { failing: 0 });
       const run = {
         ...base,
         seeds,
+        jobs,
+        ...(budgetS !== undefined ? { budgetS } : {}),
         ...(o['replay'] ? { replay: true } : {}),
         onProgress: (done: number, _total: number, failing: number) => bar.update(done, { failing }),
       };

@@ -9,14 +9,13 @@ import { DporSearch, type DporSystem } from './dpor.ts';
 import { DporWorldExplorer } from './dpor_world.ts';
 import { coverageReport, mergeCounts, type OrderCounts } from './coverage.ts';
 import { judgeEnd } from './oracles.ts';
-import { replayCommand, type SimOptions, type SimReport, type SimViolation } from './run_sim.ts';
+import { DEFAULT_SIM_PRESET, replayCommand, type SimOptions, type SimReport, type SimViolation } from './run_sim.ts';
 import { SimWorld, type Violation } from './world.ts';
 
 export const DPOR_DEPTH_DEFAULT = 40;
 export const DPOR_MAX_SCHEDULES_DEFAULT = 10_000;
 
 export interface DporReport extends SimReport {
-  schedules: number;
   exhausted: boolean;
   bound: { depth: number; maxSchedules: number; depthCut: boolean; capped: boolean };
   sleepBlocked: number;
@@ -33,7 +32,7 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
     execute: async (chooser) => {
       const world = await SimWorld.create({
         scenario: o.scenario,
-        preset: o.model ?? 'dsv4-mini',
+        preset: o.model ?? DEFAULT_SIM_PRESET,
         seed: 0,
         strategy: 'dpor',
         ...(o.mutant ? { mutant: o.mutant } : {}),
@@ -63,7 +62,8 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
         if (violations.length < TOTAL_MAX) violations.push({ ...v, seed: n });
     }
     o.onProgress?.(n + 1, maxSchedules, failing);
-    return firstFailing !== null && o.stopAtFirstFailure === true;
+    const overBudget = o.budgetS !== undefined && wall.nowMs() - t0 >= o.budgetS * 1000;
+    return overBudget || (firstFailing !== null && o.stopAtFirstFailure === true);
   });
   const seconds = Math.max((wall.nowMs() - t0) / 1000, 1e-9);
   const first = firstFailing as { n: number; schedule: number[] } | null;
@@ -77,8 +77,12 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
     replay:
       first === null ? null : replayCommand({ ...o, strategy: 'dpor', faults: false, schedule: first.schedule }, 0),
     schedulesPerSec: Math.round((stats.schedules / seconds) * 100) / 100,
-    coverage: coverageReport(coverage),
     schedules: stats.schedules,
+    // Every execution differs from the earlier ones at its branch node.
+    distinctSchedules: stats.schedules,
+    jobs: 1,
+    wallSeconds: Math.round(seconds * 100) / 100,
+    coverage: coverageReport(coverage),
     exhausted: stats.exhausted,
     bound: { depth, maxSchedules, depthCut: stats.depthCut, capped: stats.capped },
     sleepBlocked: stats.sleepBlocked,

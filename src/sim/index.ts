@@ -1,6 +1,7 @@
 /** The simulator's entry points for the CLI (`handoff sim`, `handoff trace`). */
 export {
   runSim,
+  DEFAULT_SIM_PRESET,
   runSeed,
   formatSimReport,
   replayCommand,

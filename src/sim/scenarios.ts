@@ -14,7 +14,8 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import type { ModelPreset } from '../kv/presets.ts';
+import { kvTwin, type ModelPreset } from '../kv/presets.ts';
+import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
 import { streamSeed } from './explorer.ts';
@@ -60,16 +61,16 @@ export interface ScenarioConfig {
 export const SIM_LEASE_MS = 300;
 export const SIM_TRANSFER_TIMEOUT_MS = 100;
 
-const VOCAB_LIMIT = 50_000;
-
-function prompt(rng: SeededRng, n: number): number[] {
-  return Array.from({ length: n }, () => 1 + rng.int(VOCAB_LIMIT - 1));
+/** Prompt ids are drawn from [1, min(50000, vocab - 1)): never 0 nor EOS (the last id). */
+function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
+  const limit = Math.min(50_000, vocabSize - 1);
+  return Array.from({ length: n }, () => 1 + rng.int(limit - 1));
 }
 
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
-function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number): SimRequestSpec[] {
+function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const prefix = name === 'prefix-hit' ? prompt(rng, 32) : [];
+  const prefix = name === 'prefix-hit' ? prompt(rng, 32, vocab) : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
@@ -78,7 +79,8 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number): SimReq
     else if (index === 0)
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
-    const tokens = name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28))] : prompt(rng, len);
+    const tokens =
+      name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)] : prompt(rng, len, vocab);
     arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
@@ -123,10 +125,10 @@ export function buildScenario(
 ): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
   const mode = name === '1p1d-write' ? 'write' : 'read';
-  if (mode === 'write' && preset === 'hybrid-mini')
-    throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
+  if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
+    throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
-  const requests = scenarioRequests(name, rng, n);
+  const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
