@@ -3,12 +3,18 @@
  * (oracle and invariant) that naive bounded DFS finds, for several mutants, with strictly fewer
  * schedules; it exhausts the correct build's space with no violation, re-executing prefixes with the
  * same keys (the search asserts it); its replay line reproduces the counterexample exactly; and the
- * coverage line tells the correct build's order (land, then forward) from the zeroing bug's.
+ * coverage line tells the correct build's order (land, then forward) from the zeroing bug's; and, as
+ * an empirical check of the dependence relation, every order in which each engine saw its steps under
+ * exhaustive dfs is also reached by dpor.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { MutantName } from '../util/mutants.ts';
+import { DporSearch } from './dpor.ts';
 import { runDpor } from './dpor_run.ts';
+import { DporWorldExplorer } from './dpor_world.ts';
+import { createExplorer, type ChoiceInfo, type Explorer } from './explorer.ts';
+import { SimWorld } from './world.ts';
 import { runSeed, runSim, type SimOptions } from './run_sim.ts';
 
 const kinds = (vs: ReadonlyArray<{ oracle: string; invariant?: string }>): string[] =>
@@ -86,4 +92,58 @@ test('coverage: the correct build lands then forwards; the zeroing bug shows zer
     for (const k of Object.keys(r.coverage)) orders.add(k);
   }
   assert.ok(orders.has('Z<L<F') && orders.has('L<Z<F'), `orders seen: ${[...orders].join(' ')}`);
+});
+
+/** What each instance's engine saw, in order: the steps whose completion ran its host code (names, not ids). */
+async function projections(scenario: SimOptions['scenario'], mk: (w: SimWorld) => Explorer): Promise<string> {
+  const log: Array<{ agent: string; what: string }> = [];
+  const w = await SimWorld.create({
+    scenario,
+    preset: 'dsv4-micro',
+    seed: 0,
+    strategy: 'dfs',
+    faults: false,
+    requests: 1,
+    makeExplorer: (world) => {
+      const inner = mk(world);
+      const pick = inner.pick.bind(inner);
+      inner.pick = (cs) => {
+        const i = pick(cs);
+        const c = cs[i] as ChoiceInfo & { name?: string; args?: { requests?: unknown } };
+        log.push({ agent: c.agent, what: `${c.name ?? ''} ${JSON.stringify(c.args?.requests ?? '')}` });
+        return i;
+      };
+      return inner;
+    },
+  });
+  await w.run();
+  await w.shutdown();
+  const sees = (x: string, agent: string): boolean =>
+    agent === `${x}.compute` || agent === `${x}.nic` || agent.endsWith(`>${x}`);
+  const per = ['P', 'D'].map((x) => log.filter((l) => sees(x, l.agent)).map((l) => l.what));
+  return `${JSON.stringify(per)} @${w.env.nowMs().toFixed(6)}`;
+}
+
+test('soundness check: every per-instance order (and end time) that exhaustive dfs reaches, dpor reaches', async () => {
+  for (const scenario of ['1p1d', 'abort'] as const) {
+    const dfs = new Set<string>();
+    for (let seed = 0, dups = 0; dups < 64; seed++) {
+      let e: Explorer | null = null;
+      const s = await projections(scenario, () => (e = createExplorer('dfs', seed, { dfsDepth: 40 })));
+      if ((e as Explorer | null)?.duplicate === true) dups++;
+      else (dfs.add(s), (dups = 0));
+    }
+    const dpor = new Set<string>();
+    const search = new DporSearch(
+      { execute: (ch) => projections(scenario, (w) => new DporWorldExplorer(w, ch)) },
+      { depth: 40, maxSchedules: 10_000 },
+    );
+    await search.run((s) => void dpor.add(s));
+    assert.ok(dfs.size > 1, `${scenario}: more than one order to find`);
+    assert.deepEqual(
+      [...dfs].filter((s) => !dpor.has(s)),
+      [],
+      `${scenario}: dfs orders dpor missed`,
+    );
+  }
 });
