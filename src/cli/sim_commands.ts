@@ -8,6 +8,9 @@ import { MODEL_PRESETS } from '../kv/presets.ts';
 import { anyPresetFlag } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
+  DPOR_DEPTH_DEFAULT,
+  DPOR_MAX_SCHEDULES_DEFAULT,
+  formatDporLine,
   formatSimReport,
   isScenarioName,
   isStrategy,
@@ -17,11 +20,10 @@ import {
   traceSim,
   writeTrace,
   type SimOptions,
-  DPOR_DEPTH_DEFAULT,
-  DPOR_MAX_SCHEDULES_DEFAULT,
-  formatDporLine,
-  runDpor,
+  type ScenarioName,
+  type Strategy,
 } from '../sim/index.ts';
+import { formatSweepReport, runSweep } from '../sim/sweep.ts';
 
 function intOpt(name: string, v: unknown, min: number, max: number): number | undefined {
   if (v === undefined) return undefined;
@@ -29,6 +31,49 @@ function intOpt(name: string, v: unknown, min: number, max: number): number | un
   if (!Number.isInteger(n) || n < min || n > max)
     throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
   return n;
+}
+
+/** `--scenario all | a,b` and `--strategy a,b`: the pairs of a sweep (one pair: a plain run). */
+function simLists(o: Record<string, unknown>): { scenarios: ScenarioName[]; strategies: Strategy[] } {
+  const list = (v: unknown): string[] =>
+    String(v)
+      .split(',')
+      .map((x) => x.trim())
+      .filter((x) => x.length > 0);
+  const scenarios = String(o['scenario']) === 'all' ? [...SCENARIOS] : list(o['scenario']);
+  for (const s of scenarios)
+    if (!isScenarioName(s))
+      throw new HandoffError('BAD_CONFIG', `unknown scenario '${s}' (${SCENARIOS.join(', ')}, all)`);
+  const strategies = list(o['strategy']);
+  for (const s of strategies)
+    if (!isStrategy(s)) throw new HandoffError('BAD_CONFIG', `unknown strategy '${s}' (${STRATEGIES.join(', ')})`);
+  if (scenarios.length === 0 || strategies.length === 0)
+    throw new HandoffError('BAD_CONFIG', '--scenario and --strategy need at least one name');
+  return { scenarios: scenarios as ScenarioName[], strategies: strategies as Strategy[] };
+}
+
+async function simSweep(
+  o: Record<string, unknown>,
+  lists: { scenarios: ScenarioName[]; strategies: Strategy[] },
+  run: { seeds: number; jobs: number; budgetS?: number },
+): Promise<void> {
+  if (o['replay']) throw new HandoffError('BAD_CONFIG', '--replay runs one scenario and strategy');
+  const {
+    scenario: _a,
+    strategy: _b,
+    ...base
+  } = simOptions({ ...o, scenario: lists.scenarios[0], strategy: lists.strategies[0] });
+  const report = await runSweep({
+    ...base,
+    ...lists,
+    ...run,
+    onRun: (r) =>
+      process.stderr.write(
+        `${r.scenario} ${r.strategy}: ${r.schedules} schedules, ${r.violations.length === 0 ? 'ok' : 'VIOLATIONS'}\n`,
+      ),
+  });
+  process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSweepReport(report)}\n`);
+  if (report.failingRuns > 0) process.exitCode = 1;
 }
 
 function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { seeds?: number } {
@@ -77,8 +122,8 @@ function parseSchedule(s: string): number[] {
 
 function common(c: Command): Command {
   return c
-    .option('--scenario <s>', SCENARIOS.join(' | '), '1p1d')
-    .option('--strategy <s>', STRATEGIES.join(' | '), 'random')
+    .option('--scenario <s>', `${SCENARIOS.join(' | ')}; sim: a list or all`, '1p1d')
+    .option('--strategy <s>', `${STRATEGIES.join(' | ')}; sim: a list`, 'random')
     .option('--model <preset>', `model preset: ${MODEL_PRESETS.join(' | ')}`, DEFAULT_SIM_PRESET)
     .option('--mutant <m>', `reintroduce a known bug: ${Object.keys(MUTANTS).join(', ')}`)
     .option('--seed <n>', 'first seed (the seed to replay)')
@@ -106,28 +151,30 @@ export function registerSimCommands(program: Command): void {
     .option('--replay', 'run only --seed, exactly as the failure ran')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
+      const lists = simLists(o);
+      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
+      const seeds = intOpt('seeds', o['seeds'], 1, 1_000_000) ?? (budgetS === undefined ? 20 : 1_000_000);
+      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
+      if (lists.scenarios.length * lists.strategies.length > 1)
+        return simSweep(o, lists, { seeds, jobs, ...(budgetS !== undefined ? { budgetS } : {}) });
       const base = simOptions(o);
       const bar = new cliProgress.SingleBar(
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,
       );
-      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
-      const seeds = base.seeds ?? (budgetS === undefined ? 20 : 1_000_000);
-      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
       const dpor = base.strategy === 'dpor' && !o['replay'];
       bar.start(o['replay'] ? 1 : dpor ? (base.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT) : seeds, 0, { failing: 0 });
-      const run = {
+      const report = await runSim({
         ...base,
         seeds,
         jobs,
         ...(budgetS !== undefined ? { budgetS } : {}),
         ...(o['replay'] ? { replay: true } : {}),
-        onProgress: (done: number, _total: number, failing: number) => bar.update(done, { failing }),
-      };
-      const dporReport = dpor ? await runDpor(run) : null;
-      const report = dporReport ?? (await runSim(run));
+        onProgress: (done, _total, failing) => bar.update(done, { failing }),
+      });
       bar.stop();
-      const human = `${formatSimReport(report)}${dporReport ? `\n${formatDporLine(dporReport)}` : ''}`;
+      const dporLine = formatDporLine(report);
+      const human = `${formatSimReport(report)}${dporLine === null ? '' : `\n${dporLine}`}`;
       process.stdout.write(`${o['json'] ? JSON.stringify(report) : human}\n`);
       if (report.violations.length > 0) process.exitCode = 1;
     });

@@ -89,10 +89,16 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
   };
 }
 
-/** The human summary's extra line for a dpor run. */
-export function formatDporLine(r: DporReport): string {
+function isDporReport(r: SimReport): r is DporReport {
+  return 'exhausted' in r && 'bound' in r;
+}
+
+/** The human summary's extra line for a dpor run (null for other strategies). */
+export function formatDporLine(report: SimReport): string | null {
+  if (!isDporReport(report)) return null;
+  const r = report;
   const how = r.exhausted
     ? 'space exhausted'
-    : `NOT exhausted (${r.bound.capped ? `stopped at ${r.schedules} schedules` : ''}${r.bound.capped && r.bound.depthCut ? ', ' : ''}${r.bound.depthCut ? `depth bound ${r.bound.depth} cut branches` : ''})`;
+    : `NOT exhausted (${[r.bound.capped ? `stopped at ${r.schedules} schedules` : '', r.bound.depthCut ? `depth bound ${r.bound.depth} cut branches` : ''].filter((x) => x).join(', ')})`;
   return `dpor: ${r.schedules} schedules, ${how}, depth bound ${r.bound.depth}, ${r.sleepBlocked} sleep-blocked`;
 }

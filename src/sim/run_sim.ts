@@ -8,6 +8,7 @@ import type { MutantName } from '../util/mutants.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { Strategy } from './explorer.ts';
 import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type OrderCounts } from './coverage.ts';
+import { runDpor } from './dpor_run.ts';
 import { judgeEnd } from './oracles.ts';
 import { SimThreads } from './sim_threads.ts';
 import type { ScenarioName } from './scenarios.ts';
@@ -156,12 +157,13 @@ async function* seedResults(
   count: number,
   jobs: number,
   more: () => boolean,
+  shared: SimThreads | null,
 ): AsyncGenerator<SeedResult> {
   if (jobs <= 1) {
     for (let k = 0; k < count && (k === 0 || more()); k++) yield await runSeed(o, first + k, o.replay === true);
     return;
   }
-  const threads = new SimThreads(jobs);
+  const threads = shared ?? new SimThreads(jobs);
   const inFlight: Array<Promise<SeedResult>> = [];
   let next = 0;
   const fill = (): void => {
@@ -180,7 +182,7 @@ async function* seedResults(
     // closing the threads rejects them.
     // catch-ok: an abandoned seed's rejection is the thread being closed, nothing to report
     for (const p of inFlight) p.catch(() => undefined);
-    await threads.close();
+    if (shared === null) await threads.close();
   }
 }
 
@@ -218,15 +220,22 @@ class Tally {
   }
 }
 
-export async function runSim(o: SimOptions, wall: Env = new RealEnv(0)): Promise<SimReport> {
+/** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */
+export async function runSim(
+  o: SimOptions,
+  wall: Env = new RealEnv(0),
+  threads: SimThreads | null = null,
+): Promise<SimReport> {
+  // dpor is one search, not a list of seeds: it runs in this thread (dpor_run.ts).
+  if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
   const count = o.replay ? 1 : o.seeds;
-  const jobs = o.replay ? 1 : (o.jobs ?? 1);
+  const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
   const t0 = wall.nowMs();
   const budgetMs = o.budgetS === undefined ? Infinity : o.budgetS * 1000;
   const { seeds: _s, onProgress: _p, jobs: _j, budgetS: _b, ...seedOptions } = o;
   const tally = new Tally(o);
-  for await (const r of seedResults(seedOptions, first, count, jobs, () => wall.nowMs() - t0 < budgetMs)) {
+  for await (const r of seedResults(seedOptions, first, count, jobs, () => wall.nowMs() - t0 < budgetMs, threads)) {
     const go = tally.add(r);
     o.onProgress?.(tally.done, count, tally.failing);
     if (!go) break;

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
 import { runSim, type SimReport } from './run_sim.ts';
+import { runSweep } from './sweep.ts';
 
 const sizeless = (r: SimReport): Partial<SimReport> => {
   const { schedulesPerSec: _a, wallSeconds: _b, jobs: _c, ...rest } = r;
@@ -40,4 +41,17 @@ test('budget: once the budget is spent no further seed starts (a frozen clock wi
   const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 50, budgetS: 0 }, new SimEnv(0));
   assert.equal(r.schedules, 1);
   assert.equal(r.distinctSchedules, 1);
+});
+
+test('sweep: every (scenario, strategy) pair on one pool, with totals; a planted bug fails its runs', async () => {
+  const o = { scenarios: ['1p1d', 'abort'], strategies: ['random', 'pct'], seeds: 2, jobs: 2 } as const;
+  const ok = await runSweep(o);
+  assert.deepEqual(
+    ok.runs.map((r) => `${r.scenario}/${r.strategy}`),
+    ['1p1d/random', '1p1d/pct', 'abort/random', 'abort/pct'],
+  );
+  assert.equal(ok.schedules, 8);
+  assert.equal(ok.failingRuns, 0);
+  const bad = await runSweep({ ...o, scenarios: ['1p1d'], mutant: 'zero-mamba-only' });
+  assert.equal(bad.failingRuns, 2);
 });
