@@ -8,6 +8,9 @@ import { MODEL_PRESETS } from '../kv/presets.ts';
 import { anyPresetFlag } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
+  DPOR_DEPTH_DEFAULT,
+  DPOR_MAX_SCHEDULES_DEFAULT,
+  formatDporLine,
   formatSimReport,
   isScenarioName,
   isStrategy,
@@ -103,7 +106,18 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...(opt('requests', 1, 1000) !== undefined ? { requests: opt('requests', 1, 1000) } : {}),
     ...(opt('pctDepth', 1, 100) !== undefined ? { pctDepth: opt('pctDepth', 1, 100) } : {}),
     ...(opt('dfsDepth', 1, 10_000) !== undefined ? { dfsDepth: opt('dfsDepth', 1, 10_000) } : {}),
+    ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
+    ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
+    ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
   };
+}
+
+/** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule. */
+function parseSchedule(s: string): number[] {
+  const parts = s.split('.').map(Number);
+  if (s === '' || !parts.every((n) => Number.isInteger(n) && n >= 0 && n < 10_000))
+    throw new HandoffError('BAD_CONFIG', `--schedule must be dot-separated choice indices like 0.2.1, got '${s}'`);
+  return parts;
 }
 
 function common(c: Command): Command {
@@ -117,7 +131,10 @@ function common(c: Command): Command {
     .option('--max-steps <n>', 'step budget per seed')
     .option('--requests <n>', 'requests per world')
     .option('--pct-depth <n>', 'PCT priority change points')
-    .option('--dfs-depth <n>', 'bounded DFS depth');
+    .option('--dfs-depth <n>', 'bounded DFS depth')
+    .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)
+    .option('--max-schedules <n>', `dpor: schedules at most (default ${DPOR_MAX_SCHEDULES_DEFAULT})`)
+    .option('--schedule <i.j.k>', 'dpor replay: the choice index at each branching point');
 }
 
 export function registerSimCommands(program: Command): void {
@@ -145,7 +162,8 @@ export function registerSimCommands(program: Command): void {
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,
       );
-      bar.start(o['replay'] ? 1 : seeds, 0, { failing: 0 });
+      const dpor = base.strategy === 'dpor' && !o['replay'];
+      bar.start(o['replay'] ? 1 : dpor ? (base.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT) : seeds, 0, { failing: 0 });
       const report = await runSim({
         ...base,
         seeds,
@@ -155,7 +173,9 @@ export function registerSimCommands(program: Command): void {
         onProgress: (done, _total, failing) => bar.update(done, { failing }),
       });
       bar.stop();
-      process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSimReport(report)}\n`);
+      const dporLine = formatDporLine(report);
+      const human = `${formatSimReport(report)}${dporLine === null ? '' : `\n${dporLine}`}`;
+      process.stdout.write(`${o['json'] ? JSON.stringify(report) : human}\n`);
       if (report.violations.length > 0) process.exitCode = 1;
     });
   common(

@@ -7,6 +7,8 @@ import { RealEnv, type Env } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import type { Strategy } from './explorer.ts';
+import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type OrderCounts } from './coverage.ts';
+import { runDpor } from './dpor_run.ts';
 import { judgeEnd } from './oracles.ts';
 import { SimThreads } from './sim_threads.ts';
 import type { ScenarioName } from './scenarios.ts';
@@ -32,6 +34,10 @@ export interface SimOptions {
   requests?: number;
   pctDepth?: number;
   dfsDepth?: number;
+  /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
+  dporDepth?: number;
+  maxSchedules?: number;
+  schedule?: readonly number[];
   onProgress?: (done: number, total: number, failingSeeds: number) => void;
   /** Seed threads (default 1: this thread). The report is the same for every value. */
   jobs?: number;
@@ -59,6 +65,8 @@ export interface SimReport {
   distinctSchedules: number;
   jobs: number;
   wallSeconds: number;
+  /** Orders of zero / land / forward seen on transfer destinations (coverage.ts). */
+  coverage: CoverageReport;
 }
 
 export interface SeedResult {
@@ -72,6 +80,7 @@ export interface SeedResult {
   duplicate: boolean;
   faultsFired: Record<string, number>;
   trace: SimTrace | null;
+  coverage: OrderCounts;
 }
 
 /** The simulator's default model: dsv4-mini's KV pages (fp8 MLA + f32 compressor) on a micro model. */
@@ -86,7 +95,7 @@ export function replayCommand(
   o: Pick<
     SimOptions,
     'scenario' | 'strategy' | 'mutant' | 'model' | 'faults' | 'maxSteps' | 'requests' | 'pctDepth' | 'dfsDepth'
-  >,
+  > & { schedule?: readonly number[] },
   seed: number,
 ): string {
   const parts = ['handoff sim', `--scenario ${o.scenario}`, `--strategy ${o.strategy}`, `--seed ${seed}`];
@@ -97,6 +106,7 @@ export function replayCommand(
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
+  if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
   parts.push('--replay');
   return parts.join(' ');
 }
@@ -113,7 +123,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.faults !== undefined ? { faults: o.faults } : {}),
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
-    explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth },
+    explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
   });
@@ -130,6 +140,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     duplicate: world.explorer.duplicate,
     faultsFired: { ...world.buggify.fired },
     trace: world.toTrace(title),
+    coverage: world.coverage.finish(),
   };
 }
 
@@ -179,6 +190,7 @@ async function* seedResults(
 class Tally {
   readonly violations: SimViolation[] = [];
   readonly hashes = new Set<string>();
+  readonly coverage: OrderCounts = {};
   firstFailingSeed: number | null = null;
   ran = 0;
   failing = 0;
@@ -197,6 +209,7 @@ class Tally {
     this.duplicatesInARow = 0;
     this.ran++;
     this.hashes.add(r.choiceHash);
+    mergeCounts(this.coverage, r.coverage);
     if (r.violations.length > 0) {
       this.failing++;
       this.firstFailingSeed ??= r.seed;
@@ -213,6 +226,8 @@ export async function runSim(
   wall: Env = new RealEnv(0),
   threads: SimThreads | null = null,
 ): Promise<SimReport> {
+  // dpor is one search, not a list of seeds: it runs in this thread (dpor_run.ts).
+  if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
   const count = o.replay ? 1 : o.seeds;
   const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
@@ -239,6 +254,7 @@ export async function runSim(
     distinctSchedules: tally.hashes.size,
     jobs,
     wallSeconds: Math.round(seconds * 100) / 100,
+    coverage: coverageReport(tally.coverage),
   };
 }
 
@@ -246,7 +262,7 @@ export async function runSim(
 export function formatSimReport(r: SimReport): string {
   const head = `sim ${r.scenario} · ${r.strategy} · ${r.seeds} seed${r.seeds === 1 ? '' : 's'}${r.mutant ? ` · mutant ${r.mutant}` : ''} · ${r.schedulesPerSec} schedules/s`;
   if (r.firstFailingSeed === null)
-    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I7, P/D == colocated, liveness, leaks)`;
+    return `${head}\nPASS: no violation (race checker, page lifecycle I1-I7, P/D == colocated, liveness, leaks)\n${formatCoverage(r.coverage)}`;
   const failingSeeds = new Set(r.violations.map((v) => v.seed)).size;
   const lines = [head, `FAIL: ${failingSeeds}+ failing seed(s), first at seed ${r.firstFailingSeed}`];
   for (const v of r.violations.slice(0, 10))
@@ -254,6 +270,6 @@ export function formatSimReport(r: SimReport): string {
       `  seed ${v.seed} step ${v.step} @${v.atMs.toFixed(3)}ms [${v.oracle}${v.invariant ? ` ${v.invariant}` : ''}] ${v.message}`,
     );
   if (r.violations.length > 10) lines.push(`  ... ${r.violations.length - 10} more`);
-  lines.push(`replay: ${r.replay}`);
+  lines.push(`replay: ${r.replay}`, formatCoverage(r.coverage));
   return lines.join('\n');
 }

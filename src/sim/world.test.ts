@@ -57,6 +57,7 @@ test('replay: the same seed gives the same schedule and the same first violation
 test('report: the keys of the JSON contract and the run size; --replay runs the one seed of the command', async () => {
   const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 2, mutant: 'no-await-reads', seed: 7 });
   assert.deepEqual(Object.keys(r).sort(), [
+    'coverage',
     'distinctSchedules',
     'firstFailingSeed',
     'jobs',
