@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# CI's simulator sweep: every scenario x {random, pct}, SIM_CI_SEEDS seeds each (default 720: >= 10^4
-# schedules in all) on one pool of seed threads, one per core. Fails when any run reports a violation;
-# prints one line per run and the totals (schedules, distinct, wall time, schedules/s).
+# CI's simulator sweep: every scenario x {random, pct} with SIM_CI_SCHEDULES schedules in all (default
+# 10000, split evenly over the pairs) on one pool of seed threads, one per core. Fails when any run
+# reports a violation; prints one line per run and the totals (schedules, distinct, wall time, rate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec node bin/handoff.mjs sim --scenario all --strategy random,pct --seeds "${SIM_CI_SEEDS:-720}"
+total="${SIM_CI_SCHEDULES:-10000}"
+pairs=$(node --import tsx -e "import('./src/sim/scenarios.ts').then(m => console.log(m.SCENARIOS.length * 2))")
+exec node bin/handoff.mjs sim --scenario all --strategy random,pct --seeds $(( (total + pairs - 1) / pairs ))
