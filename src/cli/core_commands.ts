@@ -83,12 +83,13 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
     { stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' },
     cliProgress.Presets.shades_classic,
   );
+  const preset = presetFlag(o['model']);
   bar.start(requests * variants.length, 0, { variant: 'reference' });
   let base = 0;
   let last = '';
   const report = await runAb(
     {
-      preset: presetFlag(o['model']),
+      preset,
       requests,
       maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
       seed: int('seed', String(o['seed']), 0, 2 ** 31),

@@ -45,7 +45,7 @@ export function presetFlag(v: unknown): ServingPreset {
   if (isMicroPreset(s))
     throw new HandoffError(
       'BAD_CONFIG',
-      `--model ${s} is a simulator preset (a ${MICRO_VOCAB_SIZE}-token vocabulary, no tokenizer); serve one of ${SERVING_PRESETS.join(', ')}`,
+      `--model ${s} is a simulator preset (a ${MICRO_VOCAB_SIZE}-token vocabulary, no tokenizer); serving and the A/B take ${SERVING_PRESETS.join(', ')}`,
     );
   if (!isServingPreset(s))
     throw new HandoffError('BAD_CONFIG', `--model must be one of ${SERVING_PRESETS.join(', ')}; got '${s}'`);
