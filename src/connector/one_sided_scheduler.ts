@@ -341,6 +341,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   releaseUnused(req: ConnectorRequest): boolean {
     const p = req.kvTransferParams;
     if (!p?.do_remote_prefill || !this.isConsumer || this.config.mode !== 'read') return false;
+    if (!this.mutations.releaseUnusedLoads) return false; // mutant leak-on-cancel
     if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || !p.grant)
       return false;
     // Keyed apart from live requests: a refused duplicate id must not replace a live request's READ.

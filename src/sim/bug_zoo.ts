@@ -23,4 +23,5 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   'free-on-abort': { scenario: 'abort', expect: 'lifecycle:I4', seedsBound: { random: 8, pct: 8 } },
   'tail-not-zeroed': { scenario: '1p1d', expect: 'lifecycle:I2', seedsBound: { random: 3, pct: 3 } },
   'write-done-early': { scenario: '1p1d-write', expect: 'lifecycle:I5', seedsBound: { random: 1, pct: 1 } },
+  'leak-on-cancel': { scenario: 'cancel-everywhere', expect: 'cancel', seedsBound: { random: 3, pct: 1 } },
 };

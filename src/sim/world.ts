@@ -26,8 +26,11 @@ import { SimProxy, type ProxyRequest } from './proxy.ts';
 import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
+import { CancelPoints } from './cancel_points.ts';
+import { CancelOracles } from './cancel_oracles.ts';
 
-export type OracleName = 'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash';
+export type OracleName =
+  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel';
 
 export interface Violation {
   oracle: OracleName;
@@ -93,6 +96,8 @@ export class SimWorld {
   P!: SimInstance;
   D!: SimInstance;
   proxy!: SimProxy;
+  cancels!: CancelPoints;
+  cancelOracles!: CancelOracles;
   step = 0;
   private events!: WorldEvents;
   private hash = 0x811c9dc5;
@@ -145,7 +150,11 @@ export class SimWorld {
       scenario.mode,
       () => w.env.nowMs(),
       (r, what) => w.proxyEvent(r, what),
+      scenario.answerHop ? (r, deliver) => w.cancels.hop(r, deliver) : null,
     );
+    w.cancels = new CancelPoints(w);
+    w.cancels.install();
+    w.cancelOracles = new CancelOracles(w, w.cancels);
     w.events = new WorldEvents(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
     return w;
@@ -359,6 +368,7 @@ export class SimWorld {
     for (;;) {
       await settle();
       this.checkRacesAndCrashes();
+      this.cancelOracles.afterStep();
       if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) break;
       if (this.step >= maxSteps) {
         this.violate('liveness', `step budget of ${maxSteps} choices exhausted; ${this.pendingSummary()}`);

@@ -12,6 +12,8 @@ export const MUTANTS = {
     'an aborted request’s pages return to the pool at once, while an in-flight step may still write them',
   'tail-not-zeroed': 'the decode recompute tail is excluded from zeroing along with the READ destinations',
   'write-done-early': 'WRITE reports completion when posted, before the data is visible at the destination',
+  'leak-on-cancel':
+    'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -35,6 +37,8 @@ export interface Mutations {
   readonly awaitReadsBeforeForward: boolean;
   /** WRITE producer: write_done is announced only once the data is visible at the destination. */
   readonly writeDoneAfterData: boolean;
+  /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
+  readonly releaseUnusedLoads: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -43,6 +47,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   deferFreeOnAbort: true,
   awaitReadsBeforeForward: true,
   writeDoneAfterData: true,
+  releaseUnusedLoads: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -53,6 +58,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'free-on-abort': { deferFreeOnAbort: false },
   'tail-not-zeroed': { zeroExcludedPages: (_aligned, all) => all },
   'write-done-early': { writeDoneAfterData: false },
+  'leak-on-cancel': { releaseUnusedLoads: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
