@@ -3,9 +3,10 @@
  * every scenario:
  *   lease   no page prefill held for a request outlives its lease: each page of a prefill answer is back
  *           in the pool (or allocated anew) by answer + lease + LEASE_SLACK_MS; checked after every step
- *   cancel  READ: a client that went away after prefill answered gets prefill's pages released by decode
- *           (pdFlow's releaseUnused), not left to the lease: freed within CANCEL_RELEASE_MS of the cancel,
- *           unless a fault dropped the release or the lease came first;
+ *   cancel  a client that went away after prefill answered gets prefill's pages released by decode (READ:
+ *           pdFlow's releaseUnused; WRITE: decode's abort, or its push), not left to the lease: freed within
+ *           CANCEL_RELEASE_MS of the cancel, unless a fault dropped a notification of that transfer or the
+ *           lease came first;
  *           a cancelled request never reports success with partial output;
  *           under kv_load_failure_policy 'fail', a request one of whose READ/WRITE failed never reports
  *           success (no 200 over a cut transfer; under 'recompute' P/D == colocated judges the output)
@@ -31,8 +32,8 @@ export class CancelOracles {
   /** Prefill page → the latest answer that lent it to decode. */
   private readonly held = new Map<number, HeldPage>();
   private readonly answered = new Set<number>();
-  /** Transfer ids whose release notification a fault dropped. */
-  private readonly lostReleases = new Set<string>();
+  /** Transfer ids one of whose notifications (release, remote_blocks) a fault dropped. */
+  private readonly lostNotifications = new Set<string>();
   /** Request ids (p-i / d-i) one of whose READ/WRITE failed. */
   private readonly cutTransfers = new Map<string, number>();
   private readonly promptRelease = new Map<number, { pages: number[]; allocations: number[]; byMs: number }>();
@@ -45,8 +46,7 @@ export class CancelOracles {
   }
 
   private fabricEvent(ev: FabricEvent): void {
-    if (ev.t === 'notify-deliver' && ev.notification.type === 'release' && !ev.delivered)
-      this.lostReleases.add(ev.notification.transferId);
+    if (ev.t === 'notify-deliver' && !ev.delivered) this.lostNotifications.add(ev.notification.transferId);
     if (ev.t === 'fail' && (ev.item.kind === 'read' || ev.item.kind === 'write'))
       for (const id of ev.item.label.requestIds ?? []) this.cutTransfers.set(id, ev.item.id);
   }
@@ -85,10 +85,9 @@ export class CancelOracles {
     this.checkPromptRelease(now);
   }
 
-  /** READ, cancelled after prefill answered: its pages must come back soon, by decode's release. */
+  /** Cancelled after prefill answered: its pages must come back soon, by decode's release (or push). */
   private checkPromptRelease(now: number): void {
     const w = this.w;
-    if (w.scenario.mode !== 'read') return;
     for (const c of this.cancels.applied) {
       if (c.point !== 'after-answer' || this.promptRelease.has(c.index)) continue;
       const pages = this.pagesOf(w.proxy.requests[c.index]?.prefillAnswer?.params ?? null);
@@ -101,7 +100,7 @@ export class CancelOracles {
       this.promptRelease.delete(index);
       const a = w.proxy.requests[index]?.prefillAnswer;
       const leaseFirst = a !== undefined && a !== null && a.atMs + SIM_LEASE_MS <= p.byMs;
-      if (leaseFirst || this.lostReleases.has(w.proxy.requests[index]?.transferId ?? '')) continue;
+      if (leaseFirst || this.lostNotifications.has(w.proxy.requests[index]?.transferId ?? '')) continue;
       w.violate(
         'cancel',
         `request ${index}: its client went away after prefill answered, yet P blocks ${still.join(',')} are still held ${CANCEL_RELEASE_MS} ms later (decode never released them; only the lease will)`,
