@@ -39,7 +39,7 @@ const ASSEMBLY: Array<{ pattern: RegExp; allowed: string[] }> = [
 ];
 
 test('composition: the servers, the simulator and the P/D pair build their instances with buildInstance', () => {
-  for (const f of ['serve/instance.ts', 'sim/instance.ts', 'sim/pd_pair.ts', 'sim/reference.ts', 'sim/ab.ts']) {
+  for (const f of ['serve/instance.ts', 'sim/instance.ts', 'sim/pd_pair.ts', 'sim/ab.ts']) {
     assert.ok(/\bbuildInstance\s*(<[^>]*>)?\(/.test(code(f)), `${f} builds its engines with buildInstance`);
   }
 });

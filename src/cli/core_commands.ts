@@ -7,19 +7,13 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { isModelPreset, type ModelPreset } from '../kv/presets.ts';
+import { anyPresetFlag, presetFlag } from './flags.ts';
 import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
 import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
 import { writeTrace } from '../sim/trace_export.ts';
-
-function preset(name: string): ModelPreset {
-  if (!isModelPreset(name))
-    throw new HandoffError('BAD_CONFIG', `unknown model '${name}' (dsv4-mini, hybrid-mini, llama-mini)`);
-  return name;
-}
 
 function int(name: string, v: string, min: number, max: number): number {
   const n = Number(v);
@@ -94,7 +88,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   let last = '';
   const report = await runAb(
     {
-      preset: preset(String(o['model'])),
+      preset: presetFlag(o['model']),
       requests,
       maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
       seed: int('seed', String(o['seed']), 0, 2 ** 31),
@@ -201,12 +195,12 @@ function registerBenchModel(bench: Command): void {
   bench
     .command('model')
     .description('forward throughput vs a plain TS matmul roofline measured in the same run')
-    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--model <preset>', 'model preset (micro presets too)', 'dsv4-mini')
     .option('--tokens <n>', 'decode tokens', '64')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
       const r = await benchModel({
-        preset: preset(String(o['model'])),
+        preset: anyPresetFlag(o['model']),
         env: new RealEnv(),
         tokens: int('tokens', String(o['tokens']), 1, 100_000),
       });
@@ -227,7 +221,7 @@ function registerBenchSched(bench: Command): void {
     .option('--model <preset>', 'model preset', 'dsv4-mini')
     .option('--json', 'print one JSON object')
     .action((o: Record<string, string | boolean>) => {
-      const rows = benchSched({ preset: preset(String(o['model'])), env: new RealEnv() });
+      const rows = benchSched({ preset: anyPresetFlag(o['model']), env: new RealEnv() });
       if (o['json']) out(JSON.stringify({ model: o['model'], rows }));
       else
         for (const r of rows)

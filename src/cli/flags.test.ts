@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
-import { intFlag, logFormatFlag, rangeFlag, urlListFlag } from './flags.ts';
+import { anyPresetFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
 import { upServeArgs } from './up.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
@@ -78,4 +78,21 @@ test('--log-format accepts pretty|json, absent means automatic, anything else is
 test('up passes its log format to prefill and decode explicitly (they cannot tell how up chose)', () => {
   assert.deepEqual(upServeArgs({}, 'pretty'), ['--log-format', 'pretty']);
   assert.deepEqual(upServeArgs({ numBlocks: '64' }, 'json'), ['--num-blocks', '64', '--log-format', 'json']);
+});
+
+test('--model: serving commands refuse the micro presets (no tokenizer for a 64-token vocabulary); sim takes them', () => {
+  assert.equal(presetFlag('dsv4-mini'), 'dsv4-mini');
+  assert.throws(
+    () => presetFlag('dsv4-micro'),
+    (e: unknown) => e instanceof HandoffError && e.code === 'BAD_CONFIG' && /simulator preset/.test(e.message),
+  );
+  assert.throws(
+    () => presetFlag('gpt-5'),
+    (e: unknown) => e instanceof HandoffError && e.code === 'BAD_CONFIG',
+  );
+  assert.equal(anyPresetFlag('hybrid-micro'), 'hybrid-micro');
+  assert.throws(
+    () => anyPresetFlag('dsv4'),
+    (e: unknown) => e instanceof HandoffError && e.code === 'BAD_CONFIG',
+  );
 });

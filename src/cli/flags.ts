@@ -1,7 +1,16 @@
 /** Flag values → typed options, with errors that name the flag (BAD_CONFIG). */
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
-import { isModelPreset, MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
+import {
+  isMicroPreset,
+  isModelPreset,
+  isServingPreset,
+  MODEL_PRESETS,
+  SERVING_PRESETS,
+  type ModelPreset,
+  type ServingPreset,
+} from '../kv/presets.ts';
+import { MICRO_VOCAB_SIZE } from '../model/config.ts';
 
 export function intFlag(name: string, v: unknown, min: number, max: number): number {
   const n = typeof v === 'number' ? v : Number(String(v).trim());
@@ -30,7 +39,21 @@ export function choiceFlag<T extends string>(name: string, v: unknown, choices: 
   return s as T;
 }
 
-export function presetFlag(v: unknown): ModelPreset {
+/** A preset that can serve text (serve, up, bench serve, soak, ab): the GPT-2 tokenizer's vocabulary. */
+export function presetFlag(v: unknown): ServingPreset {
+  const s = String(v);
+  if (isMicroPreset(s))
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `--model ${s} is a simulator preset (a ${MICRO_VOCAB_SIZE}-token vocabulary, no tokenizer); serve one of ${SERVING_PRESETS.join(', ')}`,
+    );
+  if (!isServingPreset(s))
+    throw new HandoffError('BAD_CONFIG', `--model must be one of ${SERVING_PRESETS.join(', ')}; got '${s}'`);
+  return s;
+}
+
+/** Any preset, micro ones included (sim, bench model, bench sched). */
+export function anyPresetFlag(v: unknown): ModelPreset {
   const s = String(v);
   if (!isModelPreset(s))
     throw new HandoffError('BAD_CONFIG', `--model must be one of ${MODEL_PRESETS.join(', ')}; got '${s}'`);

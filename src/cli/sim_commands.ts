@@ -1,10 +1,16 @@
 /** `handoff sim` and `handoff trace`: the deterministic simulator, its bug zoo and replay, and timelines. */
+import { availableParallelism } from 'node:os';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
-import { isModelPreset } from '../kv/presets.ts';
+import { MODEL_PRESETS } from '../kv/presets.ts';
+import { anyPresetFlag } from './flags.ts';
 import {
+  DEFAULT_SIM_PRESET,
+  DPOR_DEPTH_DEFAULT,
+  DPOR_MAX_SCHEDULES_DEFAULT,
+  formatDporLine,
   formatSimReport,
   isScenarioName,
   isStrategy,
@@ -14,7 +20,10 @@ import {
   traceSim,
   writeTrace,
   type SimOptions,
+  type ScenarioName,
+  type Strategy,
 } from '../sim/index.ts';
+import { formatSweepReport, runSweep } from '../sim/sweep.ts';
 
 function intOpt(name: string, v: unknown, min: number, max: number): number | undefined {
   if (v === undefined) return undefined;
@@ -24,6 +33,49 @@ function intOpt(name: string, v: unknown, min: number, max: number): number | un
   return n;
 }
 
+/** `--scenario all | a,b` and `--strategy a,b`: the pairs of a sweep (one pair: a plain run). */
+function simLists(o: Record<string, unknown>): { scenarios: ScenarioName[]; strategies: Strategy[] } {
+  const list = (v: unknown): string[] =>
+    String(v)
+      .split(',')
+      .map((x) => x.trim())
+      .filter((x) => x.length > 0);
+  const scenarios = String(o['scenario']) === 'all' ? [...SCENARIOS] : list(o['scenario']);
+  for (const s of scenarios)
+    if (!isScenarioName(s))
+      throw new HandoffError('BAD_CONFIG', `unknown scenario '${s}' (${SCENARIOS.join(', ')}, all)`);
+  const strategies = list(o['strategy']);
+  for (const s of strategies)
+    if (!isStrategy(s)) throw new HandoffError('BAD_CONFIG', `unknown strategy '${s}' (${STRATEGIES.join(', ')})`);
+  if (scenarios.length === 0 || strategies.length === 0)
+    throw new HandoffError('BAD_CONFIG', '--scenario and --strategy need at least one name');
+  return { scenarios: scenarios as ScenarioName[], strategies: strategies as Strategy[] };
+}
+
+async function simSweep(
+  o: Record<string, unknown>,
+  lists: { scenarios: ScenarioName[]; strategies: Strategy[] },
+  run: { seeds: number; jobs: number; budgetS?: number },
+): Promise<void> {
+  if (o['replay']) throw new HandoffError('BAD_CONFIG', '--replay runs one scenario and strategy');
+  const {
+    scenario: _a,
+    strategy: _b,
+    ...base
+  } = simOptions({ ...o, scenario: lists.scenarios[0], strategy: lists.strategies[0] });
+  const report = await runSweep({
+    ...base,
+    ...lists,
+    ...run,
+    onRun: (r) =>
+      process.stderr.write(
+        `${r.scenario} ${r.strategy}: ${r.schedules} schedules, ${r.violations.length === 0 ? 'ok' : 'VIOLATIONS'}\n`,
+      ),
+  });
+  process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSweepReport(report)}\n`);
+  if (report.failingRuns > 0) process.exitCode = 1;
+}
+
 function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { seeds?: number } {
   const scenario = String(o['scenario']);
   if (!isScenarioName(scenario))
@@ -31,8 +83,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
   const strategy = String(o['strategy']);
   if (!isStrategy(strategy))
     throw new HandoffError('BAD_CONFIG', `unknown strategy '${strategy}' (${STRATEGIES.join(', ')})`);
-  const model = String(o['model']);
-  if (!isModelPreset(model)) throw new HandoffError('BAD_CONFIG', `unknown model '${model}'`);
+  const model = anyPresetFlag(o['model']);
   const mutant = o['mutant'] === undefined ? undefined : String(o['mutant']);
   if (mutant !== undefined && !isMutantName(mutant))
     throw new HandoffError('BAD_CONFIG', `unknown mutant '${mutant}' (${Object.keys(MUTANTS).join(', ')})`);
@@ -55,21 +106,35 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...(opt('requests', 1, 1000) !== undefined ? { requests: opt('requests', 1, 1000) } : {}),
     ...(opt('pctDepth', 1, 100) !== undefined ? { pctDepth: opt('pctDepth', 1, 100) } : {}),
     ...(opt('dfsDepth', 1, 10_000) !== undefined ? { dfsDepth: opt('dfsDepth', 1, 10_000) } : {}),
+    ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
+    ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
+    ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
   };
+}
+
+/** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule. */
+function parseSchedule(s: string): number[] {
+  const parts = s.split('.').map(Number);
+  if (s === '' || !parts.every((n) => Number.isInteger(n) && n >= 0 && n < 10_000))
+    throw new HandoffError('BAD_CONFIG', `--schedule must be dot-separated choice indices like 0.2.1, got '${s}'`);
+  return parts;
 }
 
 function common(c: Command): Command {
   return c
-    .option('--scenario <s>', SCENARIOS.join(' | '), '1p1d')
-    .option('--strategy <s>', STRATEGIES.join(' | '), 'random')
-    .option('--model <preset>', 'model preset', 'dsv4-mini')
+    .option('--scenario <s>', `${SCENARIOS.join(' | ')}; sim: a list or all`, '1p1d')
+    .option('--strategy <s>', `${STRATEGIES.join(' | ')}; sim: a list`, 'random')
+    .option('--model <preset>', `model preset: ${MODEL_PRESETS.join(' | ')}`, DEFAULT_SIM_PRESET)
     .option('--mutant <m>', `reintroduce a known bug: ${Object.keys(MUTANTS).join(', ')}`)
     .option('--seed <n>', 'first seed (the seed to replay)')
     .option('--no-faults', 'turn off BUGGIFY fault injection')
     .option('--max-steps <n>', 'step budget per seed')
     .option('--requests <n>', 'requests per world')
     .option('--pct-depth <n>', 'PCT priority change points')
-    .option('--dfs-depth <n>', 'bounded DFS depth');
+    .option('--dfs-depth <n>', 'bounded DFS depth')
+    .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)
+    .option('--max-schedules <n>', `dpor: schedules at most (default ${DPOR_MAX_SCHEDULES_DEFAULT})`)
+    .option('--schedule <i.j.k>', 'dpor replay: the choice index at each branching point');
 }
 
 export function registerSimCommands(program: Command): void {
@@ -80,25 +145,37 @@ export function registerSimCommands(program: Command): void {
         'explore orderings of compute, zeroing and network deterministically; print one replay command per failure',
       ),
   )
-    .option('--seeds <n>', 'how many seeds (schedules) to run', '20')
+    .option('--seeds <n>', 'how many seeds (schedules) to run (with --budget-s: at most; default unbounded)')
+    .option('--jobs <n>', 'seed threads (default: the cores); the report is the same for any value')
+    .option('--budget-s <s>', 'start seeds until this many seconds have passed')
     .option('--replay', 'run only --seed, exactly as the failure ran')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
+      const lists = simLists(o);
+      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
+      const seeds = intOpt('seeds', o['seeds'], 1, 1_000_000) ?? (budgetS === undefined ? 20 : 1_000_000);
+      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
+      if (lists.scenarios.length * lists.strategies.length > 1)
+        return simSweep(o, lists, { seeds, jobs, ...(budgetS !== undefined ? { budgetS } : {}) });
       const base = simOptions(o);
       const bar = new cliProgress.SingleBar(
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,
       );
-      const seeds = base.seeds ?? 20;
-      bar.start(o['replay'] ? 1 : seeds, 0, { failing: 0 });
+      const dpor = base.strategy === 'dpor' && !o['replay'];
+      bar.start(o['replay'] ? 1 : dpor ? (base.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT) : seeds, 0, { failing: 0 });
       const report = await runSim({
         ...base,
         seeds,
+        jobs,
+        ...(budgetS !== undefined ? { budgetS } : {}),
         ...(o['replay'] ? { replay: true } : {}),
         onProgress: (done, _total, failing) => bar.update(done, { failing }),
       });
       bar.stop();
-      process.stdout.write(`${o['json'] ? JSON.stringify(report) : formatSimReport(report)}\n`);
+      const dporLine = formatDporLine(report);
+      const human = `${formatSimReport(report)}${dporLine === null ? '' : `\n${dporLine}`}`;
+      process.stdout.write(`${o['json'] ? JSON.stringify(report) : human}\n`);
       if (report.violations.length > 0) process.exitCode = 1;
     });
   common(

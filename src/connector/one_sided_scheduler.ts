@@ -234,7 +234,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       const pairs = local.map((ids, i) => {
         if (i >= this.numAttnGroups) return alignReadBlocks(ids, remote[i] ?? [], 1);
         const a = alignReadBlocks(ids, remote[i] ?? [], this.maxDecodeTailBlocks);
-        return { local: a.local.slice(skip), remote: a.remote.slice(skip) };
+        return this.mutations.skipLocalPrefix(a, skip);
       });
       aligned = { local: pairs.map((x) => x.local), remote: pairs.map((x) => x.remote) };
     } else {

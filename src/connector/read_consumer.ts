@@ -70,7 +70,8 @@ export class ReadConsumer {
         label: { what: 'kv-read', requestIds: [r.requestId], step },
         footprint,
       });
-      return { state: 'posted', r, handle, error: null };
+      // Mutant read-done-early: the local ack of the post taken for the data having landed.
+      return { state: this.ctx.mutations.readDoneWhenLanded ? 'posted' : 'landed', r, handle, error: null };
     } catch (e) {
       if (!isHandoffError(e)) throw e;
       return { state: 'failed', r, handle: null, error: e };

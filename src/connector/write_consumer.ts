@@ -94,8 +94,14 @@ export class WriteConsumer {
    * producer was never told where to write (or whose load already ended) is released at the next collect.
    */
   aborted(transferId: string, requestId: string): void {
-    this.ctx.transfer.revokeGrant(transferId);
     const t = this.recvs.get(transferId);
+    if (!this.ctx.mutations.fenceAbortedWrites && t?.state === 'granted') {
+      // Mutant stale-writer: no fence, the pages go back at once while the producer may still WRITE them.
+      this.recvs.move(transferId, 'aborted');
+      this.recvs.move(transferId, 'aborted-released');
+      return;
+    }
+    this.ctx.transfer.revokeGrant(transferId);
     if (t?.state === 'granted') this.recvs.move(transferId, 'aborted');
     // Never told where to write, or its load already ended: nothing can land.
     else if (t === undefined || t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
+import { vocabSizeOf } from '../model/config.ts';
 import { LLMEngine, type EngineCreateConfig } from './llm_engine.ts';
 import { simDevice, threadedDevice } from './devices.ts';
 
@@ -27,10 +28,13 @@ function config(
   };
 }
 
-const prompt = (n: number, base: number): number[] =>
-  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
+/** Token ids below min(50000, the preset's vocabulary). */
+const promptFor = (preset: ModelPreset, n: number, base: number): number[] =>
+  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % Math.min(50000, vocabSizeOf(preset)));
+const prompt = (n: number, base: number): number[] => promptFor('dsv4-mini', n, base);
 
 for (const preset of MODEL_PRESETS) {
+  const prompt = (n: number, base: number): number[] => promptFor(preset, n, base);
   test(`${preset}: threaded and sim devices give the same tokens and logits; batching and chunking change nothing`, async () => {
     const env = new RealEnv(3);
     const threaded = await LLMEngine.create(config(preset, 'threaded'), env);

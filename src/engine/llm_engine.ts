@@ -14,7 +14,7 @@ import { KVCacheManager } from '../kv/kv_cache_manager.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { presetKVGroups } from '../kv/presets.ts';
 import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
-import { EOS_TOKEN_ID } from '../model/tokenizer.ts';
+import { eosTokenIdOf, vocabSizeOf } from '../model/config.ts';
 import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
 import { parseKvTransferParams, type KVTransferParams } from '../connector/params.ts';
 import type { ConnectorWorkerHooks } from '../worker/hooks.ts';
@@ -70,7 +70,7 @@ export function kvCacheConfigOf(config: EngineConfig): KVCacheConfig {
 }
 
 export function schedulerConfigOf(config: EngineConfig): SchedulerConfig {
-  return { ...DEFAULT_SCHEDULER_CONFIG, eosTokenId: EOS_TOKEN_ID, ...config.scheduler };
+  return { ...DEFAULT_SCHEDULER_CONFIG, eosTokenId: eosTokenIdOf(config.preset), ...config.scheduler };
 }
 
 export interface GenerateRequest {
@@ -138,7 +138,7 @@ export class LLMEngine {
     const params = g.kvTransferParams ?? null;
     // The engine's own check, not trusting the HTTP edge: nothing a client sent reaches the sampler's or
     // the model's assertions (or the Request constructor's) unchecked.
-    validatePromptTokenIds(g.promptTokenIds);
+    validatePromptTokenIds(g.promptTokenIds, vocabSizeOf(this.config.preset));
     const prompt = this.connector?.scheduler.prefillPromptTokens(g.promptTokenIds, params) ?? g.promptTokenIds;
     const sampling = {
       maxTokens: g.sampling.maxTokens,
@@ -149,7 +149,7 @@ export class LLMEngine {
       stopTokenIds: g.sampling.stopTokenIds ?? [],
       ignoreEos: g.sampling.ignoreEos ?? false,
     };
-    validateSampling(sampling);
+    validateSampling(sampling, vocabSizeOf(this.config.preset));
     const req = new Request({
       requestId: g.requestId ?? `req-${hexId(this.env, 8)}`,
       promptTokenIds: prompt,

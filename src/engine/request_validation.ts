@@ -5,7 +5,6 @@
  * and refused as a BAD_REQUEST naming the field, so nothing a client sends can reach those assertions.
  */
 import { HandoffError } from '../util/errors.ts';
-import { VOCAB_SIZE } from '../model/config.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import type { SamplingParamsData } from '../worker/scheduler_output.ts';
 import type { Request } from './request.ts';
@@ -18,11 +17,12 @@ function refuse(param: string, message: string): never {
   throw new HandoffError('BAD_REQUEST', `${param} ${message}`, { param });
 }
 
-function isTokenId(t: unknown): boolean {
-  return Number.isInteger(t) && (t as number) >= 0 && (t as number) < VOCAB_SIZE;
+function isTokenId(t: unknown, vocabSize: number): boolean {
+  return Number.isInteger(t) && (t as number) >= 0 && (t as number) < vocabSize;
 }
 
-export function validateSampling(s: SamplingParamsData): void {
+/** `vocabSize`: the model's (model/config.ts vocabSizeOf). */
+export function validateSampling(s: SamplingParamsData, vocabSize: number): void {
   if (!Number.isInteger(s.maxTokens) || s.maxTokens < 1)
     refuse('max_tokens', `must be an integer >= 1, got ${String(s.maxTokens)}`);
   const t = s.temperature;
@@ -32,18 +32,18 @@ export function validateSampling(s: SamplingParamsData): void {
   if (p !== undefined && (typeof p !== 'number' || !(p > 0 && p <= 1)))
     refuse('top_p', `must be in (0, 1], got ${String(p)}`);
   const k = s.topK;
-  if (k !== undefined && (!Number.isInteger(k) || k < 0 || k > VOCAB_SIZE))
-    refuse('top_k', `must be an integer in [0, ${VOCAB_SIZE}], got ${String(k)}`);
+  if (k !== undefined && (!Number.isInteger(k) || k < 0 || k > vocabSize))
+    refuse('top_k', `must be an integer in [0, ${vocabSize}], got ${String(k)}`);
   if (!Number.isSafeInteger(s.seed)) refuse('seed', `must be a safe integer, got ${String(s.seed)}`);
-  if (!Array.isArray(s.stopTokenIds) || !s.stopTokenIds.every(isTokenId))
-    refuse('stop_token_ids', `must be token ids in [0, ${VOCAB_SIZE})`);
+  if (!Array.isArray(s.stopTokenIds) || !s.stopTokenIds.every((t) => isTokenId(t, vocabSize)))
+    refuse('stop_token_ids', `must be token ids in [0, ${vocabSize})`);
   if (typeof s.ignoreEos !== 'boolean') refuse('ignore_eos', 'must be a boolean');
 }
 
-export function validatePromptTokenIds(ids: readonly number[]): void {
+export function validatePromptTokenIds(ids: readonly number[], vocabSize: number): void {
   if (ids.length === 0) refuse('prompt', 'is empty');
-  const bad = ids.findIndex((t) => !isTokenId(t));
-  if (bad >= 0) refuse('prompt', `token ${bad} is ${String(ids[bad])}, not a token id in [0, ${VOCAB_SIZE})`);
+  const bad = ids.findIndex((t) => !isTokenId(t, vocabSize));
+  if (bad >= 0) refuse('prompt', `token ${bad} is ${String(ids[bad])}, not a token id in [0, ${vocabSize})`);
 }
 
 /** Pages a request of `numTokens` tokens holds at most across all groups (a Mamba group holds one). */

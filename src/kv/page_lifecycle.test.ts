@@ -335,7 +335,7 @@ const SITES: Site[] = [
     },
   },
   {
-    name: 'forwardRan(): a forward wrote its page after the page was freed and reallocated to a new owner (I4)',
+    name: 'forwardRan(): a forward wrote its page after the page was freed and reallocated to a new owner (I7)',
     bad: (lc) => {
       lc.allocated([1], true);
       lc.forwardEnqueued(2, [slot(1)]);
@@ -343,7 +343,7 @@ const SITES: Site[] = [
       lc.allocated([1], true);
       lc.forwardRan(2);
     },
-    expect: [['I4', 1, /forward \(op 2\) wrote the page after it was freed and reallocated/]],
+    expect: [['I7', 1, /stale writer: forward \(op 2\) enqueued for generation 1 wrote generation 2/]],
     good: (lc) => {
       lc.allocated([1], true);
       lc.forwardEnqueued(2, [slot(1)]);

@@ -12,12 +12,19 @@
  *   I3  a forward reads a page only after every transfer into it landed
  *   I4  no page with a transfer in flight, or granted to a peer, is freed; nothing touches a freed page
  *   I6  zeroing covers whole pages of exactly the attention slabs, of pages the instance owns
- * (I5, "done" only once the destination has the data, spans two instances: see world_checks.ts.)
+ *   I7  ownership epochs: a page's generation (`epoch`) grows at each allocation, so its owner is (request,
+ *       generation). A write lands only on the generation it was issued for: a transfer or forward that
+ *       lands after the page was freed and reallocated is a stale writer (sglang #24527, TRT-LLM #12542),
+ *       and so is ending a generation while the peer may still write it (a WRITE grant it holds, a WRITE
+ *       it posted): that write would land on the next owner. (The world adds the request half at post.)
+ * (I5, "done" only once the destination has the data, spans two instances: see world_events.ts.)
  */
 import type { PageAccess } from '../device/types.ts';
 
 export type PageState = 'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'read-posted' | 'landed' | 'in-use' | 'freed';
-export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6';
+export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6' | 'I7';
+/** Who posted a transfer into a page: this instance (a READ it awaits and can abort) or its peer (a WRITE). */
+export type Writer = 'self' | 'peer';
 
 export interface LifecycleViolation {
   invariant: Invariant;
@@ -29,7 +36,7 @@ export interface LifecycleViolation {
 interface Page {
   state: PageState;
   allocated: boolean;
-  /** Allocations so far: a zero or forward enqueued under an older epoch is stale. */
+  /** The page's generation (allocations so far): a zero, forward or transfer issued for an older one is stale. */
   epoch: number;
   /** 'fresh': stale bytes of a previous owner, unusable until zeroed or landed. */
   content: 'fresh' | 'valid';
@@ -37,9 +44,12 @@ interface Page {
   hit: boolean;
   zeroQueued: boolean;
   pendingZeros: number;
-  inbound: Set<number>;
+  /** Transfers writing the page: the generation each was posted for, and who posted it. */
+  inbound: Map<number, { epoch: number; writer: Writer; owner: string }>;
   outbound: Set<number>;
+  /** Grants letting the peer read the page (producer) and write it (WRITE consumer). */
   grants: Set<string>;
+  writeGrants: Set<string>;
   history: string[];
 }
 
@@ -69,9 +79,10 @@ export class PageLifecycle {
       hit: false,
       zeroQueued: b === 0,
       pendingZeros: 0,
-      inbound: new Set(),
+      inbound: new Map(),
       outbound: new Set(),
       grants: new Set(),
+      writeGrants: new Set(),
       history: [],
     }));
   }
@@ -133,8 +144,17 @@ export class PageLifecycle {
   freed(blocks: readonly number[]): void {
     for (const b of blocks) {
       const p = this.page(b);
-      if (p.inbound.size > 0)
-        this.violate('I4', b, `freed while transfer ${[...p.inbound].join(',')} is still writing into it`);
+      const own = [...p.inbound].filter(([, w]) => w.writer === 'self').map(([id]) => id);
+      const peer = [...p.inbound].filter(([, w]) => w.writer === 'peer').map(([id]) => id);
+      if (peer.length > 0 || p.writeGrants.size > 0) {
+        const what = [...peer.map((id) => `WRITE ${id} in flight`), ...[...p.writeGrants].map((t) => `grant ${t}`)];
+        this.violate(
+          'I7',
+          b,
+          `generation ${p.epoch} freed while the peer may still write it (${what.join(', ')}): a stale writer for the next owner`,
+        );
+      }
+      if (own.length > 0) this.violate('I4', b, `freed while transfer ${own.join(',')} is still writing into it`);
       // A transfer still queued to read the page is harmless once its grant is gone (it will be refused).
       if (p.grants.size > 0)
         this.violate('I4', b, `freed while granted to a peer (transfer ${[...p.grants].join(',')})`);
@@ -152,7 +172,11 @@ export class PageLifecycle {
       if (b !== 0 && !p.allocated)
         this.violate('I6', b, `zeroing queued for a page the instance does not own (op ${opId})`);
       if (p.inbound.size > 0)
-        this.violate('I1', b, `zeroing queued while transfer ${[...p.inbound].join(',')} writes the page (op ${opId})`);
+        this.violate(
+          'I1',
+          b,
+          `zeroing queued while transfer ${[...p.inbound.keys()].join(',')} writes the page (op ${opId})`,
+        );
       p.pendingZeros++;
       p.zeroQueued = true;
       this.move(b, 'zero-queued', `op ${opId}`);
@@ -198,7 +222,7 @@ export class PageLifecycle {
         this.violate(
           'I3',
           a.block,
-          `forward (op ${opId}) enqueued before transfer ${[...p.inbound].join(',')} into the page landed`,
+          `forward (op ${opId}) enqueued before transfer ${[...p.inbound.keys()].join(',')} into the page landed`,
         );
       else if (this.zeroing && p.content === 'fresh' && !p.zeroQueued) {
         this.violate(
@@ -217,18 +241,22 @@ export class PageLifecycle {
     this.forwards.delete(opId);
     for (const w of f.writes) {
       const p = this.page(w.block);
-      if (!p.allocated || p.epoch !== w.epoch)
+      if (!p.allocated) this.violate('I4', w.block, `forward (op ${opId}) wrote the page after it was freed`);
+      else if (p.epoch !== w.epoch)
         this.violate(
-          'I4',
+          'I7',
           w.block,
-          `forward (op ${opId}) wrote the page after it was freed${p.allocated ? ' and reallocated' : ''}`,
+          `stale writer: forward (op ${opId}) enqueued for generation ${w.epoch} wrote generation ${p.epoch} (freed and reallocated)`,
         );
       else this.move(w.block, 'in-use', `op ${opId}`);
     }
   }
 
-  /** A transfer will write these pages of this instance (READ destination, WRITE target). */
-  inboundPosted(itemId: number, blocks: readonly number[]): void {
+  /**
+   * A transfer will write these pages of this instance (READ destination, WRITE target): it is bound to
+   * their current generation, for `owner` (the request it was posted for, in messages).
+   */
+  inboundPosted(itemId: number, blocks: readonly number[], writer: Writer = 'self', owner = ''): void {
     for (const b of blocks) {
       const p = this.page(b);
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
@@ -240,7 +268,7 @@ export class PageLifecycle {
         );
       if (p.pendingZeros > 0)
         this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
-      p.inbound.add(itemId);
+      p.inbound.set(itemId, { epoch: p.epoch, writer, owner });
       this.move(b, 'read-posted', `wr ${itemId}`);
     }
   }
@@ -248,9 +276,16 @@ export class PageLifecycle {
   inboundDone(itemId: number, blocks: readonly number[], landed: boolean): void {
     for (const b of blocks) {
       const p = this.page(b);
+      const w = p.inbound.get(itemId);
       p.inbound.delete(itemId);
       if (!landed) continue;
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} landed in a freed page`);
+      else if (w !== undefined && w.epoch !== p.epoch)
+        this.violate(
+          'I7',
+          b,
+          `stale writer: transfer ${itemId} posted for ${w.owner || 'its owner'} at generation ${w.epoch} landed on generation ${p.epoch} (freed and reallocated)`,
+        );
       p.content = 'valid';
       this.move(b, 'landed', `wr ${itemId}`);
     }
@@ -272,9 +307,11 @@ export class PageLifecycle {
     for (const b of blocks) this.page(b).outbound.delete(itemId);
   }
 
-  grant(transferId: string, blocks: readonly number[], live: boolean): void {
+  /** A grant on these pages issued or ended; `peerWrites`: it lets the peer WRITE them (else READ them). */
+  grant(transferId: string, blocks: readonly number[], live: boolean, peerWrites = false): void {
     for (const b of blocks) {
-      const g = this.page(b).grants;
+      const p = this.page(b);
+      const g = peerWrites ? p.writeGrants : p.grants;
       if (live) g.add(transferId);
       else g.delete(transferId);
     }

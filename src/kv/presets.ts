@@ -1,15 +1,25 @@
 /**
- * KV cache groups of the three model presets (DESIGN.md §5). The model layer builds its layers from
- * these same groups, so cache and model cannot disagree.
+ * KV cache groups of the model presets (DESIGN.md §5). The model layer builds its layers from these
+ * same groups, so cache and model cannot disagree.
  *
  *   dsv4-mini:   MLA fp8 (uint8) pages + compressor f32 pages  -> mixed precision, zeroing, no Mamba
  *   hybrid-mini: bf16 attention + Mamba conv/SSM f32 state     -> Mamba, zeroing
  *   llama-mini:  bf16 GQA only                                  -> uniform, no zeroing
+ *
+ * Each has a `-micro` twin for the simulator: the same KV groups (kinds, dtypes, fp8 page format, block
+ * size, layer placement; every forward still reads every cached byte, so stale bytes still turn into
+ * NaN) with smaller tensors (a 16-wide model), and a tiny vocabulary and MLP (model/config.ts), so a
+ * forward costs microseconds instead of the 50k-row lm head. Serving keeps the mini presets: the
+ * micro vocabulary is not GPT-2's, so there is no tokenizer for it.
  */
 import type { KVCacheGroupSpec } from './spec.ts';
 
-export const MODEL_PRESETS = ['dsv4-mini', 'hybrid-mini', 'llama-mini'] as const;
-export type ModelPreset = (typeof MODEL_PRESETS)[number];
+export const SERVING_PRESETS = ['dsv4-mini', 'hybrid-mini', 'llama-mini'] as const;
+export const MICRO_PRESETS = ['dsv4-micro', 'hybrid-micro', 'llama-micro'] as const;
+export const MODEL_PRESETS = [...SERVING_PRESETS, ...MICRO_PRESETS] as const;
+export type ServingPreset = (typeof SERVING_PRESETS)[number];
+export type MicroPreset = (typeof MICRO_PRESETS)[number];
+export type ModelPreset = ServingPreset | MicroPreset;
 
 export const BLOCK_SIZE = 16;
 
@@ -17,8 +27,61 @@ export function isModelPreset(name: string): name is ModelPreset {
   return (MODEL_PRESETS as readonly string[]).includes(name);
 }
 
-export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
+export function isServingPreset(name: string): name is ServingPreset {
+  return (SERVING_PRESETS as readonly string[]).includes(name);
+}
+
+export function isMicroPreset(name: string): name is MicroPreset {
+  return (MICRO_PRESETS as readonly string[]).includes(name);
+}
+
+/** The serving preset whose KV groups a preset has (a micro preset's mini twin; a mini preset itself). */
+export function kvTwin(preset: ModelPreset): ServingPreset {
   switch (preset) {
+    case 'dsv4-micro':
+      return 'dsv4-mini';
+    case 'hybrid-micro':
+      return 'hybrid-mini';
+    case 'llama-micro':
+      return 'llama-mini';
+    default:
+      return preset;
+  }
+}
+
+/** The dimensions of a preset's cached tensors: the mini presets', and the micro twins' (a 16-wide model). */
+interface KVDims {
+  latentDim: number;
+  ropeDim: number;
+  scaleTile: number;
+  stateDim: number;
+  headSize: number;
+  convDim: number;
+  ssmStateDim: number;
+}
+
+const MINI_DIMS: KVDims = {
+  latentDim: 56,
+  ropeDim: 8,
+  scaleTile: 28,
+  stateDim: 20,
+  headSize: 16,
+  convDim: 64,
+  ssmStateDim: 8,
+};
+const MICRO_DIMS: KVDims = {
+  latentDim: 6,
+  ropeDim: 2,
+  scaleTile: 3,
+  stateDim: 2,
+  headSize: 2,
+  convDim: 8,
+  ssmStateDim: 2,
+};
+
+export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
+  const d = isMicroPreset(preset) ? MICRO_DIMS : MINI_DIMS;
+  switch (kvTwin(preset)) {
     case 'dsv4-mini':
       return [
         {
@@ -27,9 +90,9 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
           spec: {
             type: 'mla',
             blockSize: BLOCK_SIZE,
-            latentDim: 56,
-            ropeDim: 8,
-            scaleTile: 28,
+            latentDim: d.latentDim,
+            ropeDim: d.ropeDim,
+            scaleTile: d.scaleTile,
             dtype: 'uint8',
             kvQuantMode: 'fp8_ds_mla',
           },
@@ -37,7 +100,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 1,
           layerNames: ['layers.0.compressor', 'layers.1.compressor'],
-          spec: { type: 'compressor', blockSize: BLOCK_SIZE, stateDim: 20, dtype: 'f32', kvQuantMode: 'none' },
+          spec: { type: 'compressor', blockSize: BLOCK_SIZE, stateDim: d.stateDim, dtype: 'f32', kvQuantMode: 'none' },
         },
       ];
     case 'hybrid-mini':
@@ -49,7 +112,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
             type: 'full_attention',
             blockSize: BLOCK_SIZE,
             numKvHeads: 2,
-            headSize: 16,
+            headSize: d.headSize,
             dtype: 'bf16',
             kvQuantMode: 'none',
           },
@@ -57,7 +120,14 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 1,
           layerNames: ['layers.1.mamba', 'layers.3.mamba'],
-          spec: { type: 'mamba', blockSize: BLOCK_SIZE, convDim: 64, convWidth: 3, ssmStateDim: 8, dtype: 'f32' },
+          spec: {
+            type: 'mamba',
+            blockSize: BLOCK_SIZE,
+            convDim: d.convDim,
+            convWidth: 3,
+            ssmStateDim: d.ssmStateDim,
+            dtype: 'f32',
+          },
         },
       ];
     case 'llama-mini':
@@ -69,7 +139,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
             type: 'full_attention',
             blockSize: BLOCK_SIZE,
             numKvHeads: 2,
-            headSize: 16,
+            headSize: d.headSize,
             dtype: 'bf16',
             kvQuantMode: 'none',
           },

@@ -58,7 +58,10 @@ export function attendSlots(
   }
   let sum = 0;
   for (let j = 0; j < s.numSlots; j++) {
-    const p = Math.exp((probs[j] as number) - max);
+    const x = probs[j] as number;
+    // exp(-Infinity - max) is exactly 0 for any max above -Infinity: masked slots skip the exp (a NaN score,
+    // from a NaN key, still goes through it and poisons the sum, as it must).
+    const p = x === -Infinity && max !== -Infinity ? 0 : Math.exp(x - max);
     probs[j] = p;
     sum += p;
   }

@@ -7,7 +7,7 @@
  *   llama-mini:  layers 0, 1 = GQA attention (group 0) + MLP
  */
 import { HandoffError } from '../util/errors.ts';
-import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import { isMicroPreset, presetKVGroups, type ModelPreset } from '../kv/presets.ts';
 import {
   layerPlacements,
   type CompressorSpec,
@@ -19,10 +19,30 @@ import {
 } from '../kv/spec.ts';
 
 export const HIDDEN = 64;
-/** GPT-2 vocabulary (js-tiktoken gpt2 ranks, EOS 50256). */
+/** GPT-2 vocabulary (js-tiktoken gpt2 ranks, EOS 50256): the serving presets. */
 export const VOCAB_SIZE = 50257;
 export const MLP_HIDDEN = 128;
+/** Micro presets (the simulator's): a tiny vocabulary and MLP; EOS is the last id. */
+export const MICRO_VOCAB_SIZE = 64;
+export const MICRO_HIDDEN = 8;
+export const MICRO_MLP_HIDDEN = 8;
+
+/** The residual width of a preset (its MLA latent + rope, its Mamba conv width). */
+export function hiddenOf(preset: ModelPreset): number {
+  return isMicroPreset(preset) ? MICRO_HIDDEN : HIDDEN;
+}
+
+/** The vocabulary size of a preset: token ids are in [0, vocabSizeOf(preset)). */
+export function vocabSizeOf(preset: ModelPreset): number {
+  return isMicroPreset(preset) ? MICRO_VOCAB_SIZE : VOCAB_SIZE;
+}
+
+/** The end-of-sequence token of a preset. */
+export function eosTokenIdOf(preset: ModelPreset): number {
+  return vocabSizeOf(preset) - 1;
+}
 export const NUM_QUERY_HEADS = 4;
+export const MICRO_QUERY_HEADS = 2;
 export const ROPE_THETA = 10000;
 export const RMS_EPS = 1e-6;
 
@@ -96,13 +116,18 @@ export function modelConfig(preset: ModelPreset, kvConfig: KVCacheConfig): Model
   const indices = [...byLayer.keys()].sort((a, b) => a - b);
   const layers = indices.map((index, i): LayerPlan => {
     if (index !== i) throw new HandoffError('BAD_CONFIG', `layer indices must be 0..n-1, missing ${i}`);
-    return layerPlan(index, byLayer.get(index) as Map<string, CachePlace<KVCacheSpec>>);
+    return layerPlan(
+      index,
+      byLayer.get(index) as Map<string, CachePlace<KVCacheSpec>>,
+      hiddenOf(preset),
+      queryHeadsOf(preset),
+    );
   });
   return {
     preset,
-    hidden: HIDDEN,
-    vocabSize: VOCAB_SIZE,
-    mlpHidden: MLP_HIDDEN,
+    hidden: hiddenOf(preset),
+    vocabSize: vocabSizeOf(preset),
+    mlpHidden: isMicroPreset(preset) ? MICRO_MLP_HIDDEN : MLP_HIDDEN,
     ropeTheta: ROPE_THETA,
     rmsEps: RMS_EPS,
     tiedEmbeddings: false,
@@ -112,36 +137,43 @@ export function modelConfig(preset: ModelPreset, kvConfig: KVCacheConfig): Model
   };
 }
 
-function layerPlan(index: number, parts: Map<string, CachePlace<KVCacheSpec>>): LayerPlan {
+/** Query heads per attention layer: 4, and 2 for the micro presets. */
+function queryHeadsOf(preset: ModelPreset): number {
+  return isMicroPreset(preset) ? MICRO_QUERY_HEADS : NUM_QUERY_HEADS;
+}
+
+function layerPlan(
+  index: number,
+  parts: Map<string, CachePlace<KVCacheSpec>>,
+  hidden: number,
+  numHeads: number,
+): LayerPlan {
   const attn = parts.get('attn');
   const comp = parts.get('compressor');
   const mamba = parts.get('mamba');
   if (mamba && !attn && !comp && mamba.spec.type === 'mamba') {
-    if (mamba.spec.convDim !== HIDDEN) throw new HandoffError('BAD_CONFIG', `mamba convDim must be ${HIDDEN}`);
+    if (mamba.spec.convDim !== hidden) throw new HandoffError('BAD_CONFIG', `mamba convDim must be ${hidden}`);
     return { kind: 'mamba', index, cache: { ...mamba, spec: mamba.spec } };
   }
   if (attn?.spec.type === 'mla' && comp?.spec.type === 'compressor' && !mamba) {
     const spec = attn.spec;
-    if (spec.latentDim + spec.ropeDim !== HIDDEN || spec.ropeDim % 2 !== 0 || spec.latentDim % spec.scaleTile !== 0) {
-      throw new HandoffError('BAD_CONFIG', `MLA latent ${spec.latentDim}+${spec.ropeDim} must be ${HIDDEN}, rope even`);
+    if (spec.latentDim + spec.ropeDim !== hidden || spec.ropeDim % 2 !== 0 || spec.latentDim % spec.scaleTile !== 0) {
+      throw new HandoffError('BAD_CONFIG', `MLA latent ${spec.latentDim}+${spec.ropeDim} must be ${hidden}, rope even`);
     }
     return {
       kind: 'mla',
       index,
-      numHeads: NUM_QUERY_HEADS,
+      numHeads,
       cache: { ...attn, spec },
       compressor: { ...comp, spec: comp.spec },
     };
   }
   if (attn?.spec.type === 'full_attention' && !comp && !mamba) {
     const spec = attn.spec;
-    if (NUM_QUERY_HEADS % spec.numKvHeads !== 0 || spec.headSize % 2 !== 0) {
-      throw new HandoffError(
-        'BAD_CONFIG',
-        `GQA needs ${NUM_QUERY_HEADS} query heads divisible by kv heads, even head size`,
-      );
+    if (numHeads % spec.numKvHeads !== 0 || spec.headSize % 2 !== 0) {
+      throw new HandoffError('BAD_CONFIG', `GQA needs ${numHeads} query heads divisible by kv heads, even head size`);
     }
-    return { kind: 'gqa', index, numHeads: NUM_QUERY_HEADS, cache: { ...attn, spec } };
+    return { kind: 'gqa', index, numHeads, cache: { ...attn, spec } };
   }
   throw new HandoffError(
     'BAD_CONFIG',

@@ -47,8 +47,8 @@ export class PageCounter {
   }
 }
 
-export function promptTokens(n: number, salt = 0): number[] {
-  return Array.from({ length: n }, (_, i) => (i * 7919 + salt * 104729 + 17) % 50257);
+export function promptTokens(n: number, salt = 0, vocabSize = 50257): number[] {
+  return Array.from({ length: n }, (_, i) => (i * 7919 + salt * 104729 + 17) % vocabSize);
 }
 
 export function request(

@@ -10,6 +10,7 @@ import { MODEL_PRESETS } from '../kv/presets.ts';
 import type { PageAccess } from '../device/types.ts';
 import { forwardFootprint } from './footprint.ts';
 import { createModel } from './model.ts';
+import { vocabSizeOf } from './config.ts';
 import { kvConfigFor, makeSlabs, PageCounter, promptTokens, request } from './fixtures.ts';
 import type { ForwardArgs } from './types.ts';
 
@@ -82,8 +83,14 @@ for (const preset of MODEL_PRESETS) {
     const tables = pages.cover([], 40);
     const model = createModel(preset, 4, kv);
     const clean = makeSlabs(kv);
-    model.forward({ step: 0, requests: [request('r', promptTokens(21, 2), 0, tables, { sample: false })] }, clean);
-    const args: ForwardArgs = { step: 1, requests: [request('r', promptTokens(9, 3), 21, tables)] };
+    model.forward(
+      { step: 0, requests: [request('r', promptTokens(21, 2, vocabSizeOf(preset)), 0, tables, { sample: false })] },
+      clean,
+    );
+    const args: ForwardArgs = {
+      step: 1,
+      requests: [request('r', promptTokens(9, 3, vocabSizeOf(preset)), 21, tables)],
+    };
     const acc = forwardFootprint(kv, args);
     const inRanges = (list: PageAccess[], slab: number, byte: number): boolean => {
       const block = Math.floor(byte / kv.pageBytes);

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
 import { tokenBytes, type AttentionSpec } from '../kv/spec.ts';
 import { createModel } from './model.ts';
+import { vocabSizeOf } from './config.ts';
 import { generate, kvConfigFor, makeSlabs, PageCounter, promptTokens, request } from './fixtures.ts';
 import type { ForwardOutput, SamplingParams } from './types.ts';
 
@@ -23,7 +24,7 @@ function fresh(preset: ModelPreset, numBlocks = 64) {
 
 for (const preset of MODEL_PRESETS) {
   test(`${preset}: same prompt twice on fresh slabs gives the same tokens and logit hashes; another seed does not`, () => {
-    const prompt = promptTokens(21, 1);
+    const prompt = promptTokens(21, 1, vocabSizeOf(preset));
     const a = fresh(preset);
     const b = fresh(preset);
     const outA = generate(a.model, a.slabs, a.pages, prompt, 6);
@@ -37,7 +38,7 @@ for (const preset of MODEL_PRESETS) {
   });
 
   test(`${preset}: a prompt computed in one chunk or in several (unaligned, growing tables) gives the same logits`, () => {
-    const prompt = promptTokens(41, 2);
+    const prompt = promptTokens(41, 2, vocabSizeOf(preset));
     const one = fresh(preset);
     const many = fresh(preset);
     const outOne = generate(one.model, one.slabs, one.pages, prompt, 4);
@@ -47,7 +48,7 @@ for (const preset of MODEL_PRESETS) {
 
   test(`${preset}: a request alone and batched with others (other pages, prefill and decode mixed) gives the same output`, () => {
     const sampling: SamplingParams = { temperature: 0.9, topP: 0.95, seed: 5, outputIndex: 0 };
-    const prompt = promptTokens(19, 3);
+    const prompt = promptTokens(19, 3, vocabSizeOf(preset));
     const alone = fresh(preset, 96);
     const outAlone = generate(alone.model, alone.slabs, alone.pages, prompt, 3, { sampling });
 
@@ -58,7 +59,7 @@ for (const preset of MODEL_PRESETS) {
     b.pages.cover(other, 40);
     b.pages.cover(tables, prompt.length);
     // Neighbour 'x' prefills first so it can decode alongside.
-    b.model.forward({ step: 0, requests: [request('x', promptTokens(30, 9), 0, other)] }, b.slabs);
+    b.model.forward({ step: 0, requests: [request('x', promptTokens(30, 9, vocabSizeOf(preset)), 0, other)] }, b.slabs);
     const outBatched: ForwardOutput[] = [];
     let res = b.model.forward(
       {
@@ -66,7 +67,9 @@ for (const preset of MODEL_PRESETS) {
         requests: [
           request('x', [7], 30, other),
           request('r', prompt, 0, tables, { sampling }),
-          request('y', promptTokens(9, 4), 0, b.pages.cover(third, 9), { sampling: { ...sampling, seed: 99 } }),
+          request('y', promptTokens(9, 4, vocabSizeOf(preset)), 0, b.pages.cover(third, 9), {
+            sampling: { ...sampling, seed: 99 },
+          }),
         ],
       },
       b.slabs,
@@ -87,7 +90,7 @@ for (const preset of MODEL_PRESETS) {
   });
 
   test(`${preset}: KV pages copied byte for byte from another instance (other block ids) decode to the same output`, () => {
-    const prompt = promptTokens(37, 5);
+    const prompt = promptTokens(37, 5, vocabSizeOf(preset));
     const n = prompt.length;
     const kv = kvConfigFor(preset);
     const hasMamba = kv.hasMambaLayers;

@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { MUTANTS, type MutantName } from '../util/mutants.ts';
+import { MUTANTS, mutationsFor, type MutantName } from '../util/mutants.ts';
 import { BUG_ZOO } from './bug_zoo.ts';
 import { runSim } from './run_sim.ts';
 
@@ -56,4 +56,26 @@ test('bounded DFS on a one-request world finds the abort race exhaustively (free
   assert.notEqual(r.firstFailingSeed, null);
   assert.ok(r.violations.some((v) => v.invariant === 'I4'));
   assert.match(r.replay ?? '', /--strategy dfs --seed \d+ --mutant free-on-abort --requests 1 --replay$/);
+});
+
+test('stale-writer: the epoch oracle (I7) is the first report, at the free, before any I4 or corrupted output', async () => {
+  const r = await runSim({ scenario: 'abort-write', strategy: 'random', seeds: 2, mutant: 'stale-writer' });
+  const first = r.violations.filter((v) => v.seed === r.firstFailingSeed);
+  assert.ok(first.length > 0, 'caught');
+  assert.equal(first[0]!.invariant, 'I7', first[0]!.message);
+  assert.match(first[0]!.message, /freed while the peer may still write it/);
+});
+
+test('read-done-early: the release reaches the producer before the READ landed (I5), as well as the early forward', async () => {
+  const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 1, mutant: 'read-done-early' });
+  assert.ok(r.violations.some((v) => v.invariant === 'I5' && /release for xfer-\d+ sent while READ/.test(v.message)));
+});
+
+test('prefix-shift moves remote pages only when decode has a cached prefix (skip > 0); the correct mapping skips both', () => {
+  const aligned = { local: [5, 6, 7, 8], remote: [1, 2, 3, 4] };
+  const ok = mutationsFor(undefined).skipLocalPrefix;
+  const bad = mutationsFor('prefix-shift').skipLocalPrefix;
+  assert.deepEqual(ok(aligned, 2), { local: [7, 8], remote: [3, 4] });
+  assert.deepEqual(bad(aligned, 2), { local: [7, 8], remote: [1, 2] });
+  assert.deepEqual(bad(aligned, 0), ok(aligned, 0));
 });

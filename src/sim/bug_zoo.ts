@@ -23,5 +23,10 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   'free-on-abort': { scenario: 'abort', expect: 'lifecycle:I4', seedsBound: { random: 8, pct: 8 } },
   'tail-not-zeroed': { scenario: '1p1d', expect: 'lifecycle:I2', seedsBound: { random: 3, pct: 3 } },
   'write-done-early': { scenario: '1p1d-write', expect: 'lifecycle:I5', seedsBound: { random: 1, pct: 1 } },
+  // Failing seeds of 1-40 (random/pct): stale-writer 35/30, read-done-early 40/40 (I5, I3 and race on each),
+  // prefix-shift 38/37.
+  'stale-writer': { scenario: 'abort-write', expect: 'lifecycle:I7', seedsBound: { random: 2, pct: 1 } },
+  'read-done-early': { scenario: '1p1d', expect: 'lifecycle:I5|lifecycle:I3', seedsBound: { random: 1, pct: 1 } },
+  'prefix-shift': { scenario: 'prefix-hit', expect: 'pd-equals-colocated', seedsBound: { random: 1, pct: 1 } },
   'leak-on-cancel': { scenario: 'cancel-everywhere', expect: 'cancel', seedsBound: { random: 3, pct: 1 } },
 };

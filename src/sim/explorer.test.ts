@@ -81,3 +81,13 @@ test('buggify: off never fires; on, a site is enabled per run from the seed and 
   const mean = enabledCounts.reduce((a, b) => a + b, 0) / enabledCounts.length;
   assert.ok(mean > 1 && mean < 3, `about a quarter of ${FAULT_SITES.length} sites are on per run (mean ${mean})`);
 });
+
+test('dpor replay: the schedule gives the index at each branching choice, then the first; a bad index is BAD_CONFIG', () => {
+  const e = createExplorer('dpor', 0, { schedule: [2, 1] });
+  assert.equal(e.pick(choices(['only'])), 0, 'a single choice does not use a digit');
+  assert.equal(e.pick(choices(['a', 'b', 'c'])), 2);
+  assert.equal(e.pick(choices(['a', 'b'])), 1);
+  assert.equal(e.pick(choices(['a', 'b', 'c'])), 0, 'past the schedule: the first choice');
+  const bad = createExplorer('dpor', 0, { schedule: [5] });
+  assert.throws(() => bad.pick(choices(['a', 'b'])), /BAD_CONFIG|not this world/);
+});

@@ -9,12 +9,16 @@
  *   dfs     bounded exhaustive search for tiny scenarios: seed n is read as mixed-radix digits, one
  *           per branching choice among the first `dfsDepth` of them (later ones take the first
  *           choice), so seeds 0, 1, 2 ... enumerate the schedules; `duplicate` marks a seed whose
- *           digits ran out before it was used up (the same schedule as a smaller seed).
+ *           digits ran out before it was used up (the same schedule as a smaller seed);
+ *   dpor    exhaustive search with partial-order reduction (dpor.ts, dpor_world.ts); a run of this
+ *           explorer replays one schedule it found: `schedule` lists the index taken at each
+ *           branching choice (later ones take the first).
  */
 import { assert } from '../util/assert.ts';
 import { SeededRng } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
 
-export const STRATEGIES = ['random', 'pct', 'dfs'] as const;
+export const STRATEGIES = ['random', 'pct', 'dfs', 'dpor'] as const;
 export type Strategy = (typeof STRATEGIES)[number];
 
 export function isStrategy(s: string): s is Strategy {
@@ -27,6 +31,8 @@ export interface ChoiceInfo {
   key: string;
   /** PCT priorities are per agent: 'P.compute', 'D.nic', 'net:P>D', 'proxy'. */
   agent: string;
+  /** Virtual time the choice takes (dpor checks sleep sets against the next timer). */
+  costMs?: number;
 }
 
 export interface ExplorerOptions {
@@ -34,6 +40,8 @@ export interface ExplorerOptions {
   /** PCT: change points are drawn from the first this many choices (about one run's length). */
   pctSteps?: number;
   dfsDepth?: number;
+  /** dpor replay: the index taken at each branching choice. */
+  schedule?: readonly number[];
 }
 
 export interface Explorer {
@@ -42,6 +50,12 @@ export interface Explorer {
   pick(choices: readonly ChoiceInfo[]): number;
   /** dfs only: this seed's schedule equals a smaller seed's. */
   readonly duplicate: boolean;
+  /** dpor search: the chosen step ran and the clock advanced past it, firing `timersFired` timers. */
+  stepped?(timersFired: number): void;
+  /** dpor search: nothing was enabled and the clock jumped to the next timer. */
+  jumped?(): void;
+  /** dpor search: the run stopped with these choices still enabled. */
+  ended?(enabledKeys: string[]): void;
 }
 
 /** Independent streams from one seed (explorer, faults, world) so changing one does not shift another. */
@@ -126,6 +140,20 @@ class DfsExplorer implements Explorer {
   }
 }
 
+class ScheduleExplorer implements Explorer {
+  readonly strategy = 'dpor' as const;
+  readonly duplicate = false;
+  private next = 0;
+  constructor(private readonly schedule: readonly number[]) {}
+  pick(choices: readonly ChoiceInfo[]): number {
+    if (choices.length === 1) return 0;
+    const i = this.schedule[this.next++] ?? 0;
+    if (!(i < choices.length))
+      throw new HandoffError('BAD_CONFIG', `--schedule index ${i} at a choice of ${choices.length}: not this world's`);
+    return i;
+  }
+}
+
 export function createExplorer(strategy: Strategy, seed: number, opts: ExplorerOptions = {}): Explorer {
   switch (strategy) {
     case 'random':
@@ -134,5 +162,7 @@ export function createExplorer(strategy: Strategy, seed: number, opts: ExplorerO
       return new PctExplorer(seed, opts.pctDepth ?? 3, opts.pctSteps ?? 60);
     case 'dfs':
       return new DfsExplorer(seed, opts.dfsDepth ?? 12);
+    case 'dpor':
+      return new ScheduleExplorer(opts.schedule ?? []);
   }
 }

@@ -1,6 +1,7 @@
 /** The simulator's entry points for the CLI (`handoff sim`, `handoff trace`). */
 export {
   runSim,
+  DEFAULT_SIM_PRESET,
   runSeed,
   formatSimReport,
   replayCommand,
@@ -14,5 +15,12 @@ export { toChromeTrace, type SimTrace } from './trace.ts';
 export { timelineHtml } from './timeline_html.ts';
 export { SCENARIOS, isScenarioName, type ScenarioName } from './scenarios.ts';
 export { STRATEGIES, isStrategy, type Strategy } from './explorer.ts';
+export {
+  runDpor,
+  formatDporLine,
+  DPOR_DEPTH_DEFAULT,
+  DPOR_MAX_SCHEDULES_DEFAULT,
+  type DporReport,
+} from './dpor_run.ts';
 export { BUG_ZOO } from './bug_zoo.ts';
 export { FAULT_SITES } from './buggify.ts';

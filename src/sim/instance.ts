@@ -9,7 +9,7 @@
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { SimDevice } from '../device/sim.ts';
-import type { OpSubmission } from '../device/types.ts';
+import type { OpSubmission, PageAccess } from '../device/types.ts';
 import { watchPool, watchStream } from '../kv/lifecycle_watch.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
@@ -44,6 +44,9 @@ export interface OpInfo {
   /** Forward: tokens computed; zero/copy: pages. */
   tokens: number;
   pages: number;
+  /** Blocks the op reads and writes (any slab, any bytes): the dpor footprint and the coverage line. */
+  readBlocks: number[];
+  writeBlocks: number[];
 }
 
 export interface InstanceObserver {
@@ -141,6 +144,7 @@ export class SimInstance {
           requestIds: sub.label.requestIds ?? [],
           tokens: op.kind === 'kernel' ? forwardTokens(op.args) : 0,
           pages: op.kind === 'zero' ? op.blockIds.length : op.kind === 'copy' ? op.pairs.length : 0,
+          ...blocksOf(op, sub.footprint ?? []),
         };
         this.ops.set(opId, info);
         this.observer.opEnqueued(this, opId, info);
@@ -171,6 +175,14 @@ export class SimInstance {
     if (!this.alive) return;
     await this.engine.close();
   }
+}
+
+function blocksOf(op: OpSubmission['op'], declared: readonly PageAccess[]): Pick<OpInfo, 'readBlocks' | 'writeBlocks'> {
+  const read = new Set<number>(declared.filter((a) => !a.write).map((a) => a.block));
+  const write = new Set<number>(declared.filter((a) => a.write).map((a) => a.block));
+  if (op.kind === 'zero') for (const b of op.blockIds) write.add(b);
+  if (op.kind === 'copy') for (const [src, dst] of op.pairs) (read.add(src), write.add(dst));
+  return { readBlocks: [...read].sort((a, b) => a - b), writeBlocks: [...write].sort((a, b) => a - b) };
 }
 
 function forwardTokens(args: unknown): number {

@@ -38,7 +38,7 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
       );
   }
 
-  const refs = await colocatedReference(
+  const refs = colocatedReference(
     w.scenario.preset,
     w.scenario.modelSeed,
     w.proxy.requests.map((r) => r.spec),

@@ -1,13 +1,16 @@
 /**
- * The accuracy oracle's ground truth: each request run alone on a colocated engine (no connector, a
- * sim device that runs its ops at once). Batch and chunk invariance make this what P/D must match,
- * token for token and logit hash for logit hash. Results are memoised per (preset, model seed,
- * prompt, sampling), so seeds that share requests pay once.
+ * The accuracy oracle's ground truth: each request run alone, colocated, straight on the model (no
+ * engine, no connector, no scheduling: the smallest program that computes it, so nothing the P/D
+ * engines under test share can hide a bug on both sides). Batch and chunk invariance make this what
+ * P/D must match, token for token and logit hash for logit hash; the engine-level colocated comparison
+ * is `handoff ab` and the P/D pair tests. Results are memoised per (preset, model seed, prompt,
+ * sampling), so seeds that share requests pay once.
  */
-import { SimEnv } from '../util/env.ts';
-import type { ModelPreset } from '../kv/presets.ts';
-import { simDevice } from '../engine/devices.ts';
-import { buildInstance } from '../engine/build_instance.ts';
+import { assert } from '../util/assert.ts';
+import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import { makeKVCacheConfig } from '../kv/spec.ts';
+import { eosTokenIdOf } from '../model/config.ts';
+import { createModel } from '../model/model.ts';
 import type { SimRequestSpec } from './proxy.ts';
 
 export interface ReferenceResult {
@@ -23,61 +26,58 @@ function keyOf(preset: ModelPreset, modelSeed: number, r: SimRequestSpec): strin
 }
 
 /**
- * Await `p` while running the engine's virtual clock: when every microtask has settled and `p` is
- * still pending, fire the next timer (an idle poll the engine sleeps on). Bounded.
+ * One request alone on the model, the way a colocated engine computes it: the whole prompt in one
+ * forward (chunk invariance: a chunked prefill gives the same bytes), then one token per forward, each
+ * sampled with (seed, output index), stopping at max_tokens, EOS (unless ignored) or a stop token. Its
+ * own fresh, zeroed pages; block ids distinct across groups, as the hybrid allocator hands them out.
  */
-export async function drive<T>(env: SimEnv, p: Promise<T>, roundsMax = 100_000): Promise<T> {
-  let settled = false;
-  p.then(
-    () => (settled = true),
-    () => (settled = true),
-  );
-  for (let k = 0; k < roundsMax && !settled; k++) {
-    await new Promise((resolve) => setImmediate(resolve));
-    const next = env.nextTimerMs();
-    if (!settled && next !== null) env.advanceTo(Math.max(next, env.nowMs()));
+function runAlone(preset: ModelPreset, modelSeed: number, r: SimRequestSpec): ReferenceResult {
+  const maxTokens = r.sampling.maxTokens;
+  const longest = r.promptTokenIds.length + maxTokens;
+  const groups = presetKVGroups(preset);
+  const tables: number[][] = [];
+  let next = 1;
+  for (const g of groups) {
+    const pages = g.spec.type === 'mamba' ? 1 : Math.ceil(longest / g.spec.blockSize);
+    tables.push(Array.from({ length: pages }, () => next++));
   }
-  return p;
+  const kvConfig = makeKVCacheConfig(groups, next);
+  const model = createModel(preset, modelSeed, kvConfig);
+  const slabs = Array.from(
+    { length: kvConfig.numSlabs },
+    () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes),
+  );
+  const s = r.sampling;
+  const stops = new Set(s.stopTokenIds ?? []);
+  const out: ReferenceResult = { tokenIds: [], logitsHashes: [] };
+  let input = r.promptTokenIds;
+  let pos = 0;
+  for (let k = 0; k < maxTokens; k++) {
+    const sampling = { temperature: s.temperature ?? 0, topP: s.topP, topK: s.topK, seed: s.seed ?? 0, outputIndex: k };
+    const req = { requestId: 'ref', tokenIds: input, startPos: pos, blockTables: tables, sample: true, sampling };
+    const o = model.forward({ step: k, requests: [req] }, slabs).outputs[0];
+    assert(o !== undefined && o.error === undefined && o.tokenId !== null, 'the reference forward samples a token');
+    out.tokenIds.push(o.tokenId);
+    out.logitsHashes.push(o.logitsHash);
+    if ((!s.ignoreEos && o.tokenId === eosTokenIdOf(preset)) || stops.has(o.tokenId)) break;
+    pos += input.length;
+    input = [o.tokenId];
+  }
+  return out;
 }
 
-export async function colocatedReference(
+export function colocatedReference(
   preset: ModelPreset,
   modelSeed: number,
   reqs: readonly SimRequestSpec[],
-): Promise<ReferenceResult[]> {
-  const found = new Map<string, ReferenceResult>();
-  for (const r of reqs) {
-    const hit = memo.get(keyOf(preset, modelSeed, r));
-    if (hit !== undefined) found.set(keyOf(preset, modelSeed, r), hit);
-  }
-  const missing = reqs.filter((r) => !found.has(keyOf(preset, modelSeed, r)));
-  if (missing.length > 0) {
-    const env = new SimEnv(0);
-    const longest = Math.max(...missing.map((r) => r.promptTokenIds.length + r.sampling.maxTokens));
-    const { engine } = await buildInstance(
-      {
-        preset,
-        modelSeed,
-        numBlocks: 64 + 4 * Math.ceil(longest / 16),
-        asyncScheduling: true,
-        scheduler: { maxModelLen: Math.max(1024, longest) },
-        idlePollMs: 2,
-        makeDevice: simDevice(preset, modelSeed, { autoRun: true }),
-        connector: null,
-      },
-      env,
-    );
-    try {
-      for (const r of missing) {
-        const out = await drive(env, engine.generate({ promptTokenIds: r.promptTokenIds, sampling: r.sampling }));
-        const res = { tokenIds: out.tokenIds, logitsHashes: out.logitsHashes };
-        if (memo.size >= MEMO_MAX) memo.clear();
-        memo.set(keyOf(preset, modelSeed, r), res);
-        found.set(keyOf(preset, modelSeed, r), res);
-      }
-    } finally {
-      await drive(env, engine.close());
-    }
-  }
-  return reqs.map((r) => found.get(keyOf(preset, modelSeed, r)) as ReferenceResult);
+): ReferenceResult[] {
+  return reqs.map((r) => {
+    const key = keyOf(preset, modelSeed, r);
+    const hit = memo.get(key);
+    if (hit !== undefined) return hit;
+    const res = runAlone(preset, modelSeed, r);
+    if (memo.size >= MEMO_MAX) memo.clear();
+    memo.set(key, res);
+    return res;
+  });
 }

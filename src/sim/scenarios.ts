@@ -10,6 +10,7 @@
  *   peer-death       the prefill instance dies while a READ is in flight (an explorer choice)
  *   prefix-hit       requests share a 2-page prefix: local prefix hits on both sides, READ of the rest
  *   chunked-prefill  long prompts in 32-token chunks
+ *   abort-write      `abort` with WRITE: decode aborts a request while prefill's WRITE into it is in flight
  *   cancel-everywhere        READ; each request's client goes away at a point drawn from the seed (or
  *                            never): before prefill, during prefill, between prefill's answer and decode's
  *                            request, during its READ, during decode; the explorer picks the moment
@@ -18,7 +19,8 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import type { ModelPreset } from '../kv/presets.ts';
+import { kvTwin, type ModelPreset } from '../kv/presets.ts';
+import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
 import { streamSeed } from './explorer.ts';
@@ -32,6 +34,7 @@ export const SCENARIOS = [
   'peer-death',
   'prefix-hit',
   'chunked-prefill',
+  'abort-write',
   'cancel-everywhere',
   'cancel-everywhere-write',
 ] as const;
@@ -90,16 +93,16 @@ function cancelPoints(name: ScenarioName, rng: SeededRng, n: number): Array<Canc
 export const SIM_LEASE_MS = 300;
 export const SIM_TRANSFER_TIMEOUT_MS = 100;
 
-const VOCAB_LIMIT = 50_000;
-
-function prompt(rng: SeededRng, n: number): number[] {
-  return Array.from({ length: n }, () => 1 + rng.int(VOCAB_LIMIT - 1));
+/** Prompt ids are drawn from [1, min(50000, vocab - 1)): never 0 nor EOS (the last id). */
+function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
+  const limit = Math.min(50_000, vocabSize - 1);
+  return Array.from({ length: n }, () => 1 + rng.int(limit - 1));
 }
 
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
-function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number): SimRequestSpec[] {
+function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const prefix = name === 'prefix-hit' ? prompt(rng, 32) : [];
+  const prefix = name === 'prefix-hit' ? prompt(rng, 32, vocab) : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
@@ -108,7 +111,8 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number): SimReq
     else if (index === 0)
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
-    const tokens = name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28))] : prompt(rng, len);
+    const tokens =
+      name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)] : prompt(rng, len, vocab);
     arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
@@ -140,6 +144,9 @@ function scenarioConnector(
     'tail-not-zeroed': 'consumer',
     'free-before-release': 'producer',
     'write-done-early': 'producer',
+    'stale-writer': 'consumer',
+    'read-done-early': 'consumer',
+    'prefix-shift': 'consumer',
     'leak-on-cancel': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
@@ -153,11 +160,11 @@ export function buildScenario(
   opts: { requests?: number; mutant?: MutantName } = {},
 ): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = name === '1p1d-write' || name === 'cancel-everywhere-write' ? 'write' : 'read';
-  if (mode === 'write' && preset === 'hybrid-mini')
-    throw new HandoffError('BAD_CONFIG', 'WRITE mode needs a model without Mamba layers (hybrid-mini is READ only)');
+  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write'].includes(name) ? 'write' : 'read';
+  if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
+    throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
-  const requests = scenarioRequests(name, rng, n);
+  const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
@@ -179,7 +186,7 @@ export function buildScenario(
     requests,
     prefill: { numBlocks: 64, scheduler: sched('producer'), connector: connector('producer') },
     decode: { numBlocks: name === 'preempt' ? 13 : 64, scheduler: sched('consumer'), connector: connector('consumer') },
-    abortTarget: name === 'abort' ? rng.int(n) : null,
+    abortTarget: name === 'abort' || name === 'abort-write' ? rng.int(n) : null,
     killPrefillMidRead: name === 'peer-death',
     cancelPoints: cancelPoints(name, rng, n),
     answerHop: isCancelScenario(name),

@@ -54,17 +54,22 @@ test('replay: the same seed gives the same schedule and the same first violation
   assert.notEqual((await runSeed({ scenario: 'abort', strategy: 'pct' }, 5, false)).choiceHash, clean1.choiceHash);
 });
 
-test('report: exactly the keys of the JSON contract; --replay runs the one seed of the command', async () => {
+test('report: the keys of the JSON contract and the run size; --replay runs the one seed of the command', async () => {
   const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 2, mutant: 'no-await-reads', seed: 7 });
   assert.deepEqual(Object.keys(r).sort(), [
+    'coverage',
+    'distinctSchedules',
     'firstFailingSeed',
+    'jobs',
     'mutant',
     'replay',
     'scenario',
+    'schedules',
     'schedulesPerSec',
     'seeds',
     'strategy',
     'violations',
+    'wallSeconds',
   ]);
   assert.equal(r.firstFailingSeed, 7);
   assert.equal(r.replay, 'handoff sim --scenario 1p1d --strategy random --seed 7 --mutant no-await-reads --replay');

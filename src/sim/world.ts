@@ -23,6 +23,7 @@ import { createExplorer, type ChoiceInfo, type Explorer, type ExplorerOptions, t
 import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
+import { OrderCoverage } from './coverage.ts';
 import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
@@ -55,6 +56,8 @@ export interface WorldOptions {
   /** Stop at the first violation (default); a trace run goes on to show what followed. */
   stopOnViolation?: boolean;
   requests?: number;
+  /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
+  makeExplorer?: (w: SimWorld) => Explorer;
 }
 
 interface Choice extends ChoiceInfo {
@@ -77,7 +80,7 @@ export const DEFAULT_MAX_STEPS = 20_000;
 export const DEFAULT_MAX_VIRTUAL_MS = 20_000;
 
 function worldSeed(o: WorldOptions): number {
-  return o.strategy === 'dfs' ? 0 : o.seed;
+  return o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed;
 }
 
 const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
@@ -96,6 +99,7 @@ export class SimWorld {
   P!: SimInstance;
   D!: SimInstance;
   proxy!: SimProxy;
+  coverage!: OrderCoverage;
   cancels!: CancelPoints;
   cancelOracles!: CancelOracles;
   step = 0;
@@ -110,8 +114,8 @@ export class SimWorld {
   ) {
     // dfs numbers schedules of one fixed world; the other strategies draw the world from the seed too.
     this.env = new SimEnv(worldSeed(opts));
-    this.explorer = createExplorer(opts.strategy, opts.seed, opts.explorer);
-    this.buggify = new Buggify(opts.seed, opts.faults ?? opts.strategy !== 'dfs');
+    this.explorer = opts.makeExplorer?.(this) ?? createExplorer(opts.strategy, opts.seed, opts.explorer);
+    this.buggify = new Buggify(opts.seed, opts.faults ?? (opts.strategy !== 'dfs' && opts.strategy !== 'dpor'));
     this.trace = opts.trace ? new TraceRecorder() : null;
   }
 
@@ -156,6 +160,7 @@ export class SimWorld {
     w.cancels.install();
     w.cancelOracles = new CancelOracles(w, w.cancels);
     w.events = new WorldEvents(w);
+    w.coverage = new OrderCoverage(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
     return w;
   }
@@ -369,7 +374,10 @@ export class SimWorld {
       await settle();
       this.checkRacesAndCrashes();
       this.cancelOracles.afterStep();
-      if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) break;
+      if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) {
+        this.explorer.ended?.(this.choices().map((c) => c.key));
+        break;
+      }
       if (this.step >= maxSteps) {
         this.violate('liveness', `step budget of ${maxSteps} choices exhausted; ${this.pendingSummary()}`);
         break;
@@ -387,6 +395,7 @@ export class SimWorld {
           break;
         }
         this.env.advanceTo(Math.max(now, Math.min(...next)));
+        this.explorer.jumped?.();
         continue;
       }
       const c = choices[this.explorer.pick(choices)] as Choice;
@@ -411,7 +420,8 @@ export class SimWorld {
         args: c.args,
       });
       this.step++;
-      this.env.advanceTo(now + c.costMs);
+      const fired = this.env.advanceTo(now + c.costMs);
+      this.explorer.stepped?.(fired);
     }
   }
 

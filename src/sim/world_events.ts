@@ -4,14 +4,20 @@
  *     pages outbound on the peer; WRITE the other way round; grants on the granting side);
  *   - checks I5 ("transfer done" only once the destination has the data): a write_done may be sent
  *     only after every WRITE of its transfer landed and its poster observed it, and must not reach
- *     the destination before the data;
- *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it);
+ *     the destination before the data; a READ consumer's release (its "done" to the producer) only
+ *     after every READ of its transfer ended;
+ *   - checks the request half of I7 (ownership epochs): a transfer posted for request R may write only
+ *     pages no other live request owns (the lifecycle binds it to the pages' generation);
+ *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it),
+ *     and the abort scenario's abort from decode's WRITE grant on (decode awaits prefill's WRITE);
  *   - records NIC slices and maps race-checker work-request ids to them for the trace.
  */
 import type { RaceReport } from '../device/race/race_report.ts';
 import type { WireRange } from '../transfer/core/ranges.ts';
 import type { FabricEvent, FabricItem } from '../transfer/sim/sim_fabric.ts';
 import { SIM_TRANSFER_TIMEOUT_MS } from './scenarios.ts';
+import type { SimInstance } from './instance.ts';
+import type { ProxyRequest } from './proxy.ts';
 import type { SimWorld } from './world.ts';
 
 interface Pages {
@@ -23,6 +29,8 @@ export class WorldEvents {
   private readonly pages = new Map<number, Pages>();
   /** `${posterEngineId}|${transferId}` → WRITE items posted, landed, observed by the poster. */
   private readonly writes = new Map<string, { posted: Set<number>; landed: Set<number>; observed: Set<number> }>();
+  /** `${posterEngineId}|${transferId}` → READs posted and not ended yet. */
+  private readonly reads = new Map<string, Set<number>>();
   /** `${instance}:${race-checker work request id}` → fabric item id. */
   private readonly rcItems = new Map<string, number>();
 
@@ -52,7 +60,13 @@ export class WorldEvents {
       }
       case 'grant': {
         const inst = this.w.instanceOf(ev.engineId);
-        inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued');
+        // A consumer's grant lets the producer WRITE its pages; a producer's lets the consumer READ them.
+        const peerWrites = inst?.spec.role === 'consumer';
+        inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued', peerWrites);
+        // WRITE: from its grant on, decode waits for prefill's WRITE; the abort scenario may strike then.
+        const target = this.w.proxy.requests.find((q) => q.transferId === ev.transferId);
+        if (peerWrites && ev.change === 'issued' && target?.spec.index === this.w.scenario.abortTarget)
+          this.offerAbort(target, () => true);
         this.w.trace?.instant({
           process: inst?.name ?? ev.engineId,
           lane: 'host',
@@ -64,6 +78,7 @@ export class WorldEvents {
       }
       case 'notify-send':
         if (ev.notification.type === 'write_done') this.checkWriteDone(ev.item, 'sent', true);
+        if (ev.notification.type === 'release') this.checkRelease(ev.item);
         return;
       case 'notify-deliver':
         if (ev.notification.type === 'write_done' && ev.delivered) this.checkWriteDone(ev.item, 'delivered', false);
@@ -80,12 +95,19 @@ export class WorldEvents {
     const p: Pages = { local: this.pagesOf(localRanges), remote: this.pagesOf(remoteRanges) };
     this.pages.set(item.id, p);
     if (rcId !== null) this.rcItems.set(`${poster.name}:${rcId}`, item.id);
+    const owner = this.checkOwner(
+      item,
+      item.kind === 'read' ? poster : peer,
+      item.kind === 'read' ? p.local : p.remote,
+    );
     if (item.kind === 'read') {
-      poster.lifecycle.inboundPosted(item.id, p.local);
+      poster.lifecycle.inboundPosted(item.id, p.local, 'self', owner);
       peer.lifecycle.outboundPosted(item.id, p.remote);
+      const key = `${item.from}|${item.transferId}`;
+      this.reads.set(key, (this.reads.get(key) ?? new Set()).add(item.id));
     } else {
       poster.lifecycle.outboundPosted(item.id, p.local);
-      peer.lifecycle.inboundPosted(item.id, p.remote);
+      peer.lifecycle.inboundPosted(item.id, p.remote, 'peer', owner);
       const key = `${item.from}|${item.transferId}`;
       const rec = this.writes.get(key) ?? { posted: new Set(), landed: new Set(), observed: new Set() };
       rec.posted.add(item.id);
@@ -104,6 +126,7 @@ export class WorldEvents {
   private ended(item: FabricItem, landed: boolean): void {
     const p = this.pages.get(item.id);
     this.pages.delete(item.id);
+    if (item.kind === 'read') this.reads.get(`${item.from}|${item.transferId}`)?.delete(item.id);
     const poster = this.w.instanceOf(item.from);
     const peer = this.w.instanceOf(item.to);
     if (p === undefined || poster === null || peer === null) return;
@@ -137,25 +160,59 @@ export class WorldEvents {
       );
   }
 
+  /**
+   * I7, the request half: the destination pages must not belong to another live request now (pages held
+   * behind a fence belong to none). Returns the destination request's id, which the lifecycle records.
+   */
+  private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
+    const r = this.requestOf(item);
+    if (r === undefined || !dst.alive) return '';
+    const idOf = (q: ProxyRequest): string => (dst === this.w.D ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q));
+    const owner = idOf(r);
+    const mine = new Set(dst.engine.kv.getBlockIds(owner).flat());
+    for (const q of this.w.proxy.requests) {
+      if (q === r) continue;
+      const taken = dst.engine.kv
+        .getBlockIds(idOf(q))
+        .flat()
+        .filter((b) => blocks.includes(b) && !mine.has(b));
+      if (taken.length > 0)
+        this.w.violate(
+          'lifecycle',
+          `I7: ${dst.name} blocks ${taken.join(',')}: ${item.kind.toUpperCase()} net#${item.id} posted for ${owner} writes pages owned by ${idOf(q)} (a stale writer)`,
+          'I7',
+        );
+    }
+    return owner;
+  }
+
+  /** I5 for READ: the release tells the producer it may free the source: every READ must have ended. */
+  private checkRelease(item: FabricItem): void {
+    const open = [...(this.reads.get(`${item.from}|${item.transferId}`) ?? [])];
+    if (open.length > 0)
+      this.w.violate(
+        'lifecycle',
+        `I5: release for ${item.transferId} sent while READ ${open.map((i) => `net#${i}`).join(',')} has not landed at the destination`,
+        'I5',
+      );
+  }
+
+  private requestOf(item: FabricItem): ProxyRequest | undefined {
+    const index = Number((item.label.requestIds?.[0] ?? '').slice(2));
+    return Number.isInteger(index) ? this.w.proxy.requests[index] : undefined;
+  }
+
   /** Scenario actions and faults that become possible once a transfer is in flight. */
   private offerActions(item: FabricItem): void {
     const w = this.w;
-    const reqId = item.label.requestIds?.[0] ?? '';
-    const index = Number(reqId.slice(2));
-    const r = Number.isInteger(index) ? w.proxy.requests[index] : undefined;
+    const r = this.requestOf(item);
+    const index = r?.spec.index ?? -1;
     const inFlight = (): boolean => w.fabric.has(item.id);
     if (item.kind === 'read' && w.buggify.fire('slow-read')) {
       item.notBeforeMs = w.env.nowMs() + (w.buggify.int(2) === 0 ? 1.5 * SIM_TRANSFER_TIMEOUT_MS : 5);
     }
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
-    if (abortHere && !w.actions.has(`act:abort:${index}`)) {
-      w.addAction({
-        key: `act:abort:${index}`,
-        name: `abort request ${index}`,
-        enabled: () => inFlight() && r.phase !== 'done',
-        run: () => w.proxy.abort(r),
-      });
-    }
+    if (abortHere) this.offerAbort(r, inFlight);
     const kill =
       item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
     if (kill && !w.actions.has('act:kill:P')) {
@@ -169,6 +226,18 @@ export class WorldEvents {
         },
       });
     }
+  }
+
+  /** The client may abort request `r` while `live()` (its transfer is in flight, or decode awaits its WRITE). */
+  private offerAbort(r: ProxyRequest, live: () => boolean): void {
+    const key = `act:abort:${r.spec.index}`;
+    if (this.w.actions.has(key)) return;
+    this.w.addAction({
+      key,
+      name: `abort request ${r.spec.index}`,
+      enabled: () => live() && r.phase !== 'done',
+      run: () => this.w.proxy.abort(r),
+    });
   }
 
   /** Highlight a race's two accesses in the trace. */

@@ -12,6 +12,10 @@ export const MUTANTS = {
     'an aborted request’s pages return to the pool at once, while an in-flight step may still write them',
   'tail-not-zeroed': 'the decode recompute tail is excluded from zeroing along with the READ destinations',
   'write-done-early': 'WRITE reports completion when posted, before the data is visible at the destination',
+  'stale-writer': 'an aborted WRITE load frees its pages at once, grant live: the WRITE lands on the next owner',
+  'read-done-early': 'a READ counts as done once posted (local ack), not once its bytes landed: forward and release go',
+  'prefix-shift':
+    'READ mapping skips decode’s cached prefix on the local side only: remote page i lands in local skip+i',
   'leak-on-cancel':
     'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
 } as const;
@@ -37,6 +41,12 @@ export interface Mutations {
   readonly awaitReadsBeforeForward: boolean;
   /** WRITE producer: write_done is announced only once the data is visible at the destination. */
   readonly writeDoneAfterData: boolean;
+  /** WRITE consumer: an aborted load revokes its grant and holds its pages until no WRITE can land. */
+  readonly fenceAbortedWrites: boolean;
+  /** READ consumer: a READ is complete when its bytes landed in our pages (not when it was posted). */
+  readonly readDoneWhenLanded: boolean;
+  /** READ consumer: leave out decode's `skip` locally cached pages from an aligned local/remote pairing. */
+  skipLocalPrefix(aligned: { local: number[]; remote: number[] }, skip: number): { local: number[]; remote: number[] };
   /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
   readonly releaseUnusedLoads: boolean;
 }
@@ -47,6 +57,9 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   deferFreeOnAbort: true,
   awaitReadsBeforeForward: true,
   writeDoneAfterData: true,
+  fenceAbortedWrites: true,
+  readDoneWhenLanded: true,
+  skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(skip) }),
   releaseUnusedLoads: true,
 };
 
@@ -58,6 +71,11 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'free-on-abort': { deferFreeOnAbort: false },
   'tail-not-zeroed': { zeroExcludedPages: (_aligned, all) => all },
   'write-done-early': { writeDoneAfterData: false },
+  'stale-writer': { fenceAbortedWrites: false },
+  'read-done-early': { readDoneWhenLanded: false },
+  'prefix-shift': {
+    skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(0, a.remote.length - skip) }),
+  },
   'leak-on-cancel': { releaseUnusedLoads: false },
 };
 

@@ -1,0 +1,24 @@
+/**
+ * A simulator seed thread: runs the seeds it is sent, one at a time, each in a world of its own, and
+ * answers each with its SeedResult (plain data, no trace). A seed's result is a function of (options,
+ * seed) alone, so it does not matter which thread runs it. A crash of the run itself (not a violation:
+ * those are results) answers that seed with the error, and the thread goes on.
+ */
+import { parentPort } from 'node:worker_threads';
+import { assert } from '../util/assert.ts';
+import { runSeed } from './run_sim.ts';
+import type { FromSimThread, ToSimThread } from './sim_threads.ts';
+
+const port = parentPort;
+assert(port !== null, 'sim_thread_worker must run in a worker thread');
+
+port.on('message', (m: ToSimThread) => {
+  runSeed(m.options, m.seed, false).then(
+    (result) => port.postMessage({ seed: m.seed, result } satisfies FromSimThread),
+    (e: unknown) =>
+      port.postMessage({
+        seed: m.seed,
+        error: e instanceof Error ? (e.stack ?? e.message) : String(e),
+      } satisfies FromSimThread),
+  );
+});
