@@ -17,7 +17,7 @@ for (const scenario of ['cancel-everywhere', 'cancel-everywhere-write'] as const
     const applied = new Set<CancelPoint>();
     for (let seed = 1; seed <= 40 && applied.size < CANCEL_POINTS.length; seed++) {
       for (const strategy of ['random', 'pct'] as const) {
-        const w = await SimWorld.create({ scenario, preset: 'dsv4-mini', seed, strategy });
+        const w = await SimWorld.create({ scenario, preset: 'dsv4-micro', seed, strategy });
         await w.run();
         await judgeEnd(w);
         await w.shutdown();

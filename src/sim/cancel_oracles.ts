@@ -3,10 +3,10 @@
  * every scenario:
  *   lease   no page prefill held for a request outlives its lease: each page of a prefill answer is back
  *           in the pool (or allocated anew) by answer + lease + LEASE_SLACK_MS; checked after every step
- *   cancel  a client that went away after prefill answered gets prefill's pages released by decode (READ:
- *           pdFlow's releaseUnused; WRITE: decode's abort, or its push), not left to the lease: freed within
- *           CANCEL_RELEASE_MS of the cancel, unless a fault dropped a notification of that transfer or the
- *           lease came first;
+ *   cancel  a client that went away after prefill answered (at whatever point) gets prefill's pages released
+ *           by decode (its READ's release, pdFlow's releaseUnused, its abort; WRITE: its push), never left
+ *           to the lease: freed within CANCEL_RELEASE_MS of the cancel, unless a fault dropped a
+ *           notification of that transfer or the lease came first;
  *           a cancelled request never reports success with partial output;
  *           under kv_load_failure_policy 'fail', a request one of whose READ/WRITE failed never reports
  *           success (no 200 over a cut transfer; under 'recompute' P/D == colocated judges the output)
@@ -14,7 +14,7 @@
  */
 import type { FabricEvent } from '../transfer/sim/sim_fabric.ts';
 import type { CancelPoints } from './cancel_points.ts';
-import { SIM_LEASE_MS } from './scenarios.ts';
+import { SIM_LEASE_MS, type CancelPoint } from './scenarios.ts';
 import type { SimWorld } from './world.ts';
 
 /** Engine steps between the lease's end and the sweep that frees the pages (idle polls, a forward). */
@@ -36,7 +36,10 @@ export class CancelOracles {
   private readonly lostNotifications = new Set<string>();
   /** Request ids (p-i / d-i) one of whose READ/WRITE failed. */
   private readonly cutTransfers = new Map<string, number>();
-  private readonly promptRelease = new Map<number, { pages: number[]; allocations: number[]; byMs: number }>();
+  private readonly promptRelease = new Map<
+    number,
+    { pages: number[]; allocations: number[]; byMs: number; point: CancelPoint }
+  >();
 
   constructor(
     private readonly w: SimWorld,
@@ -85,14 +88,15 @@ export class CancelOracles {
     this.checkPromptRelease(now);
   }
 
-  /** Cancelled after prefill answered: its pages must come back soon, by decode's release (or push). */
+  /** Cancelled (at any point) after prefill answered: its pages must come back soon, by decode's release or push. */
   private checkPromptRelease(now: number): void {
     const w = this.w;
     for (const c of this.cancels.applied) {
-      if (c.point !== 'after-answer' || this.promptRelease.has(c.index)) continue;
-      const pages = this.pagesOf(w.proxy.requests[c.index]?.prefillAnswer?.params ?? null);
+      const answer = w.proxy.requests[c.index]?.prefillAnswer ?? null;
+      if (this.promptRelease.has(c.index) || answer === null || answer.atMs > c.atMs) continue;
+      const pages = this.pagesOf(answer.params);
       const allocations = pages.map((b) => w.P.lifecycle.allocation(b) ?? -1);
-      this.promptRelease.set(c.index, { pages, allocations, byMs: c.atMs + CANCEL_RELEASE_MS });
+      this.promptRelease.set(c.index, { pages, allocations, byMs: c.atMs + CANCEL_RELEASE_MS, point: c.point });
     }
     for (const [index, p] of this.promptRelease) {
       const still = p.pages.filter((b, k) => w.P.lifecycle.allocation(b) === p.allocations[k]);
@@ -103,7 +107,7 @@ export class CancelOracles {
       if (leaseFirst || this.lostNotifications.has(w.proxy.requests[index]?.transferId ?? '')) continue;
       w.violate(
         'cancel',
-        `request ${index}: its client went away after prefill answered, yet P blocks ${still.join(',')} are still held ${CANCEL_RELEASE_MS} ms later (decode never released them; only the lease will)`,
+        `request ${index}: its client went away (${p.point}) after prefill answered, yet P blocks ${still.join(',')} are still held ${CANCEL_RELEASE_MS} ms later (decode never released them; only the lease will)`,
       );
     }
   }
