@@ -38,7 +38,7 @@ export class CancelOracles {
   private readonly cutTransfers = new Map<string, number>();
   private readonly promptRelease = new Map<
     number,
-    { pages: number[]; allocations: number[]; byMs: number; point: CancelPoint }
+    { pages: number[]; allocations: number[]; byMs: number; point: CancelPoint; judged: boolean }
   >();
 
   constructor(
@@ -96,12 +96,14 @@ export class CancelOracles {
       if (this.promptRelease.has(c.index) || answer === null || answer.atMs > c.atMs) continue;
       const pages = this.pagesOf(answer.params);
       const allocations = pages.map((b) => w.P.lifecycle.allocation(b) ?? -1);
-      this.promptRelease.set(c.index, { pages, allocations, byMs: c.atMs + CANCEL_RELEASE_MS, point: c.point });
+      const byMs = c.atMs + CANCEL_RELEASE_MS;
+      this.promptRelease.set(c.index, { pages, allocations, byMs, point: c.point, judged: false });
     }
     for (const [index, p] of this.promptRelease) {
+      if (p.judged) continue;
       const still = p.pages.filter((b, k) => w.P.lifecycle.allocation(b) === p.allocations[k]);
+      p.judged = still.length === 0 || now > p.byMs; // each cancel is judged once
       if (still.length === 0 || now <= p.byMs) continue;
-      this.promptRelease.delete(index);
       const a = w.proxy.requests[index]?.prefillAnswer;
       const leaseFirst = a !== undefined && a !== null && a.atMs + SIM_LEASE_MS <= p.byMs;
       if (leaseFirst || this.lostNotifications.has(w.proxy.requests[index]?.transferId ?? '')) continue;
