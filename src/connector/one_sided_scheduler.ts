@@ -333,16 +333,21 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   }
 
   /**
-   * A READ-mode request that will never read (aborted before allocation, or refused at admission after
-   * prefill answered): queue an empty READ so the worker sends `release` and prefill frees its pages now
-   * rather than at the end of its lease. The release carries the request's grant token; a forged one is
-   * refused by the producer, so a hostile request cannot free someone else's transfer.
+   * A request that will never load (aborted before allocation, or refused at admission after prefill
+   * answered): queue an empty READ so the worker sends `release` and prefill frees its pages now rather
+   * than at the end of its lease (WRITE too: prefill would wait for a destination that never comes). A
+   * READ release carries the request's grant token; a forged one is refused by the producer, so a hostile
+   * request cannot free someone else's transfer.
    */
   releaseUnused(req: ConnectorRequest): boolean {
     const p = req.kvTransferParams;
-    if (!p?.do_remote_prefill || !this.isConsumer || this.config.mode !== 'read') return false;
-    if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || !p.grant)
+    if (!p?.do_remote_prefill || !this.isConsumer) return false;
+    if (!this.mutations.releaseUnusedLoads) return false; // mutant leak-on-cancel
+    // WRITE: prefill granted nothing (it holds its pages until told where to write); the release names the transfer.
+    const grant = this.config.mode === 'read' ? p.grant : (p.grant ?? '');
+    if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || grant == null)
       return false;
+    if (this.config.mode === 'read' && !grant) return false;
     // Keyed apart from live requests: a refused duplicate id must not replace a live request's READ.
     const key = `unused:${p.transfer_id}`;
     this.reqsNeedRecv.set(key, {
@@ -353,7 +358,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       remoteEngineId: p.remote_engine_id,
       remoteHost: p.remote_host,
       remotePort: p.remote_port,
-      grant: p.grant,
+      grant,
     });
     p.do_remote_prefill = false;
     return true;

@@ -64,8 +64,10 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     this.recvs = new WriteConsumer(this.ctx);
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
     this.unsubscribe = transfer.onNotification((from, n) => {
-      if (n.type === 'release') this.producer.released(n.transferId);
-      else if (n.type === 'remote_blocks') {
+      if (n.type === 'release') {
+        this.producer.released(n.transferId);
+        this.saves.released(n.transferId);
+      } else if (n.type === 'remote_blocks') {
         const p = n.payload ?? {};
         const skip = p['skipBlocks'] ?? 0;
         if (
@@ -116,6 +118,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private bindConnectorMetadata(meta: OneSidedMetadata): void {
     this.producer.bind(meta.sendTransfers, meta.expiredTransfers);
     for (const s of meta.reqsToSave) this.saves.save(s);
+    this.saves.prune(meta.sendTransfers);
     for (const a of meta.abortedRecvs) this.recvs.aborted(a.transferId, a.requestId);
     for (const n of meta.reqsToNotify) this.recvs.notifyRemoteBlocks(n);
     this.saves.startReadySaves();

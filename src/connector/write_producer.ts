@@ -58,6 +58,21 @@ export class WriteProducer {
     else if (t === undefined) this.saves.add(s.transferId, { state: 'awaiting-destination', save: s, dest: null });
   }
 
+  /**
+   * Saves still waiting for a destination whose pages the scheduler no longer holds (released by decode,
+   * or the lease ended) are dropped: their pages may belong to another request now, so a late
+   * destination must never be pushed from them (it becomes an orphan, bounded below).
+   */
+  prune(held: Record<string, string>): void {
+    for (const [transferId] of this.saves.inState('awaiting-destination'))
+      if (held[transferId] === undefined) this.saves.drop(transferId);
+  }
+
+  /** Decode released the transfer without telling us where to write (it will never load): drop its save. */
+  released(transferId: string): void {
+    if (this.saves.get(transferId)?.state === 'awaiting-destination') this.saves.drop(transferId);
+  }
+
   /** Decode told us where to write. */
   destination(transferId: string, dest: RemoteBlocks): void {
     const t = this.saves.get(transferId);

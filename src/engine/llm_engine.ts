@@ -16,7 +16,7 @@ import { presetKVGroups } from '../kv/presets.ts';
 import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
 import { eosTokenIdOf, vocabSizeOf } from '../model/config.ts';
 import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
-import type { KVTransferParams } from '../connector/params.ts';
+import { parseKvTransferParams, type KVTransferParams } from '../connector/params.ts';
 import type { ConnectorWorkerHooks } from '../worker/hooks.ts';
 import { ModelRunner } from '../worker/model_runner.ts';
 import type { SamplingParamsData } from '../worker/scheduler_output.ts';
@@ -219,6 +219,19 @@ export class LLMEngine {
 
   abort(requestId: string): void {
     this.core.abort(requestId);
+  }
+
+  /**
+   * A READ request that will never be submitted here (its client went away after prefill answered):
+   * send the producer its release now, so its pages do not wait for the lease. Only the transfer params
+   * are used; the release carries their grant, which the producer checks. True if a release was queued.
+   */
+  releaseUnused(kvTransferParams: unknown): boolean {
+    const params = parseKvTransferParams(kvTransferParams);
+    const req = { requestId: 'release-unused', numPromptTokens: 0, numTokens: 0, status: 'FINISHED_ABORTED' };
+    const queued = params !== null && this.connector?.scheduler.releaseUnused({ ...req, kvTransferParams: params });
+    if (queued) this.core.kick();
+    return queued ?? false;
   }
 
   async close(): Promise<void> {

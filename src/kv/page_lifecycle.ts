@@ -91,6 +91,12 @@ export class PageLifecycle {
     return this.page(block).state;
   }
 
+  /** The page's allocation number while it is allocated (a new one with every allocation), else null. */
+  allocation(block: number): number | null {
+    const p = this.page(block);
+    return p.allocated ? p.epoch : null;
+  }
+
   /** Recent transitions of a page, for violation messages. */
   history(block: number): string {
     return this.page(block).history.join(' → ');

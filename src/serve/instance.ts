@@ -158,6 +158,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   const served = {
     submit: e.submit.bind(e),
     abort: e.abort.bind(e),
+    releaseUnused: e.releaseUnused.bind(e),
     get crashed() {
       return e.core.crashed;
     },

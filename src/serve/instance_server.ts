@@ -6,6 +6,8 @@
  *   GET  /health                                  200 while the engine loop is alive, else 503
  *   GET  /metrics                                 Prometheus text (this instance's registry)
  *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
+ *   POST /handoff/release                         decode: {kv_transfer_params} of a request it will never
+ *                                                 get (client gone after prefill answered): release them
  *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
@@ -56,6 +58,8 @@ export interface InstanceServerOptions {
 export interface ServedEngine extends EngineHandle {
   /** Non-null once the engine loop died. */
   readonly crashed: Error | null;
+  /** Decode: send prefill the release of a READ this instance will never load; true if queued. */
+  releaseUnused(kvTransferParams: unknown): boolean;
 }
 
 export class InstanceServer {
@@ -114,7 +118,8 @@ export class InstanceServer {
         return;
       }
       if (req.method === 'GET' && path === '/handoff/info') return sendJson(res, 200, this.opts.info);
-      if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
+      if (path.startsWith('/v1/') || path === '/handoff/release') checkBearer(req, this.opts.apiKey);
+      if (req.method === 'POST' && path === '/handoff/release') return await this.releaseUnused(req, res);
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
       if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
       if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
@@ -154,6 +159,15 @@ export class InstanceServer {
         },
       ],
     };
+  }
+
+  /** POST /handoff/release: the proxy's client went away between prefill's answer and this decode request. */
+  private async releaseUnused(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const body = await readJsonBody(req);
+    const params: unknown = body['kv_transfer_params'];
+    const p = params as { do_remote_prefill?: boolean } | null;
+    this.checkTransferRole(typeof p === 'object' && p !== null ? { do_remote_prefill: p.do_remote_prefill } : null);
+    sendJson(res, 200, { released: this.engine.releaseUnused(params) });
   }
 
   /** A P/D half sent to an instance that cannot play it would silently compute everything locally. */
@@ -197,8 +211,13 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
-    if (this.closing) throw new HandoffError('OVERLOADED', 'the server is shutting down');
+    if (res.destroyed || this.closing) {
+      // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
+      if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
+      if (res.destroyed)
+        throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
+      throw new HandoffError('OVERLOADED', 'the server is shutting down');
+    }
     const api = tokenizedApiRequest(v, promptTokenIds, limits);
     const ctx: ResponseContext = {
       kind,

@@ -40,7 +40,11 @@ function fakeLegs() {
   const log: string[] = [];
   const pre = deferred<{ kvTransferParams: unknown }>();
   const dec = deferred<string>();
-  const asked: { prefill: unknown; decode: TransferParams | null } = { prefill: null, decode: null };
+  const asked: { prefill: unknown; decode: TransferParams | null; release: TransferParams | null } = {
+    prefill: null,
+    decode: null,
+    release: null,
+  };
   const legs: PdLegs<string> = {
     prefill: (ask, signal) => {
       log.push('prefill');
@@ -53,6 +57,10 @@ function fakeLegs() {
       asked.decode = params;
       signal.addEventListener('abort', () => log.push('decode aborted'));
       return dec.promise;
+    },
+    releaseUnused: (params) => {
+      log.push('release');
+      asked.release = params;
     },
   };
   return { legs, log, pre, dec, asked };
@@ -96,14 +104,28 @@ test('READ: a prefill error is the answer; a decode error is the answer', async 
   await assert.rejects(pdFlow(b.legs, { mode: 'read', transferId: 'x' }), code('KV_LOAD_FAILED'));
 });
 
-test('READ: the client going away during prefill is REQUEST_ABORTED and decode never runs', async () => {
+test('READ: the client going away during prefill is REQUEST_ABORTED; decode never runs, nothing to release', async () => {
   const f = fakeLegs();
   const client = new AbortController();
   const out = pdFlow(f.legs, { mode: 'read', transferId: 'x', signal: client.signal });
   client.abort();
-  f.pre.resolve({ kvTransferParams: RETURNED });
+  // Prefill aborted its request (its pages are freed there): no params came back.
+  f.pre.reject(new HandoffError('REQUEST_ABORTED', 'aborted'));
   await assert.rejects(out, code('REQUEST_ABORTED'));
   assert.deepEqual(f.log, ['prefill', 'prefill aborted']);
+});
+
+test('READ: the client going away after prefill answered: decode is never asked, only told to release (dynamo #13855)', async () => {
+  const f = fakeLegs();
+  const client = new AbortController();
+  const out = pdFlow(f.legs, { mode: 'read', transferId: 'x', signal: client.signal });
+  client.abort();
+  // Prefill had already finished: its answer (and its held pages) arrive after the client left.
+  f.pre.resolve({ kvTransferParams: RETURNED });
+  await assert.rejects(out, code('REQUEST_ABORTED'));
+  assert.deepEqual(f.log, ['prefill', 'prefill aborted', 'release']);
+  assert.deepEqual(f.asked.release, { ...RETURNED, do_remote_prefill: true, do_remote_decode: false });
+  assert.equal(f.asked.decode, null);
 });
 
 test('WRITE: both legs start at once (prefill first); decode names prefill and shares the transfer id', async () => {

@@ -14,7 +14,8 @@
  * Errors: a leg's failure is the answer as it is. READ: prefill's error, else decode's. WRITE: a
  * prefill failure aborts decode (it would wait for KV that never comes) and is the answer; a decode
  * failure aborts prefill (its pages are not needed) and is the answer. The client going away
- * (`signal`) aborts the running legs; the answer is then REQUEST_ABORTED (or the leg's own error).
+ * (`signal`) aborts the running legs; the answer is then REQUEST_ABORTED (or the leg's own error). READ:
+ * when it goes away after prefill answered, decode is asked to release prefill's held pages.
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
@@ -44,6 +45,11 @@ export interface PdLegs<R> {
   prefill(ask: PrefillAsk, signal: AbortSignal): Promise<{ kvTransferParams: unknown }>;
   /** Run decode with these params; resolves with the flow's answer, rejects with its error. */
   decode(kvTransferParams: TransferParams, signal: AbortSignal): Promise<R>;
+  /**
+   * READ: the client went away after prefill answered, so decode will never ask for these pages: have
+   * decode send prefill its release now (best effort, never awaited; the producer's lease is the fallback).
+   */
+  releaseUnused?(kvTransferParams: TransferParams): void;
 }
 
 export interface PdFlowOptions {
@@ -118,7 +124,13 @@ function readFlow<R>(legs: PdLegs<R>, opts: PdFlowOptions): Promise<R> {
   const pre = legs.prefill(prefillAsk(opts.transferId), legSignal(opts.signal).signal);
   return (async () => {
     const answer = await pre;
-    if (opts.signal?.aborted) throw aborted();
+    if (opts.signal?.aborted) {
+      // Prefill holds its pages for a decode request that will never come (dynamo #13855, vLLM #50425).
+      const held = answer.kvTransferParams;
+      if (typeof held === 'object' && held !== null && !Array.isArray(held))
+        legs.releaseUnused?.(decodeParamsRead(held));
+      throw aborted();
+    }
     return legs.decode(decodeParamsRead(answer.kvTransferParams), legSignal(opts.signal).signal);
   })();
 }

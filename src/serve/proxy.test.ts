@@ -202,3 +202,31 @@ test('a client that disconnects mid-stream through the proxy aborts decode; ever
   const text = await (await fetch(`${d1.url}/metrics`)).text();
   assert.match(text, /^handoff_requests_total\{finish_reason="abort"[^}]*\} 1$/m);
 });
+
+test('POST /handoff/release on decode: pages prefill held for a request decode will never get come back by release, not by the lease (dynamo #13855, vLLM #50425)', async () => {
+  const leasesExpired = async (): Promise<number> => {
+    const text = await (await fetch(`${p1.url}/metrics`)).text();
+    return Number(/^handoff_leases_expired_total(?:\{[^}]*\})? (\d+)$/m.exec(text)?.[1] ?? NaN);
+  };
+  await settle(p1, d1);
+  const before = await leasesExpired();
+  const transfer = { do_remote_decode: true, do_remote_prefill: false, transfer_id: 'xfer-release-test' };
+  const answer = await complete(p1.url, { prompt: prompts[1], max_tokens: 1, kv_transfer_params: transfer });
+  assert.equal(answer.status, 200, answer.text);
+  assert.ok(p1.engine.kv.getNumFreeBlocks() < 95, 'prefill holds its pages for decode');
+  const release = (url: string): Promise<Response> =>
+    fetch(`${url}/handoff/release`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        kv_transfer_params: { ...answer.json.kv_transfer_params, do_remote_prefill: true, do_remote_decode: false },
+      }),
+    });
+  const wrongSide = await release(p1.url);
+  assert.equal(wrongSide.status, 400, 'only a decode instance releases a READ it will not load');
+  const r = await release(d1.url);
+  assert.equal(r.status, 200);
+  assert.deepEqual(await r.json(), { released: true });
+  await settle(p1, d1);
+  assert.equal(await leasesExpired(), before, 'freed by the release, not by the lease');
+});

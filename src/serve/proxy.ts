@@ -245,7 +245,8 @@ export class Proxy {
     await pdFlow<void>(
       {
         prefill: async (ask, signal) => {
-          const call = { path, body: prefillBody(body, ask), headers, signal };
+          // Once prefill answers, its answer is read even if the client left: pdFlow then has its pages released.
+          const call = { path, body: prefillBody(body, ask), headers, signal, signalUntilHeaders: true };
           const answer = await this.post('prefill', p, call, async (r) => (await r.json()) as Body);
           return { kvTransferParams: answer['kv_transfer_params'] };
         },
@@ -253,10 +254,31 @@ export class Proxy {
           this.post('decode', d, { path, body: decodeBody(body, params), headers, signal }, (r) =>
             relay(r, res, signal),
           ),
+        releaseUnused: (params) => void this.releaseUnused(d, params, headers),
       },
       { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client.signal },
     );
     this.metrics.count('ok');
+  }
+
+  /** Ask decode to release prefill's pages for a request it will never get; best effort (the lease is the fallback). */
+  private async releaseUnused(d: PoolMember, params: Body, headers: Record<string, string>): Promise<void> {
+    try {
+      const u = await callUpstream(this.env, {
+        method: 'POST',
+        url: `${d.url}/handoff/release`,
+        body: { kv_transfer_params: params },
+        headers,
+        timeoutMs: this.opts.healthTimeoutMs,
+      });
+      u.done();
+    } catch (e) {
+      rethrowIfAssertion(e);
+      this.log?.warn(
+        { url: d.url, err: (e as Error).message },
+        'release of unused prefill pages failed; the lease frees them',
+      );
+    }
   }
 
   /** Run `fn` with `m` counted as loaded; a connection failure marks it down at once. */
@@ -277,7 +299,13 @@ export class Proxy {
   private post<T>(
     role: 'prefill' | 'decode',
     m: PoolMember,
-    call: { path: string; body: Body; headers: Record<string, string>; signal: AbortSignal },
+    call: {
+      path: string;
+      body: Body;
+      headers: Record<string, string>;
+      signal: AbortSignal;
+      signalUntilHeaders?: boolean;
+    },
     onOk: (response: Response) => Promise<T>,
   ): Promise<T> {
     return this.using(role === 'prefill' ? this.prefill : this.decode, m, async () => {
@@ -287,6 +315,7 @@ export class Proxy {
         body: call.body,
         headers: call.headers,
         signal: call.signal,
+        signalUntilHeaders: call.signalUntilHeaders ?? false,
         timeoutMs: this.opts.upstreamTimeoutMs,
       });
       try {

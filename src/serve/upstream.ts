@@ -16,6 +16,8 @@ export interface UpstreamCall {
   timeoutMs: number;
   /** Aborts the call (the client went away). */
   signal?: AbortSignal;
+  /** The signal aborts only until the headers are in; the body is then read to the end regardless. */
+  signalUntilHeaders?: boolean;
 }
 
 export interface UpstreamResponse {
@@ -45,6 +47,7 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
       ...(call.body !== undefined ? { body: JSON.stringify(call.body) } : {}),
       signal: ac.signal,
     });
+    if (call.signalUntilHeaders) call.signal?.removeEventListener('abort', onAbort);
     return {
       response,
       done: () => {

@@ -28,4 +28,6 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   'stale-writer': { scenario: 'abort-write', expect: 'lifecycle:I7', seedsBound: { random: 2, pct: 1 } },
   'read-done-early': { scenario: '1p1d', expect: 'lifecycle:I5|lifecycle:I3', seedsBound: { random: 1, pct: 1 } },
   'prefix-shift': { scenario: 'prefix-hit', expect: 'pd-equals-colocated', seedsBound: { random: 1, pct: 1 } },
+  // leak-on-cancel fails 16/24 of seeds 1-40 (random/pct) on cancel-everywhere, 2/3 on -write, none elsewhere.
+  'leak-on-cancel': { scenario: 'cancel-everywhere', expect: 'cancel', seedsBound: { random: 3, pct: 1 } },
 };

@@ -7,6 +7,7 @@
  *   pd-equals-colocated  every successful request equals the colocated run of it alone, token for
  *                        token and logits hash for logits hash, with no NaN logits
  *   leak                 both live instances are quiescent with every page back in the pool
+ *   lease, cancel        held prefill pages and cancellations (cancel_oracles.ts)
  */
 import { colocatedReference } from './reference.ts';
 import type { SimWorld } from './world.ts';
@@ -14,7 +15,11 @@ import type { SimWorld } from './world.ts';
 export async function judgeEnd(w: SimWorld): Promise<void> {
   if (w.violations.length > 0) return;
   const disturbed =
-    Object.keys(w.buggify.fired).length > 0 || w.scenario.abortTarget !== null || w.scenario.killPrefillMidRead;
+    Object.keys(w.buggify.fired).length > 0 ||
+    w.scenario.abortTarget !== null ||
+    w.scenario.killPrefillMidRead ||
+    w.cancels.applied.length > 0;
+  w.cancelOracles.judgeEnd();
   for (const r of w.proxy.requests) {
     const o = r.outcome;
     if (o === null) {

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { threadedDevice } from '../engine/devices.ts';
 import { LLMEngine, type GenerateRequest } from '../engine/llm_engine.ts';
+import { decodeParamsWrite } from '../serve/pd_flow.ts';
 import { PdPair, type PdPairOptions } from './pd_pair.ts';
 
 const env = new RealEnv(4);
@@ -165,6 +166,53 @@ test('a decode request refused after prefill answered (too long for decode) rele
     for (let k = 0; k < 100 && pair.prefillConnector.transfer.stats().releasesRefused === 0; k++) await env.sleep(10);
     assert.equal(pair.prefillConnector.transfer.stats().releasesRefused, 1, 'the forged release was refused');
     assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'the live transfer keeps its pages');
+  } finally {
+    await pair.close();
+  }
+});
+
+test('WRITE: a decode that will never load (client gone before it told prefill where to write) releases prefill’s pages now; a lease-ended save is never pushed', async () => {
+  const pair = await PdPair.create(
+    base('write-release', { decode: { mode: 'write' }, prefill: { leaseMs: 400 } }),
+    env,
+  );
+  try {
+    const p = prompts[3] as GenerateRequest;
+    const hold = async (transferId: string): Promise<void> => {
+      await pair.prefill.generate({
+        ...p,
+        sampling: { maxTokens: 1 },
+        kvTransferParams: { do_remote_decode: true, transfer_id: transferId },
+      });
+      assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'held until decode says where to write');
+      for (let k = 0; k < 100 && pair.prefillConnector.worker.saves.numPending === 0; k++) await env.sleep(2);
+      assert.equal(pair.prefillConnector.worker.saves.numPending, 1, 'a save waits for its destination');
+    };
+    await hold('w-release');
+    const addr = pair.prefillConnector.transfer.address();
+    const params = {
+      ...decodeParamsWrite(
+        {
+          engineId: pair.prefillConnector.transfer.engineId,
+          sideChannelHost: addr.host,
+          sideChannelPort: addr.port,
+          transferMode: 'write',
+        },
+        'w-release',
+      ),
+    };
+    assert.equal(pair.decode.releaseUnused(params), true);
+    for (let k = 0; k < 300 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(5);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'released by decode, before the lease');
+    assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 0);
+    assert.equal(pair.prefillConnector.worker.saves.numPending, 0, 'the save was dropped with the release');
+    // No release at all: the lease frees the pages, and the save goes with them (a late destination
+    // must never be pushed from pages another request may own by then).
+    await hold('w-lease');
+    for (let k = 0; k < 300 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
+    assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 1);
+    for (let k = 0; k < 100 && pair.prefillConnector.worker.saves.numPending > 0; k++) await env.sleep(5);
+    assert.equal(pair.prefillConnector.worker.saves.numPending, 0, 'the lease-ended save was dropped');
   } finally {
     await pair.close();
   }

@@ -41,6 +41,8 @@ export interface ProxyRequest {
   outcome: RequestOutcome | null;
   startMs: number | null;
   endMs: number | null;
+  /** Prefill finished and returned these params at this time (READ: it now holds its pages for decode). */
+  prefillAnswer: { params: Record<string, unknown> | null; atMs: number } | null;
 }
 
 function failure(code: string | null, message: string, finishReason = 'error'): RequestOutcome {
@@ -66,6 +68,8 @@ export class SimProxy {
     private readonly mode: 'read' | 'write',
     private readonly nowMs: () => number,
     private readonly onEvent: (r: ProxyRequest, what: string) => void,
+    /** Set: prefill's answer travels back to the proxy as a world choice (`deliver` when it arrives). */
+    private readonly answerHop: ((r: ProxyRequest, deliver: () => void) => void) | null = null,
   ) {
     this.requests = specs.map((spec) => ({
       spec,
@@ -74,6 +78,7 @@ export class SimProxy {
       outcome: null,
       startMs: null,
       endMs: null,
+      prefillAnswer: null,
     }));
   }
 
@@ -90,6 +95,7 @@ export class SimProxy {
 
   /** The request arrives at the proxy and goes through pdFlow, the HTTP proxy's flow, with two engine legs. */
   arrive(r: ProxyRequest): void {
+    if (r.phase === 'done') return; // its client went away before it arrived
     r.startMs = this.nowMs();
     this.onEvent(r, 'arrive');
     if (!this.prefill.alive) return this.finish(r, failure('PEER_UNAVAILABLE', 'prefill instance is down'));
@@ -117,6 +123,11 @@ export class SimProxy {
         r.phase = 'decode';
         if (this.mode === 'read') this.onEvent(r, 'decode');
         return this.leg(this.decode, r, this.decodeId(r), r.spec.sampling, params, signal).then((o) => o.outcome);
+      },
+      // What the HTTP proxy's POST /handoff/release does on the decode instance.
+      releaseUnused: (params) => {
+        this.onEvent(r, 'release unused');
+        if (this.decode.alive) this.decode.engine.releaseUnused(params);
       },
     };
     pdFlow(legs, { mode: this.mode, transferId: r.transferId, prefill: identity, signal: client.signal }).then(
@@ -160,8 +171,11 @@ export class SimProxy {
       if (!pending) return;
       pending = false;
       this.prefillLegs.delete(requestId);
-      if (outcome.ok) resolve({ outcome, kvTransferParams });
-      else reject(new LegFailure(outcome));
+      if (!outcome.ok) return reject(new LegFailure(outcome));
+      if (inst === this.prefill) r.prefillAnswer = { params: kvTransferParams, atMs: this.nowMs() };
+      if (inst === this.prefill && this.answerHop !== null)
+        return this.answerHop(r, () => resolve({ outcome, kvTransferParams }));
+      resolve({ outcome, kvTransferParams });
     };
     if (inst === this.prefill) this.prefillLegs.set(requestId, (e) => settle(e.outcome, null));
     signal.addEventListener(

@@ -11,6 +11,10 @@
  *   prefix-hit       requests share a 2-page prefix: local prefix hits on both sides, READ of the rest
  *   chunked-prefill  long prompts in 32-token chunks
  *   abort-write      `abort` with WRITE: decode aborts a request while prefill's WRITE into it is in flight
+ *   cancel-everywhere        READ; each request's client goes away at a point drawn from the seed (or
+ *                            never): before prefill, during prefill, between prefill's answer and decode's
+ *                            request, during its READ, during decode; the explorer picks the moment
+ *   cancel-everywhere-write  the same in WRITE mode (the transfer point is then its WRITE)
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -31,6 +35,8 @@ export const SCENARIOS = [
   'prefix-hit',
   'chunked-prefill',
   'abort-write',
+  'cancel-everywhere',
+  'cancel-everywhere-write',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -55,8 +61,32 @@ export interface ScenarioConfig {
   /** Scenario actions offered to the explorer while a READ is in flight. */
   abortTarget: number | null;
   killPrefillMidRead: boolean;
+  /** Per request: where its client goes away (null: it stays). */
+  cancelPoints: Array<CancelPoint | null>;
+  /** Prefill's answer reaches the proxy as an explorer choice (a window to cancel in), not at once. */
+  answerHop: boolean;
   idlePollMs: number;
   notifyTimeoutMs: number;
+}
+
+/** Where in a request's life its client may go away (cancel_points.ts offers each as an explorer action). */
+export const CANCEL_POINTS = [
+  'before-prefill',
+  'during-prefill',
+  'after-answer',
+  'during-transfer',
+  'during-decode',
+] as const;
+export type CancelPoint = (typeof CANCEL_POINTS)[number];
+
+export function isCancelScenario(name: ScenarioName): boolean {
+  return name === 'cancel-everywhere' || name === 'cancel-everywhere-write';
+}
+
+/** Each request's cancel point, drawn from the seed: every point, or none, equally likely. */
+function cancelPoints(name: ScenarioName, rng: SeededRng, n: number): Array<CancelPoint | null> {
+  if (!isCancelScenario(name)) return Array.from({ length: n }, () => null);
+  return Array.from({ length: n }, () => CANCEL_POINTS[rng.int(CANCEL_POINTS.length + 1)] ?? null);
 }
 
 /** Virtual-time limits shared by every scenario (short, so leases and timeouts fire within a run). */
@@ -117,6 +147,7 @@ function scenarioConnector(
     'stale-writer': 'consumer',
     'read-done-early': 'consumer',
     'prefix-shift': 'consumer',
+    'leak-on-cancel': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
@@ -129,7 +160,7 @@ export function buildScenario(
   opts: { requests?: number; mutant?: MutantName } = {},
 ): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = name === '1p1d-write' || name === 'abort-write' ? 'write' : 'read';
+  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write'].includes(name) ? 'write' : 'read';
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
@@ -137,12 +168,15 @@ export function buildScenario(
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
+  // Cancel scenarios: decode's policy for a cut transfer, from the seed (fail: an error; recompute: exact output).
+  const failurePolicy = isCancelScenario(name) ? (rng.int(2) === 0 ? 'fail' : 'recompute') : null;
   const sched = (role: 'producer' | 'consumer'): Partial<SchedulerConfig> => ({
     maxNumSeqs: 8,
     maxNumBatchedTokens: chunk,
     // Decode reserves lookahead slots (like MTP): a prompt ending on a page boundary gets a tail page.
     numLookaheadTokens: role === 'consumer' && name !== 'preempt' ? 4 : 0,
     ...(mutant === 'free-on-abort' ? { mutant } : {}),
+    ...(role === 'consumer' && failurePolicy !== null ? { kvLoadFailurePolicy: failurePolicy } : {}),
   });
   return {
     name,
@@ -154,6 +188,8 @@ export function buildScenario(
     decode: { numBlocks: name === 'preempt' ? 13 : 64, scheduler: sched('consumer'), connector: connector('consumer') },
     abortTarget: name === 'abort' || name === 'abort-write' ? rng.int(n) : null,
     killPrefillMidRead: name === 'peer-death',
+    cancelPoints: cancelPoints(name, rng, n),
+    answerHop: isCancelScenario(name),
     idlePollMs: 2,
     notifyTimeoutMs: 50,
   };

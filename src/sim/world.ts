@@ -27,8 +27,11 @@ import { OrderCoverage } from './coverage.ts';
 import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
+import { CancelPoints } from './cancel_points.ts';
+import { CancelOracles } from './cancel_oracles.ts';
 
-export type OracleName = 'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash';
+export type OracleName =
+  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel';
 
 export interface Violation {
   oracle: OracleName;
@@ -97,6 +100,8 @@ export class SimWorld {
   D!: SimInstance;
   proxy!: SimProxy;
   coverage!: OrderCoverage;
+  cancels!: CancelPoints;
+  cancelOracles!: CancelOracles;
   step = 0;
   private events!: WorldEvents;
   private hash = 0x811c9dc5;
@@ -149,7 +154,11 @@ export class SimWorld {
       scenario.mode,
       () => w.env.nowMs(),
       (r, what) => w.proxyEvent(r, what),
+      scenario.answerHop ? (r, deliver) => w.cancels.hop(r, deliver) : null,
     );
+    w.cancels = new CancelPoints(w);
+    w.cancels.install();
+    w.cancelOracles = new CancelOracles(w, w.cancels);
     w.events = new WorldEvents(w);
     w.coverage = new OrderCoverage(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
@@ -364,6 +373,7 @@ export class SimWorld {
     for (;;) {
       await settle();
       this.checkRacesAndCrashes();
+      this.cancelOracles.afterStep();
       if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) {
         this.explorer.ended?.(this.choices().map((c) => c.key));
         break;

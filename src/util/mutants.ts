@@ -16,6 +16,8 @@ export const MUTANTS = {
   'read-done-early': 'a READ counts as done once posted (local ack), not once its bytes landed: forward and release go',
   'prefix-shift':
     'READ mapping skips decode’s cached prefix on the local side only: remote page i lands in local skip+i',
+  'leak-on-cancel':
+    'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -45,6 +47,8 @@ export interface Mutations {
   readonly readDoneWhenLanded: boolean;
   /** READ consumer: leave out decode's `skip` locally cached pages from an aligned local/remote pairing. */
   skipLocalPrefix(aligned: { local: number[]; remote: number[] }, skip: number): { local: number[]; remote: number[] };
+  /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
+  readonly releaseUnusedLoads: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -56,6 +60,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   fenceAbortedWrites: true,
   readDoneWhenLanded: true,
   skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(skip) }),
+  releaseUnusedLoads: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -71,6 +76,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'prefix-shift': {
     skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(0, a.remote.length - skip) }),
   },
+  'leak-on-cancel': { releaseUnusedLoads: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
