@@ -165,6 +165,8 @@ export class InstanceServer {
   private async releaseUnused(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const body = await readJsonBody(req);
     const params: unknown = body['kv_transfer_params'];
+    if (params === undefined || params === null)
+      throw new HandoffError('BAD_REQUEST', 'kv_transfer_params is required', { param: 'kv_transfer_params' });
     const p = params as { do_remote_prefill?: boolean } | null;
     this.checkTransferRole(typeof p === 'object' && p !== null ? { do_remote_prefill: p.do_remote_prefill } : null);
     sendJson(res, 200, { released: this.engine.releaseUnused(params) });

@@ -224,6 +224,10 @@ test('POST /handoff/release on decode: pages prefill held for a request decode w
     });
   const wrongSide = await release(p1.url);
   assert.equal(wrongSide.status, 400, 'only a decode instance releases a READ it will not load');
+  for (const body of ['{}', '{"kv_transfer_params": null}', '{"kv_transfer_params": 5}', '[1]', 'nope']) {
+    const bad = await fetch(`${d1.url}/handoff/release`, { method: 'POST', body });
+    assert.equal(bad.status, 400, `${body}: a 400 naming what is wrong`);
+  }
   const r = await release(d1.url);
   assert.equal(r.status, 200);
   assert.deepEqual(await r.json(), { released: true });
