@@ -1,12 +1,15 @@
 /**
  * Paged attention as real kernels do it, and the bf16 GQA layer built on it.
  *
- * `attendSlots` scores EVERY slot decoded from the block table's pages. A slot after the query
+ * `attendSlots` scores every slot decoded from the block table's pages. A slot after the query
  * position (causal, or past the sequence) gets its score plus -Infinity, so its weight is exactly 0,
  * and the weighted sum still runs over it: `acc += w * v`. Stale bytes that decode to NaN (or to
  * an infinite value) therefore poison the output, as 0 * NaN = NaN on a GPU too; finite stale bytes
  * contribute exactly 0 and change nothing. Scores are rounded to f32 like a kernel's accumulator,
- * so huge garbage keys overflow to Infinity and poison as well (Inf - Inf = NaN).
+ * so huge garbage keys overflow to Infinity and poison as well (Inf - Inf = NaN). A set with a tail
+ * bound (withTailBound) lets a query skip the masked slots after it when none of them can poison: the
+ * result is the same (up to the sign of a zero), and it no longer depends on how many pages the table
+ * holds past the query.
  *
  * The softmax max runs over the unmasked slots only (a masked slot is -Infinity), and slots are
  * visited in table order, so a prompt computed in one chunk or several gives bit-identical results.
@@ -28,6 +31,55 @@ export interface SlotSet {
   values: Float64Array;
   vStride: number;
   vOff: number;
+  /**
+   * Optional (withTailBound): tailBound[j] = the largest |key element| over slots j.., or Infinity if any
+   * of those slots has a non-finite key or value element. Lets attendSlots skip masked slots that
+   * provably contribute exactly 0.
+   */
+  tailBound?: Float64Array;
+}
+
+/** Scores below this cannot round to an infinite f32 (f32 max is 3.4e38). */
+const SAFE_SCORE = 1e38;
+
+/** Fill `bound` (at least numSlots + 1 long) with the tail bounds of `s` and attach it. */
+export function withTailBound(s: SlotSet, kDim: number, vDim: number, bound: Float64Array): SlotSet {
+  let m = 0;
+  bound[s.numSlots] = 0;
+  for (let j = s.numSlots - 1; j >= 0; j--) {
+    const kb = j * s.kStride + s.kOff;
+    for (let d = 0; d < kDim; d++) {
+      const a = Math.abs(s.keys[kb + d] as number);
+      if (!Number.isFinite(a)) m = Infinity;
+      else if (a > m) m = a;
+    }
+    const vb = j * s.vStride + s.vOff;
+    for (let d = 0; d < vDim; d++) if (!Number.isFinite(s.values[vb + d] as number)) m = Infinity;
+    bound[j] = m;
+  }
+  s.tailBound = bound;
+  return s;
+}
+
+/**
+ * How many slots attendSlots must visit for a query at `queryPos`: all of them, or only up to the query
+ * when every later (masked) slot has finite values and keys small enough that its f32 score is finite:
+ * such a slot's score is exactly -Infinity, its weight exactly 0, and 0 * v adds nothing. A NaN or
+ * infinite query, or any doubt, visits every slot.
+ */
+function slotsToVisit(
+  q: Float64Array,
+  qOff: number,
+  kDim: number,
+  s: SlotSet,
+  queryPos: number,
+  scale: number,
+): number {
+  const tb = s.tailBound;
+  if (tb === undefined || queryPos + 1 >= s.numSlots) return s.numSlots;
+  let qAbs = 0;
+  for (let d = 0; d < kDim; d++) qAbs += Math.abs(q[qOff + d] as number);
+  return qAbs * (tb[queryPos + 1] as number) * scale < SAFE_SCORE ? queryPos + 1 : s.numSlots;
 }
 
 /**
@@ -47,8 +99,9 @@ export function attendSlots(
   outOff: number,
   fc: FlopCounter,
 ): void {
+  const n = slotsToVisit(q, qOff, kDim, s, queryPos, scale);
   let max = -Infinity;
-  for (let j = 0; j < s.numSlots; j++) {
+  for (let j = 0; j < n; j++) {
     const kb = j * s.kStride + s.kOff;
     let dot = 0;
     for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (s.keys[kb + d] as number);
@@ -57,7 +110,7 @@ export function attendSlots(
     if (score > max) max = score;
   }
   let sum = 0;
-  for (let j = 0; j < s.numSlots; j++) {
+  for (let j = 0; j < n; j++) {
     const x = probs[j] as number;
     // exp(-Infinity - max) is exactly 0 for any max above -Infinity: masked slots skip the exp (a NaN score,
     // from a NaN key, still goes through it and poisons the sum, as it must).
@@ -66,13 +119,13 @@ export function attendSlots(
     sum += p;
   }
   for (let d = 0; d < vDim; d++) out[outOff + d] = 0;
-  for (let j = 0; j < s.numSlots; j++) {
+  for (let j = 0; j < n; j++) {
     const w = probs[j] as number;
     const vb = j * s.vStride + s.vOff;
     for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (s.values[vb + d] as number);
   }
   for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) / sum;
-  fc.flops += s.numSlots * (2 * kDim + 2 * vDim + 2);
+  fc.flops += n * (2 * kDim + 2 * vDim + 2);
 }
 
 /** One request's chunk as the layers see it: hidden states of the chunk's tokens (updated in place). */
@@ -94,6 +147,7 @@ export class GqaLayer {
   private readonly values = new Scratch();
   private readonly probs = new Scratch();
   private readonly tmp = new Scratch();
+  private readonly bounds = new Scratch();
 
   constructor(
     private readonly cfg: ModelConfig,
@@ -137,19 +191,19 @@ export class GqaLayer {
     const proj = tmp.subarray(qDim, qDim + cfg.hidden);
     const group = numHeads / spec.numKvHeads;
     const scale = 1 / Math.sqrt(D);
+    const bounds = this.bounds.get(spec.numKvHeads * (slots + 1));
+    const sets = Array.from({ length: spec.numKvHeads }, (_, kvh) =>
+      withTailBound(
+        { numSlots: slots, keys, kStride: kvDim, kOff: kvh * D, values, vStride: kvDim, vOff: kvh * D },
+        D,
+        D,
+        bounds.subarray(kvh * (slots + 1), (kvh + 1) * (slots + 1)),
+      ),
+    );
     for (let i = 0; i < n; i++) {
       const pos = chunk.startPos + i;
       for (let h = 0; h < numHeads; h++) {
-        const kvh = Math.floor(h / group);
-        const set: SlotSet = {
-          numSlots: slots,
-          keys,
-          kStride: kvDim,
-          kOff: kvh * D,
-          values,
-          vStride: kvDim,
-          vOff: kvh * D,
-        };
+        const set = sets[Math.floor(h / group)] as SlotSet;
         attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, probs, att, h * D, fc);
       }
       matVec(w.wo, att, 0, proj, 0, fc);

@@ -8,7 +8,8 @@
 import type { CompressorSpec } from '../kv/spec.ts';
 import type { CachePlace, ModelConfig } from './config.ts';
 import type { CompressorWeights } from './weights.ts';
-import { attendSlots, type SlotSet } from './attention.ts';
+import { assert } from '../util/assert.ts';
+import { attendSlots, withTailBound, type SlotSet } from './attention.ts';
 import { matVec, Scratch, type FlopCounter } from './ops.ts';
 import { readStatePages, slotLocation, writeStateSlot } from './pages.ts';
 
@@ -18,7 +19,8 @@ export class CompressorBranch {
   private readonly states = new Scratch();
   private readonly probs = new Scratch();
   private readonly att = new Scratch();
-  private numSlots = 0;
+  private readonly bound = new Scratch();
+  private set: SlotSet | null = null;
 
   constructor(
     private readonly cfg: ModelConfig,
@@ -48,23 +50,18 @@ export class CompressorBranch {
   /** Decode every slot of every compressor page in the table. */
   readPages(table: readonly number[], slabs: Uint8Array[]): void {
     const { spec } = this.cache;
-    const out = this.states.get(table.length * spec.blockSize * spec.stateDim);
-    this.numSlots = readStatePages(slabs[this.cache.slab] as Uint8Array, spec, this.cfg.pageBytes, table, out);
+    const sd = spec.stateDim;
+    const out = this.states.get(table.length * spec.blockSize * sd);
+    const numSlots = readStatePages(slabs[this.cache.slab] as Uint8Array, spec, this.cfg.pageBytes, table, out);
+    const set = { numSlots, keys: out, kStride: sd, kOff: 0, values: out, vStride: sd, vOff: 0 };
+    this.set = withTailBound(set, sd, sd, this.bound.get(numSlots + 1));
   }
 
   /** out[0..hidden) = wo . attention of token i's query over the cached states (after readPages). */
   attend(i: number, pos: number, out: Float64Array, fc: FlopCounter): void {
     const sd = this.cache.spec.stateDim;
-    const states = this.states.get(0);
-    const set: SlotSet = {
-      numSlots: this.numSlots,
-      keys: states,
-      kStride: sd,
-      kOff: 0,
-      values: states,
-      vStride: sd,
-      vOff: 0,
-    };
+    const set = this.set;
+    assert(set !== null, 'compressor: attend before readPages');
     const att = this.att.get(sd).subarray(0, sd);
     attendSlots(
       this.queries.get(0),
@@ -74,7 +71,7 @@ export class CompressorBranch {
       sd,
       pos,
       1 / Math.sqrt(sd),
-      this.probs.get(this.numSlots),
+      this.probs.get(set.numSlots),
       att,
       0,
       fc,

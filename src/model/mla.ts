@@ -11,7 +11,7 @@
 import type { CompressorSpec, MLAAttentionSpec } from '../kv/spec.ts';
 import type { CachePlace, ModelConfig } from './config.ts';
 import type { MlaWeights } from './weights.ts';
-import { attendSlots, blockTable, type Chunk, type SlotSet } from './attention.ts';
+import { attendSlots, blockTable, withTailBound, type Chunk } from './attention.ts';
 import { CompressorBranch } from './compressor.ts';
 import { applyMlp } from './mlp.ts';
 import { matVec, rmsNorm, rope, Scratch, type FlopCounter } from './ops.ts';
@@ -23,6 +23,7 @@ export class MlaLayer {
   private readonly keys = new Scratch();
   private readonly probs = new Scratch();
   private readonly tmp = new Scratch();
+  private readonly bound = new Scratch();
   private readonly compressor: CompressorBranch;
   private readonly compressorGroup: number;
 
@@ -73,7 +74,12 @@ export class MlaLayer {
     const att = tmp.subarray(0, numHeads * L);
     const proj = tmp.subarray(numHeads * L, numHeads * L + cfg.hidden);
     const comp = tmp.subarray(numHeads * L + cfg.hidden, numHeads * L + 2 * cfg.hidden);
-    const set: SlotSet = { numSlots: slots, keys, kStride: dim, kOff: 0, values: keys, vStride: dim, vOff: 0 };
+    const set = withTailBound(
+      { numSlots: slots, keys, kStride: dim, kOff: 0, values: keys, vStride: dim, vOff: 0 },
+      dim,
+      L,
+      this.bound.get(slots + 1),
+    );
     const scale = 1 / Math.sqrt(dim);
     for (let i = 0; i < n; i++) {
       const pos = chunk.startPos + i;
