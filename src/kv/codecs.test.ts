@@ -69,3 +69,43 @@ test('bf16: ties round to even, overflow goes to infinity like hardware', () => 
   assert.equal(f32ToBf16Bits((next + n2) / 2), 0x3f82); // tie -> even (0x3f82)
   assert.equal(f32ToBf16Bits(3.4e38), 0x7f80);
 });
+
+/** The encoder before the table search (log2 and powers of two), kept as the reference the search must equal. */
+function encodeByBinade(x: number): number {
+  if (Number.isNaN(x)) return 0x7f;
+  const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
+  let a = Math.abs(x);
+  if (a >= FP8_E4M3_MAX) return sign | 0x7e;
+  let e = a === 0 ? -7 : Math.floor(Math.log2(a));
+  if (a !== 0 && 2 ** e > a) e -= 1;
+  if (a !== 0 && 2 ** (e + 1) <= a) e += 1;
+  const step = e < -6 ? 2 ** -9 : 2 ** (e - 3);
+  const q = a / step;
+  let n = Math.floor(q);
+  const frac = q - n;
+  if (frac > 0.5 || (frac === 0.5 && n % 2 === 1)) n += 1;
+  a = n * step;
+  if (a > FP8_E4M3_MAX) return sign | 0x7e;
+  if (a === 0) return sign;
+  let exp = Math.floor(Math.log2(a));
+  if (2 ** exp > a) exp -= 1;
+  if (2 ** (exp + 1) <= a) exp += 1;
+  if (exp < -6) return sign | Math.round(a / 2 ** -9);
+  return sign | ((exp + 7) << 3) | Math.round((a / 2 ** exp - 1) * 8);
+}
+
+test('fp8 encode (table search) equals the binade arithmetic on every code, every midpoint and its neighbours, and random values', () => {
+  const probes: number[] = [];
+  for (let c = 0; c < 0x7e; c++) {
+    const lo = decodeFp8E4m3(c);
+    const hi = decodeFp8E4m3(c + 1);
+    const mid = (lo + hi) / 2;
+    probes.push(lo, mid, mid * (1 + 1e-12), mid * (1 - 1e-12), (lo + mid) / 2, (mid + hi) / 2);
+  }
+  probes.push(0, 447.9, 448, 464, 465, 1e-30, 2 ** -10, 2 ** -9.5);
+  for (const v of probes) for (const x of [v, -v]) assert.equal(encodeFp8E4m3(x), encodeByBinade(x), `x = ${x}`);
+  fc.assert(
+    fc.property(fc.double({ noNaN: true, min: -500, max: 500 }), (x) => encodeFp8E4m3(x) === encodeByBinade(x)),
+    { numRuns: 20_000 },
+  );
+});

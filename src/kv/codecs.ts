@@ -29,32 +29,30 @@ export function decodeFp8E4m3(code: number): number {
   return FP8_DECODE[code & 0xff] as number;
 }
 
-/** Encode with round-to-nearest-even and saturation to ±448. */
+/**
+ * Encode with round-to-nearest-even and saturation to ±448: a binary search over the 127 finite
+ * non-negative codes, whose values increase with the code. Between codes c and c+1 the midpoint goes
+ * to the even one (its mantissa's last bit is the code's).
+ */
 export function encodeFp8E4m3(x: number): number {
   if (Number.isNaN(x)) return FP8_E4M3_NAN;
   const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
-  let a = Math.abs(x);
+  const a = Math.abs(x);
   if (a >= FP8_E4M3_MAX) return sign | 0x7e; // saturate (also +-Infinity)
-  // Quantum for a's binade: subnormals share the 2^-9 step.
-  let e = a === 0 ? -7 : Math.floor(Math.log2(a));
-  // Guard log2 rounding at exact powers of two.
-  if (a !== 0 && 2 ** e > a) e -= 1;
-  if (a !== 0 && 2 ** (e + 1) <= a) e += 1;
-  const step = e < -6 ? 2 ** -9 : 2 ** (e - 3);
-  const q = a / step;
-  let n = Math.floor(q);
-  const frac = q - n;
-  if (frac > 0.5 || (frac === 0.5 && n % 2 === 1)) n += 1;
-  a = n * step;
-  if (a > FP8_E4M3_MAX) return sign | 0x7e;
-  if (a === 0) return sign;
-  // Re-derive fields from the rounded value (rounding may carry into the next binade).
-  let exp = Math.floor(Math.log2(a));
-  if (2 ** exp > a) exp -= 1;
-  if (2 ** (exp + 1) <= a) exp += 1;
-  if (exp < -6) return sign | Math.round(a / 2 ** -9); // subnormal: mantissa = a / 2^-9
-  const man = Math.round((a / 2 ** exp - 1) * 8);
-  return sign | ((exp + 7) << 3) | man;
+  // The largest code c in [0, 0x7e] with value(c) <= a.
+  let lo = 0;
+  let hi = 0x7e;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if ((FP8_DECODE[mid] as number) <= a) lo = mid;
+    else hi = mid - 1;
+  }
+  const below = FP8_DECODE[lo] as number;
+  if (below === a) return sign | lo;
+  const above = FP8_DECODE[lo + 1] as number;
+  const dLo = a - below;
+  const dHi = above - a;
+  return sign | (dLo < dHi || (dLo === dHi && (lo & 1) === 0) ? lo : lo + 1);
 }
 
 export function f32ToBf16Bits(x: number): number {
