@@ -28,6 +28,19 @@ export type RequestStatus =
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
 
+/** The status a request stops with once `tokenId` was appended, or null to go on. */
+export function stopStatusAfter(
+  req: Request,
+  tokenId: number,
+  c: { eosTokenId: number; maxModelLen: number },
+): RequestStatus | null {
+  if (!req.sampling.ignoreEos && tokenId === c.eosTokenId) return 'FINISHED_STOPPED';
+  if (req.sampling.stopTokenIds.includes(tokenId)) return 'FINISHED_STOPPED';
+  if (req.outputTokenIds.length >= req.sampling.maxTokens) return 'FINISHED_LENGTH_CAPPED';
+  if (req.numTokens >= c.maxModelLen) return 'FINISHED_LENGTH_CAPPED';
+  return null;
+}
+
 export function isFinished(status: RequestStatus): boolean {
   return status.startsWith('FINISHED_');
 }

@@ -4,9 +4,8 @@
  *
  * schedule():
  *   1. running requests first (decode steps, prefill chunks), preempting the newest when out of pages;
- *   2. waiting requests in order: local prefix hit → connector.getNumNewMatchedTokens → allocateSlots →
- *      connector.updateStateAfterAlloc; async loads park in WAITING_FOR_REMOTE_KVS and their
- *      destinations go to the per-step skip set;
+ *   2. waiting requests, page holders first: local prefix hit → connector.getNumNewMatchedTokens →
+ *      allocateSlots → updateStateAfterAlloc; async loads park in WAITING_FOR_REMOTE_KVS (skip set);
  *   3. newBlockIdsToZero = takeNewBlockIds() − skip set (null when zeroing is not needed);
  *   4. connector.buildConnectorMeta(output), then connector.excludeReadDestinations: the seed's fix, a
  *      visible step (this step's READ destinations leave the zero list);
@@ -28,14 +27,14 @@ import {
 } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
 import { RequestTransfers } from './request_transfers.ts';
+import { holdersFirst, newestIdleHolder } from './waiting_order.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
 import { checkRequestFits } from './request_validation.ts';
 import { failAsyncLoads, failForward, failRunningLoads, type StepFailureHost } from './step_failures.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
-
+import { finishReasonOf, Request, stopStatusAfter, type RequestStatus } from './request.ts';
 export { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from './scheduler_config.ts';
-import { finishReasonOf, Request, type RequestStatus } from './request.ts';
 
 /** What one schedule() call builds up. */
 interface StepBuild { out: SchedulerOutput; epochs: Map<string, number>; budget: number } // prettier-ignore
@@ -186,9 +185,14 @@ export class Scheduler {
     return blocked;
   }
 
-  /** 2. Waiting requests in order, until the budget, the batch or the pages run out. */
+  /**
+   * 2. Waiting requests in order, until the budget, the batch or the pages run out; page holders first,
+   * and once one finds no pages only holders go on (waiting_order.ts, vLLM #57841).
+   */
   private scheduleWaiting(ctx: StepBuild): void {
     const skipped: Request[] = [];
+    let stuck: Request | null = null;
+    this.waiting = holdersFirst(this.waiting, (r) => this.holdsPages(r));
     while (this.waiting.length > 0 && ctx.budget > 0 && this.running.length < this.config.maxNumSeqs) {
       const req = defined(this.waiting.shift(), 'waiting request');
       if (req.status === 'WAITING_FOR_REMOTE_KVS') {
@@ -198,15 +202,17 @@ export class Scheduler {
         }
         this.resumeAfterAsyncLoad(req);
       }
-      const admitted = this.admit(req, ctx);
-      if (admitted === 'no-pages') {
-        this.waiting.unshift(req);
-        break;
-      }
-      if (admitted === 'skip' || admitted === 'parked') skipped.push(req);
+      const admitted = stuck !== null && !this.holdsPages(req) ? 'skip' : this.admit(req, ctx);
+      if (admitted === 'no-pages') stuck ??= req;
+      if (admitted === 'skip' || admitted === 'parked' || admitted === 'no-pages') skipped.push(req);
       else if (typeof admitted === 'number') ctx.budget -= admitted;
     }
     this.waiting.unshift(...skipped);
+    if (stuck !== null && ctx.out.totalNumScheduledTokens === 0) this.unblockHead(stuck);
+  }
+
+  private holdsPages(req: Request): boolean {
+    return this.kv.getBlockIds(req.requestId).some((g) => g.length > 0);
   }
 
   private noteScheduled(ctx: StepBuild, req: Request, numNew: number): void {
@@ -247,6 +253,12 @@ export class Scheduler {
     const idx = this.running.indexOf(req);
     assert(idx >= 0, 'only running requests are preempted');
     this.running.splice(idx, 1);
+    this.resetForRecompute(req);
+    this.waiting.unshift(req);
+  }
+
+  /** To be recomputed: pages behind the fence, progress and placeholders dropped. */
+  private resetForRecompute(req: Request): void {
     this.fence.defer(this.kv.detach(req.requestId));
     req.status = 'PREEMPTED';
     req.numComputedTokens = 0;
@@ -255,7 +267,16 @@ export class Scheduler {
     req.numPreemptions++;
     this.stats.preemptions++;
     this.preemptedSinceLast.push(req.requestId);
-    this.waiting.unshift(req);
+  }
+
+  /** Nothing runs, nothing is on its way back, the head finds no pages: recompute the newest idle holder. */
+  private unblockHead(head: Request): void {
+    if (this.running.length > 0 || this.fence.numPending > 0) return;
+    const loadOver = (r: Request): boolean => this.transfers.takeRecvFinished(r.requestId);
+    const victim = newestIdleHolder(this.waiting, head, (r) => this.holdsPages(r), loadOver);
+    if (victim === null) return;
+    if (victim.status === 'WAITING_FOR_REMOTE_KVS') this.resumeAfterAsyncLoad(victim);
+    this.resetForRecompute(victim);
   }
 
   /** Try to admit a waiting request; returns tokens scheduled, or why not. */
@@ -391,7 +412,7 @@ export class Scheduler {
       req.numOutputPlaceholders--;
       req.outputTokenIds.push(s.tokenId);
       if (req.firstTokenMs === null) req.firstTokenMs = this.env.nowMs();
-      const stop = this.stopStatus(req, s.tokenId);
+      const stop = stopStatusAfter(req, s.tokenId, this.config);
       if (stop) this.finish(req, stop);
       outputs.push(
         makeOutput(req, finishReasonOf(req.status), {
@@ -433,14 +454,6 @@ export class Scheduler {
         this.waiting.unshift(req);
       },
     };
-  }
-
-  private stopStatus(req: Request, tokenId: number): RequestStatus | null {
-    if (!req.sampling.ignoreEos && tokenId === this.config.eosTokenId) return 'FINISHED_STOPPED';
-    if (req.sampling.stopTokenIds.includes(tokenId)) return 'FINISHED_STOPPED';
-    if (req.outputTokenIds.length >= req.sampling.maxTokens) return 'FINISHED_LENGTH_CAPPED';
-    if (req.numTokens >= this.config.maxModelLen) return 'FINISHED_LENGTH_CAPPED';
-    return null;
   }
 
   private finish(req: Request, status: RequestStatus): void {

@@ -187,19 +187,19 @@ test('delayCacheBlocks: pages are published only by a later cacheBlocks', () => 
   assert.equal(m.getComputedBlocks(req('b', tokens)).numComputedTokens, 32);
 });
 
-test('takeNewBlockIds: dsv4-mini records both attention groups in group order, then drains; duplicates kept', () => {
+test('takeNewBlockIds: dsv4-mini records both attention groups in group order, then drains; a freed page leaves the record', () => {
   const m = manager('dsv4-mini', 20);
   m.allocateSlots(req('a', prompt(20)), 20); // group 0: 1,2  group 1: 3,4
   m.allocateSlots(req('b', prompt(10, 500)), 10); // group 0: 5   group 1: 6
-  m.free('b'); // 6, 5 to the tail, still recorded
-  assert.deepEqual(m.takeNewBlockIds(), [1, 2, 5, 3, 4, 6]);
+  m.free('b'); // 6, 5 go back before the drain: not b's to zero any more (a zero op on them would be I6)
+  assert.deepEqual(m.takeNewBlockIds(), [1, 2, 3, 4]);
   assert.deepEqual(m.takeNewBlockIds(), [], 'drained');
   const mm = manager('dsv4-mini', 4);
   mm.allocateSlots(req('a', prompt(10)), 10); // 1, 2
   mm.free('a');
   mm.allocateSlots(req('b', prompt(10, 500)), 10); // queue was 3, 1, 2: group 0 gets 3, group 1 gets 1
-  // Group 0's list [1 (a), 3 (b)], then group 1's [2 (a), 1 (b)]: page 1 twice, once per format.
-  assert.deepEqual(mm.takeNewBlockIds(), [1, 3, 2, 1]);
+  // a's pages left the record with a; page 1 is recorded again for b's use in group 1 (the other format).
+  assert.deepEqual(mm.takeNewBlockIds(), [3, 1]);
 });
 
 test('takeNewBlockIds: llama-mini (no zeroing) records nothing; hybrid-mini records the attention group only', () => {

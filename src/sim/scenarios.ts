@@ -15,6 +15,8 @@
  *                            never): before prefill, during prefill, between prefill's answer and decode's
  *                            request, during its READ, during decode; the explorer picks the moment
  *   cancel-everywhere-write  the same in WRITE mode (the transfer point is then its WRITE)
+ *   tight-write      WRITE, 8 requests, a 16-page decode pool: landed loads hold most pages while the
+ *                    head waits for more (vLLM #57841; deadlocked before page holders went first)
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -37,6 +39,7 @@ export const SCENARIOS = [
   'abort-write',
   'cancel-everywhere',
   'cancel-everywhere-write',
+  'tight-write',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -160,10 +163,12 @@ export function buildScenario(
   opts: { requests?: number; mutant?: MutantName } = {},
 ): ScenarioConfig {
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write'].includes(name) ? 'write' : 'read';
+  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name)
+    ? 'write'
+    : 'read';
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
-  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : 3);
+  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : name === 'tight-write' ? 8 : 3);
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
@@ -185,7 +190,11 @@ export function buildScenario(
     mode,
     requests,
     prefill: { numBlocks: 64, scheduler: sched('producer'), connector: connector('producer') },
-    decode: { numBlocks: name === 'preempt' ? 13 : 64, scheduler: sched('consumer'), connector: connector('consumer') },
+    decode: {
+      numBlocks: name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64,
+      scheduler: sched('consumer'),
+      connector: connector('consumer'),
+    },
     abortTarget: name === 'abort' || name === 'abort-write' ? rng.int(n) : null,
     killPrefillMidRead: name === 'peer-death',
     cancelPoints: cancelPoints(name, rng, n),
