@@ -11,7 +11,7 @@ import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type 
 import { runDpor } from './dpor_run.ts';
 import { judgeEnd } from './oracles.ts';
 import { SimThreads } from './sim_threads.ts';
-import type { ScenarioName } from './scenarios.ts';
+import { buildScenario, type ScenarioName } from './scenarios.ts';
 import type { SimTrace } from './trace.ts';
 import { DEFAULT_MAX_STEPS, SimWorld, type Violation } from './world.ts';
 
@@ -229,6 +229,8 @@ export async function runSim(
   // dpor is one search, not a list of seeds: it runs in this thread (dpor_run.ts).
   if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
+  // A scenario the model cannot play (WRITE on a Mamba model) is a BAD_CONFIG here, before any thread starts.
+  buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, first, { requests: o.requests, mutant: o.mutant });
   const count = o.replay ? 1 : o.seeds;
   const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
   const t0 = wall.nowMs();

@@ -6,6 +6,7 @@
  */
 import { parentPort } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
+import { isHandoffError } from '../util/errors.ts';
 import { runSeed } from './run_sim.ts';
 import type { FromSimThread, ToSimThread } from './sim_threads.ts';
 
@@ -19,6 +20,7 @@ port.on('message', (m: ToSimThread) => {
       port.postMessage({
         seed: m.seed,
         error: e instanceof Error ? (e.stack ?? e.message) : String(e),
+        ...(isHandoffError(e) ? { code: e.code, message: e.message } : {}),
       } satisfies FromSimThread),
   );
 });

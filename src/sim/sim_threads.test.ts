@@ -6,6 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
+import { isHandoffError } from '../util/errors.ts';
 import { runSim, type SimReport } from './run_sim.ts';
 import { runSweep } from './sweep.ts';
 
@@ -54,4 +55,22 @@ test('sweep: every (scenario, strategy) pair on one pool, with totals; a planted
   assert.equal(ok.failingRuns, 0);
   const bad = await runSweep({ ...o, scenarios: ['1p1d'], mutant: 'zero-mamba-only' });
   assert.equal(bad.failingRuns, 2);
+});
+
+test('a scenario the model cannot play is a BAD_CONFIG before any seed runs; a sweep skips it with the reason', async () => {
+  await assert.rejects(
+    runSim({ scenario: '1p1d-write', strategy: 'random', seeds: 2, jobs: 2, model: 'hybrid-micro' }),
+    (e: unknown) => isHandoffError(e) && e.code === 'BAD_CONFIG' && /READ only/.test(e.message),
+  );
+  const s = await runSweep({
+    scenarios: ['1p1d', '1p1d-write'],
+    strategies: ['random'],
+    seeds: 1,
+    model: 'hybrid-micro',
+  });
+  assert.deepEqual(
+    s.runs.map((r) => r.scenario),
+    ['1p1d'],
+  );
+  assert.equal(s.skipped[0]?.scenario, '1p1d-write');
 });

@@ -10,6 +10,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
+import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import type { SeedOptions, SeedResult } from './run_sim.ts';
 
 export interface ToSimThread {
@@ -17,7 +18,9 @@ export interface ToSimThread {
   options: SeedOptions;
 }
 
-export type FromSimThread = { seed: number; result: SeedResult } | { seed: number; error: string };
+/** A failed seed: its error (stack), and for an operating error its HandoffError code and message. */
+export type FromSimThread =
+  { seed: number; result: SeedResult } | { seed: number; error: string; code?: ErrorCode; message?: string };
 
 const THREAD_ENTRY = new URL('./sim_thread.mjs', import.meta.url);
 
@@ -39,6 +42,7 @@ class SimThread {
       this.pending.delete(m.seed);
       if (this.pending.size === 0) this.worker.unref();
       if ('result' in m) w.resolve(m.result);
+      else if (m.code !== undefined) w.reject(new HandoffError(m.code, m.message ?? m.error));
       else w.reject(new Error(`seed ${m.seed} crashed the simulator: ${m.error}`));
     });
     const die = (why: string): void => {

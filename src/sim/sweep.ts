@@ -5,8 +5,9 @@
  */
 import { RealEnv, type Env } from '../util/env.ts';
 import type { Strategy } from './explorer.ts';
-import { formatSimReport, runSim, type SimOptions, type SimReport } from './run_sim.ts';
-import type { ScenarioName } from './scenarios.ts';
+import { isHandoffError } from '../util/errors.ts';
+import { DEFAULT_SIM_PRESET, formatSimReport, runSim, type SimOptions, type SimReport } from './run_sim.ts';
+import { buildScenario, type ScenarioName } from './scenarios.ts';
 import { SimThreads } from './sim_threads.ts';
 
 export interface SweepOptions extends Omit<SimOptions, 'scenario' | 'strategy' | 'onProgress' | 'replay'> {
@@ -18,6 +19,8 @@ export interface SweepOptions extends Omit<SimOptions, 'scenario' | 'strategy' |
 
 export interface SweepReport {
   runs: SimReport[];
+  /** Scenarios the model cannot play (WRITE on a Mamba model), left out with the reason. */
+  skipped: Array<{ scenario: ScenarioName; reason: string }>;
   schedules: number;
   distinctSchedules: number;
   failingRuns: number;
@@ -26,10 +29,27 @@ export interface SweepReport {
   schedulesPerSec: number;
 }
 
+/** Why the model cannot play `scenario` (its BAD_CONFIG message), or null. */
+function unplayable(scenario: ScenarioName, o: SweepOptions): string | null {
+  try {
+    buildScenario(scenario, o.model ?? DEFAULT_SIM_PRESET, 1, { requests: o.requests, mutant: o.mutant });
+    return null;
+  } catch (e) {
+    if (isHandoffError(e) && e.code === 'BAD_CONFIG') return e.message;
+    throw e;
+  }
+}
+
 export async function runSweep(o: SweepOptions, wall: Env = new RealEnv(0)): Promise<SweepReport> {
   const jobs = o.jobs ?? 1;
   const threads = jobs > 1 ? new SimThreads(jobs) : null;
-  const pairs = o.scenarios.flatMap((scenario) => o.strategies.map((strategy) => ({ scenario, strategy })));
+  const skipped: SweepReport['skipped'] = [];
+  const playable = o.scenarios.filter((scenario) => {
+    const reason = unplayable(scenario, o);
+    if (reason !== null) skipped.push({ scenario, reason });
+    return reason === null;
+  });
+  const pairs = playable.flatMap((scenario) => o.strategies.map((strategy) => ({ scenario, strategy })));
   // A time budget is shared evenly by the pairs.
   const budgetS = o.budgetS === undefined ? undefined : o.budgetS / Math.max(1, pairs.length);
   const { scenarios: _s, strategies: _t, onRun: _r, ...common } = o;
@@ -48,6 +68,7 @@ export async function runSweep(o: SweepOptions, wall: Env = new RealEnv(0)): Pro
   const schedules = runs.reduce((n, r) => n + r.schedules, 0);
   return {
     runs,
+    skipped,
     schedules,
     distinctSchedules: runs.reduce((n, r) => n + r.distinctSchedules, 0),
     failingRuns: runs.filter((r) => r.firstFailingSeed !== null).length,
@@ -63,6 +84,7 @@ export function formatSweepReport(s: SweepReport): string {
       ? `PASS ${r.scenario} · ${r.strategy} · ${r.schedules} schedules · ${r.schedulesPerSec}/s`
       : formatSimReport(r),
   );
+  for (const k of s.skipped) lines.push(`SKIP ${k.scenario}: ${k.reason}`);
   lines.push(
     `sweep: ${s.runs.length} runs, ${s.schedules} schedules (${s.distinctSchedules} distinct) in ${s.wallSeconds} s on ${s.jobs} thread(s) = ${s.schedulesPerSec} schedules/s; ${s.failingRuns === 0 ? 'no violation' : `${s.failingRuns} failing run(s)`}`,
   );
