@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
 import { upServeArgs } from './up.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
@@ -26,17 +26,22 @@ test('numbers, ranges and URL lists', () => {
   assert.throws(() => urlListFlag('decode', ''), names('decode'));
 });
 
-test('serve and proxy options from commander values', () => {
-  const base = {
+function serveBase(): Record<string, string> {
+  return {
     role: 'decode',
     model: 'llama-mini',
     host: '0.0.0.0',
     port: '0',
     numBlocks: '64',
+    blockSize: '16',
     transferPort: '0',
     transferDataPort: '0',
     seed: '3',
   };
+}
+
+test('serve and proxy options from commander values', () => {
+  const base = serveBase();
   const s = serveOptionsFrom({ ...base, maxModelLen: '256', apiKey: 'k' });
   assert.equal(s.role, 'decode');
   assert.equal(s.preset, 'llama-mini');
@@ -95,4 +100,15 @@ test('--model: serving commands refuse the micro presets (no tokenizer for a 64-
     () => anyPresetFlag('dsv4'),
     (e: unknown) => e instanceof HandoffError && e.code === 'BAD_CONFIG',
   );
+});
+
+test('--block-size: a power of two in [1, 256]; anything else is BAD_CONFIG naming the flag', () => {
+  for (const ok of ['1', '8', '16', '256']) assert.equal(blockSizeFlag(ok), Number(ok));
+  for (const bad of ['0', '12', '512', '-16', 'x', '8.5'])
+    assert.throws(
+      () => blockSizeFlag(bad),
+      (e: unknown) => e instanceof HandoffError && e.code === 'BAD_CONFIG' && /--block-size/.test(e.message),
+      bad,
+    );
+  assert.equal(serveOptionsFrom({ ...serveBase(), blockSize: '32' }).blockSize, 32);
 });

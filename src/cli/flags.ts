@@ -2,6 +2,7 @@
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
+  isBlockSize,
   isMicroPreset,
   isModelPreset,
   isServingPreset,
@@ -50,6 +51,14 @@ export function presetFlag(v: unknown): ServingPreset {
   if (!isServingPreset(s))
     throw new HandoffError('BAD_CONFIG', `--model must be one of ${SERVING_PRESETS.join(', ')}; got '${s}'`);
   return s;
+}
+
+/** `--block-size`: tokens per KV page, a power of two in [1, 256]. */
+export function blockSizeFlag(v: unknown): number {
+  const n = Number(v);
+  if (!isBlockSize(n))
+    throw new HandoffError('BAD_CONFIG', `--block-size must be a power of two in [1, 256]; got '${String(v)}'`);
+  return n;
 }
 
 /** Any preset, micro ones included (sim, bench model, bench sched). */

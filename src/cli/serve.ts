@@ -7,7 +7,16 @@ import { Option, type Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger } from '../util/log.ts';
 import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOptions } from '../serve/instance.ts';
-import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, optionalInt, portFlag, presetFlag } from './flags.ts';
+import {
+  blockSizeFlag,
+  choiceFlag,
+  intFlag,
+  LOG_FORMAT_HELP,
+  logFormatFlag,
+  optionalInt,
+  portFlag,
+  presetFlag,
+} from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { parsePeerAllowList } from '../connector/peer_directory.ts';
 
@@ -26,6 +35,7 @@ export function registerServe(program: Command): void {
       'KV pages in the pool (block 0 is the null block)',
       String(DEFAULT_INSTANCE_OPTIONS.numBlocks),
     )
+    .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode must agree)', '16')
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')
     .option(
       '--transfer-host <host>',
@@ -109,6 +119,7 @@ export function serveOptionsFrom(o: Opts): InstanceOptions {
     host,
     port: portFlag('port', o['port']),
     numBlocks: intFlag('num-blocks', o['numBlocks'], 2, 1 << 20),
+    blockSize: blockSizeFlag(o['blockSize']),
     kvTransferConfig: typeof o['kvTransferConfig'] === 'string' ? o['kvTransferConfig'] : null,
     transferHost: typeof o['transferHost'] === 'string' ? o['transferHost'] : wildcard ? '127.0.0.1' : host,
     transferPort: portFlag('transfer-port', o['transferPort']),

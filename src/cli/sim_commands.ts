@@ -5,7 +5,7 @@ import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
 import { MODEL_PRESETS } from '../kv/presets.ts';
-import { anyPresetFlag } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
   DPOR_DEPTH_DEFAULT,
@@ -106,6 +106,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...(opt('requests', 1, 1000) !== undefined ? { requests: opt('requests', 1, 1000) } : {}),
     ...(opt('pctDepth', 1, 100) !== undefined ? { pctDepth: opt('pctDepth', 1, 100) } : {}),
     ...(opt('dfsDepth', 1, 10_000) !== undefined ? { dfsDepth: opt('dfsDepth', 1, 10_000) } : {}),
+    ...(o['blockSize'] !== undefined ? { blockSize: blockSizeFlag(o['blockSize']) } : {}),
     ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
     ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
     ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
@@ -130,6 +131,7 @@ function common(c: Command): Command {
     .option('--no-faults', 'turn off BUGGIFY fault injection')
     .option('--max-steps <n>', 'step budget per seed')
     .option('--requests <n>', 'requests per world')
+    .option('--block-size <n>', 'tokens per KV page on both instances (default 16)')
     .option('--pct-depth <n>', 'PCT priority change points')
     .option('--dfs-depth <n>', 'bounded DFS depth')
     .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)

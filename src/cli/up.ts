@@ -7,7 +7,7 @@
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger, currentLogFormat, type LogFormat } from '../util/log.ts';
-import { choiceFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, presetFlag } from './flags.ts';
+import { blockSizeFlag, choiceFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, presetFlag } from './flags.ts';
 import { checkPortFree, startLocalCluster } from './cluster.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
@@ -21,11 +21,13 @@ export function configureUp(up: Command): void {
     .option('--host <host>', 'interface of the proxy and the instances', '127.0.0.1')
     .option('--mode <mode>', 'read | write', 'read')
     .option('--num-blocks <n>', 'KV pages per instance')
+    .option('--block-size <n>', 'tokens per KV page on both instances (a power of two up to 256)')
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
     .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
+      if (o['blockSize'] !== undefined) blockSizeFlag(o['blockSize']); // refused here, before any child starts
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
       const port = portFlag('port', o['port']);
       const host = String(o['host']);
@@ -75,5 +77,10 @@ export function configureUp(up: Command): void {
  * cannot tell how up chose (flag, HANDOFF_LOG_FORMAT or its terminal), so their lines match up's.
  */
 export function upServeArgs(o: Opts, logFormat: LogFormat): string[] {
-  return [...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []), '--log-format', logFormat];
+  return [
+    ...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []),
+    ...(typeof o['blockSize'] === 'string' ? ['--block-size', o['blockSize']] : []),
+    '--log-format',
+    logFormat,
+  ];
 }

@@ -36,6 +36,8 @@ export interface EngineConfig {
   preset: ModelPreset;
   modelSeed: number;
   numBlocks: number;
+  /** Tokens per KV page (default 16, kv/presets.ts BLOCK_SIZE). */
+  blockSize?: number;
   asyncScheduling: boolean;
   scheduler: Partial<SchedulerConfig>;
   idlePollMs: number;
@@ -66,7 +68,7 @@ export interface EngineParts {
 }
 
 export function kvCacheConfigOf(config: EngineConfig): KVCacheConfig {
-  return makeKVCacheConfig(presetKVGroups(config.preset), config.numBlocks);
+  return makeKVCacheConfig(presetKVGroups(config.preset, config.blockSize), config.numBlocks);
 }
 
 export function schedulerConfigOf(config: EngineConfig): SchedulerConfig {

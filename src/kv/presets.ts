@@ -12,6 +12,7 @@
  * forward costs microseconds instead of the 50k-row lm head. Serving keeps the mini presets: the
  * micro vocabulary is not GPT-2's, so there is no tokenizer for it.
  */
+import { HandoffError } from '../util/errors.ts';
 import type { KVCacheGroupSpec } from './spec.ts';
 
 export const SERVING_PRESETS = ['dsv4-mini', 'hybrid-mini', 'llama-mini'] as const;
@@ -79,7 +80,15 @@ const MICRO_DIMS: KVDims = {
   ssmStateDim: 2,
 };
 
-export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
+/** Block sizes an instance may use (`--block-size`): powers of two from 1 to 256 tokens per page. */
+export function isBlockSize(n: unknown): n is number {
+  return typeof n === 'number' && Number.isInteger(n) && n >= 1 && n <= 256 && (n & (n - 1)) === 0;
+}
+
+/** The preset's KV groups with `blockSize` tokens per page (default BLOCK_SIZE). */
+export function presetKVGroups(preset: ModelPreset, blockSize: number = BLOCK_SIZE): KVCacheGroupSpec[] {
+  if (!isBlockSize(blockSize))
+    throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${String(blockSize)}`);
   const d = isMicroPreset(preset) ? MICRO_DIMS : MINI_DIMS;
   switch (kvTwin(preset)) {
     case 'dsv4-mini':
@@ -89,7 +98,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
           layerNames: ['layers.0.attn', 'layers.1.attn'],
           spec: {
             type: 'mla',
-            blockSize: BLOCK_SIZE,
+            blockSize,
             latentDim: d.latentDim,
             ropeDim: d.ropeDim,
             scaleTile: d.scaleTile,
@@ -100,7 +109,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
         {
           groupId: 1,
           layerNames: ['layers.0.compressor', 'layers.1.compressor'],
-          spec: { type: 'compressor', blockSize: BLOCK_SIZE, stateDim: d.stateDim, dtype: 'f32', kvQuantMode: 'none' },
+          spec: { type: 'compressor', blockSize, stateDim: d.stateDim, dtype: 'f32', kvQuantMode: 'none' },
         },
       ];
     case 'hybrid-mini':
@@ -110,7 +119,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
           layerNames: ['layers.0.attn', 'layers.2.attn'],
           spec: {
             type: 'full_attention',
-            blockSize: BLOCK_SIZE,
+            blockSize,
             numKvHeads: 2,
             headSize: d.headSize,
             dtype: 'bf16',
@@ -122,7 +131,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
           layerNames: ['layers.1.mamba', 'layers.3.mamba'],
           spec: {
             type: 'mamba',
-            blockSize: BLOCK_SIZE,
+            blockSize,
             convDim: d.convDim,
             convWidth: 3,
             ssmStateDim: d.ssmStateDim,
@@ -137,7 +146,7 @@ export function presetKVGroups(preset: ModelPreset): KVCacheGroupSpec[] {
           layerNames: ['layers.0.attn', 'layers.1.attn'],
           spec: {
             type: 'full_attention',
-            blockSize: BLOCK_SIZE,
+            blockSize,
             numKvHeads: 2,
             headSize: d.headSize,
             dtype: 'bf16',

@@ -85,7 +85,7 @@ function unpadded(spec: KVCacheSpec): string {
 }
 
 function checkMatchesPreset(preset: ModelPreset, kvConfig: KVCacheConfig): void {
-  const want = presetKVGroups(preset);
+  const want = presetKVGroups(preset, kvConfig.groups[0]?.spec.blockSize);
   const same =
     want.length === kvConfig.groups.length &&
     want.every((g, i) => {

@@ -32,6 +32,8 @@ export interface InstanceOptions {
   /** 0 = a free port. */
   port: number;
   numBlocks: number;
+  /** Tokens per KV page; prefill and decode must agree (the handshake refuses otherwise). */
+  blockSize: number;
   modelSeed: number;
   raceCheck: boolean;
   /** vLLM-style kv_transfer_config (JSON text or object); null = the role's default. */
@@ -58,6 +60,7 @@ export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
   host: '127.0.0.1',
   port: 8000,
   numBlocks: 1024,
+  blockSize: 16,
   modelSeed: 0,
   raceCheck: false,
   kvTransferConfig: null,
@@ -109,9 +112,9 @@ export interface Instance {
   close(): Promise<void>;
 }
 
-function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number): void {
+function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
   // Every attention group needs a page per blockSize tokens; one request of maxModelLen tokens must fit alone.
-  const need = presetKVGroups(preset)
+  const need = presetKVGroups(preset, blockSize)
     .filter((g) => g.spec.type !== 'mamba')
     .reduce((n, g) => n + Math.ceil(maxModelLen / g.spec.blockSize), 1);
   if (numBlocks < need) {
@@ -126,7 +129,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   const transferConfig = resolveTransferConfig(opts.role, opts.kvTransferConfig);
   const scheduler = { ...opts.scheduler };
   const maxModelLen = scheduler.maxModelLen ?? DEFAULT_SCHEDULER_CONFIG.maxModelLen;
-  checkCapacity(opts.preset, opts.numBlocks, maxModelLen);
+  checkCapacity(opts.preset, opts.numBlocks, maxModelLen, opts.blockSize);
   if (transferConfig && opts.device !== 'threaded')
     throw new HandoffError('BAD_CONFIG', 'P/D serving needs the threaded device');
   const engineId = `${opts.role}-${hexId(env, 6)}`;
@@ -135,6 +138,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       preset: opts.preset,
       modelSeed: opts.modelSeed,
       numBlocks: opts.numBlocks,
+      blockSize: opts.blockSize,
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,

@@ -39,6 +39,7 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
         faults: false,
         ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
         ...(o.requests !== undefined ? { requests: o.requests } : {}),
+        ...(o.blockSize !== undefined ? { blockSize: o.blockSize } : {}),
         makeExplorer: (w) => new DporWorldExplorer(w, chooser),
       });
       await world.run();

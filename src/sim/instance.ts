@@ -29,6 +29,7 @@ export interface InstanceSpec {
   preset: ModelPreset;
   modelSeed: number;
   numBlocks: number;
+  blockSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
   idlePollMs: number;
@@ -88,6 +89,7 @@ export class SimInstance {
         preset: spec.preset,
         modelSeed: spec.modelSeed,
         numBlocks: spec.numBlocks,
+        blockSize: spec.blockSize,
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,

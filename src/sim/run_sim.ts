@@ -5,7 +5,7 @@
  */
 import { RealEnv, type Env } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import type { ModelPreset } from '../kv/presets.ts';
+import { BLOCK_SIZE, type ModelPreset } from '../kv/presets.ts';
 import type { Strategy } from './explorer.ts';
 import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type OrderCounts } from './coverage.ts';
 import { runDpor } from './dpor_run.ts';
@@ -32,6 +32,8 @@ export interface SimOptions {
   faults?: boolean;
   maxSteps?: number;
   requests?: number;
+  /** Tokens per KV page on both instances (default 16). */
+  blockSize?: number;
   pctDepth?: number;
   dfsDepth?: number;
   /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
@@ -94,7 +96,16 @@ const DFS_DUPLICATES_MAX = 64;
 export function replayCommand(
   o: Pick<
     SimOptions,
-    'scenario' | 'strategy' | 'mutant' | 'model' | 'faults' | 'maxSteps' | 'requests' | 'pctDepth' | 'dfsDepth'
+    | 'scenario'
+    | 'strategy'
+    | 'mutant'
+    | 'model'
+    | 'faults'
+    | 'maxSteps'
+    | 'requests'
+    | 'pctDepth'
+    | 'dfsDepth'
+    | 'blockSize'
   > & { schedule?: readonly number[] },
   seed: number,
 ): string {
@@ -104,6 +115,7 @@ export function replayCommand(
   if (o.faults === false) parts.push('--no-faults');
   if (o.maxSteps !== undefined && o.maxSteps !== DEFAULT_MAX_STEPS) parts.push(`--max-steps ${o.maxSteps}`);
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
+  if (o.blockSize !== undefined && o.blockSize !== BLOCK_SIZE) parts.push(`--block-size ${o.blockSize}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
   if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
@@ -123,6 +135,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.faults !== undefined ? { faults: o.faults } : {}),
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
+    ...(o.blockSize !== undefined ? { blockSize: o.blockSize } : {}),
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
@@ -230,7 +243,11 @@ export async function runSim(
   if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
   // A scenario the model cannot play (WRITE on a Mamba model) is a BAD_CONFIG here, before any thread starts.
-  buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, first, { requests: o.requests, mutant: o.mutant });
+  buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, first, {
+    requests: o.requests,
+    mutant: o.mutant,
+    blockSize: o.blockSize,
+  });
   const count = o.replay ? 1 : o.seeds;
   const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
   const t0 = wall.nowMs();

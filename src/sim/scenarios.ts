@@ -21,7 +21,7 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { kvTwin, type ModelPreset } from '../kv/presets.ts';
+import { BLOCK_SIZE, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -56,6 +56,8 @@ export interface SideConfig {
 export interface ScenarioConfig {
   name: ScenarioName;
   preset: ModelPreset;
+  /** Tokens per KV page on both instances. */
+  blockSize: number;
   modelSeed: number;
   mode: 'read' | 'write';
   requests: SimRequestSpec[];
@@ -156,12 +158,20 @@ function scenarioConnector(
   return c;
 }
 
+/** A pool of `pages16` pages of 16 tokens, as pages of `blockSize` tokens holding as many tokens (+ the null page). */
+function pagesFor(pages16: number, blockSize: number): number {
+  return 1 + Math.ceil(((pages16 - 1) * BLOCK_SIZE) / blockSize);
+}
+
 export function buildScenario(
   name: ScenarioName,
   preset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName } = {},
+  opts: { requests?: number; mutant?: MutantName; blockSize?: number } = {},
 ): ScenarioConfig {
+  if (opts.blockSize !== undefined && !isBlockSize(opts.blockSize))
+    throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${opts.blockSize}`);
+  const blockSize = opts.blockSize ?? BLOCK_SIZE;
   const rng = new SeededRng(streamSeed(seed, 3));
   const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name)
     ? 'write'
@@ -186,12 +196,13 @@ export function buildScenario(
   return {
     name,
     preset,
+    blockSize,
     modelSeed: 1,
     mode,
     requests,
-    prefill: { numBlocks: 64, scheduler: sched('producer'), connector: connector('producer') },
+    prefill: { numBlocks: pagesFor(64, blockSize), scheduler: sched('producer'), connector: connector('producer') },
     decode: {
-      numBlocks: name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64,
+      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, blockSize),
       scheduler: sched('consumer'),
       connector: connector('consumer'),
     },

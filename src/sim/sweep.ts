@@ -32,7 +32,11 @@ export interface SweepReport {
 /** Why the model cannot play `scenario` (its BAD_CONFIG message), or null. */
 function unplayable(scenario: ScenarioName, o: SweepOptions): string | null {
   try {
-    buildScenario(scenario, o.model ?? DEFAULT_SIM_PRESET, 1, { requests: o.requests, mutant: o.mutant });
+    buildScenario(scenario, o.model ?? DEFAULT_SIM_PRESET, 1, {
+      requests: o.requests,
+      mutant: o.mutant,
+      blockSize: o.blockSize,
+    });
     return null;
   } catch (e) {
     if (isHandoffError(e) && e.code === 'BAD_CONFIG') return e.message;

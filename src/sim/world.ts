@@ -56,6 +56,8 @@ export interface WorldOptions {
   /** Stop at the first violation (default); a trace run goes on to show what followed. */
   stopOnViolation?: boolean;
   requests?: number;
+  /** Tokens per KV page on both instances (default 16). */
+  blockSize?: number;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
 }
@@ -123,12 +125,14 @@ export class SimWorld {
     const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
       requests: opts.requests,
       mutant: opts.mutant,
+      blockSize: opts.blockSize,
     });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
     const onViolation = (name: string) => (v: LifecycleViolation) => w.lifecycleViolation(name, v);
     const common = {
       preset: scenario.preset,
+      blockSize: scenario.blockSize,
       modelSeed: scenario.modelSeed,
       idlePollMs: scenario.idlePollMs,
       notifyTimeoutMs: scenario.notifyTimeoutMs,
