@@ -116,3 +116,26 @@ test(`at most PEERS_MAX (${PEERS_MAX}) peers are remembered; settled ones are ev
   assert.equal(d.size, PEERS_MAX);
   assert.equal(d.peek('h0', 1), undefined, 'the oldest settled entry went');
 });
+
+test('an unknown engine whose address failed: "does not answer" when it timed out, "refused the handshake" when it refused', async () => {
+  const env = new SimEnv(1);
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, env);
+  d.statusFor('127.0.0.1', 9, 'p1');
+  d.statusFor('127.0.0.1', 10, 'p2');
+  h.pending[0]?.fail(new HandoffError('PEER_UNAVAILABLE', 'handshake timed out'));
+  h.pending[1]?.fail(new HandoffError('PEER_INCOMPATIBLE', 'p2 refused the handshake: blockSizes [32] != [16]'));
+  await tick();
+  const message = (port: number, id: string): string => {
+    try {
+      d.readyEngine('127.0.0.1', port, id);
+    } catch (e) {
+      // catch-ok: the test reads the error
+      assert.ok(e instanceof HandoffError && e.code === 'BAD_TRANSFER_PARAMS');
+      return e.message;
+    }
+    return '';
+  };
+  assert.match(message(9, 'p1'), /127\.0\.0\.1:9 does not answer \(handshake timed out\)/);
+  assert.match(message(10, 'p2'), /127\.0\.0\.1:10 refused the handshake \(.*blockSizes/);
+});

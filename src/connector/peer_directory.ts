@@ -157,7 +157,9 @@ export class PeerDirectory {
     const st = this.peek(host, port);
     if (st?.state === 'failed') {
       if (this.knows(expectedEngineId)) throw st.error;
-      const why = `remote_engine_id ${expectedEngineId} is unknown here and ${host}:${port} does not answer (${st.error.message})`;
+      const refused = st.error.code === 'PEER_INCOMPATIBLE' || st.error.code === 'UNAUTHORIZED';
+      const how = refused ? 'refused the handshake' : 'does not answer';
+      const why = `remote_engine_id ${expectedEngineId} is unknown here and ${host}:${port} ${how} (${st.error.message})`;
       throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
     }
     if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
