@@ -8,8 +8,10 @@ import type { Request } from './request.ts';
 
 /** `waiting` with the requests holding pages first, each part in its own order. */
 export function holdersFirst(waiting: Request[], holds: (r: Request) => boolean): Request[] {
-  const holders = waiting.filter(holds);
-  return holders.length === 0 ? waiting : [...holders, ...waiting.filter((r) => !holds(r))];
+  const holders: Request[] = [];
+  const rest: Request[] = [];
+  for (const r of waiting) (holds(r) ? holders : rest).push(r);
+  return holders.length === 0 ? waiting : [...holders, ...rest];
 }
 
 /**

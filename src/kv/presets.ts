@@ -90,6 +90,15 @@ export function presetKVGroups(preset: ModelPreset, blockSize: number = BLOCK_SI
   if (!isBlockSize(blockSize))
     throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${String(blockSize)}`);
   const d = isMicroPreset(preset) ? MICRO_DIMS : MINI_DIMS;
+  // bf16 GQA K/V (hybrid and llama share it).
+  const gqa = {
+    type: 'full_attention',
+    blockSize,
+    numKvHeads: 2,
+    headSize: d.headSize,
+    dtype: 'bf16',
+    kvQuantMode: 'none',
+  } as const;
   switch (kvTwin(preset)) {
     case 'dsv4-mini':
       return [
@@ -117,14 +126,7 @@ export function presetKVGroups(preset: ModelPreset, blockSize: number = BLOCK_SI
         {
           groupId: 0,
           layerNames: ['layers.0.attn', 'layers.2.attn'],
-          spec: {
-            type: 'full_attention',
-            blockSize,
-            numKvHeads: 2,
-            headSize: d.headSize,
-            dtype: 'bf16',
-            kvQuantMode: 'none',
-          },
+          spec: gqa,
         },
         {
           groupId: 1,
@@ -144,14 +146,7 @@ export function presetKVGroups(preset: ModelPreset, blockSize: number = BLOCK_SI
         {
           groupId: 0,
           layerNames: ['layers.0.attn', 'layers.1.attn'],
-          spec: {
-            type: 'full_attention',
-            blockSize,
-            numKvHeads: 2,
-            headSize: d.headSize,
-            dtype: 'bf16',
-            kvQuantMode: 'none',
-          },
+          spec: gqa,
         },
       ];
   }

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { isHandoffError } from '../util/errors.ts';
 import { runSim } from './run_sim.ts';
 import { buildScenario } from './scenarios.ts';
+import { SimWorld } from './world.ts';
 
 for (const blockSize of [8, 32]) {
   test(`block size ${blockSize}: 1p1d, 1p1d-write and prefix-hit pass every oracle; zero-mamba-only is caught`, async () => {
@@ -22,7 +23,20 @@ for (const blockSize of [8, 32]) {
   });
 }
 
-test('block size: pools keep their capacity in tokens; a size that is not a power of two is BAD_CONFIG', () => {
+test('block size: both engines page by it; pools keep their capacity in tokens; a non power of two is BAD_CONFIG', async () => {
+  const w = await SimWorld.create({
+    scenario: '1p1d',
+    preset: 'dsv4-micro',
+    seed: 1,
+    strategy: 'random',
+    blockSize: 8,
+  });
+  for (const inst of w.instances)
+    assert.deepEqual(
+      inst.kvConfig.groups.map((g) => g.spec.blockSize),
+      [8, 8],
+    );
+  await w.shutdown();
   assert.equal(buildScenario('preempt', 'dsv4-micro', 1, { blockSize: 8 }).decode.numBlocks, 1 + 24);
   assert.equal(buildScenario('1p1d', 'dsv4-micro', 1).decode.numBlocks, 64);
   assert.throws(

@@ -233,6 +233,21 @@ class Tally {
   }
 }
 
+/**
+ * A scenario the model cannot play (WRITE on a Mamba model) or a bad block size is a BAD_CONFIG here,
+ * before any seed runs on a thread.
+ */
+export function checkPlayable(
+  o: Pick<SimOptions, 'scenario' | 'model' | 'requests' | 'mutant' | 'blockSize'>,
+  seed = 1,
+): void {
+  buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, seed, {
+    requests: o.requests,
+    mutant: o.mutant,
+    blockSize: o.blockSize,
+  });
+}
+
 /** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */
 export async function runSim(
   o: SimOptions,
@@ -242,12 +257,7 @@ export async function runSim(
   // dpor is one search, not a list of seeds: it runs in this thread (dpor_run.ts).
   if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
   const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
-  // A scenario the model cannot play (WRITE on a Mamba model) is a BAD_CONFIG here, before any thread starts.
-  buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, first, {
-    requests: o.requests,
-    mutant: o.mutant,
-    blockSize: o.blockSize,
-  });
+  checkPlayable(o, first);
   const count = o.replay ? 1 : o.seeds;
   const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);
   const t0 = wall.nowMs();

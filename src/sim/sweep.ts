@@ -6,8 +6,8 @@
 import { RealEnv, type Env } from '../util/env.ts';
 import type { Strategy } from './explorer.ts';
 import { isHandoffError } from '../util/errors.ts';
-import { DEFAULT_SIM_PRESET, formatSimReport, runSim, type SimOptions, type SimReport } from './run_sim.ts';
-import { buildScenario, type ScenarioName } from './scenarios.ts';
+import { checkPlayable, formatSimReport, runSim, type SimOptions, type SimReport } from './run_sim.ts';
+import type { ScenarioName } from './scenarios.ts';
 import { SimThreads } from './sim_threads.ts';
 
 export interface SweepOptions extends Omit<SimOptions, 'scenario' | 'strategy' | 'onProgress' | 'replay'> {
@@ -32,11 +32,7 @@ export interface SweepReport {
 /** Why the model cannot play `scenario` (its BAD_CONFIG message), or null. */
 function unplayable(scenario: ScenarioName, o: SweepOptions): string | null {
   try {
-    buildScenario(scenario, o.model ?? DEFAULT_SIM_PRESET, 1, {
-      requests: o.requests,
-      mutant: o.mutant,
-      blockSize: o.blockSize,
-    });
+    checkPlayable({ ...o, scenario });
     return null;
   } catch (e) {
     if (isHandoffError(e) && e.code === 'BAD_CONFIG') return e.message;
