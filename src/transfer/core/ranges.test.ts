@@ -1,8 +1,29 @@
-/** Proves range coalescing keeps every byte's local<->remote mapping, and the stream-to-slab mapping. */
+/**
+ * Proves range coalescing keeps every byte's local<->remote mapping (on both sort paths of the packed
+ * form), the overlap check, the packed and wire forms, and the stream-to-slab mapping.
+ */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { RangeStream, coalesceRanges, disjoint, pagesOutside, rangeProblem, totalBytes } from './ranges.ts';
+import {
+  RangeStream,
+  coalescePacked,
+  coalesceRanges,
+  disjoint,
+  disjointSide,
+  packRanges,
+  pagesOutside,
+  rangeProblem,
+  remoteSide,
+  sideBytes,
+  sideOf,
+  sideOfWire,
+  toWire,
+  totalBytes,
+  unpackRanges,
+  wireOfSide,
+  wireSide,
+} from './ranges.ts';
 import type { TransferRange } from './types.ts';
 
 /** Every (slab, local byte) -> remote byte of a set of ranges. */
@@ -69,7 +90,7 @@ test('RangeStream: any split of the stream visits exactly the bytes of the range
       }),
       fc.array(fc.integer({ min: 1, max: 60 }), { maxLength: 30 }),
       (ranges, steps) => {
-        const s = new RangeStream(ranges);
+        const s = new RangeStream(sideOfWire(ranges));
         const seen: string[] = [];
         let left = s.total;
         for (const step of [...steps, s.total]) {
@@ -113,5 +134,75 @@ test('range checks: slab and bounds, granted pages, overlap', () => {
       { slab: 0, offset: 0, length: 10 },
       { slab: 0, offset: 9, length: 5 },
     ]),
+  );
+});
+
+/** Ranges whose offsets are small (key-sort path) or near 2^50 (too big to pack into one key: comparator path). */
+const anyRanges = fc.oneof(fc.constant(64), fc.constant(2 ** 50)).chain((scale) =>
+  fc.array(
+    fc.record({
+      slab: fc.nat(3),
+      localOffset: fc.nat(40).map((x) => x * 16 + (scale > 64 ? scale : 0)),
+      remoteOffset: fc.nat(40).map((x) => x * 16 + (scale > 64 ? scale : 0)),
+      length: fc.constantFrom(8, 16, 32),
+    }),
+    { maxLength: 40 },
+  ),
+);
+
+test('coalescePacked: equals sorting by (slab, remote) and merging neighbours, on either sort path', () => {
+  fc.assert(
+    fc.property(anyRanges, (ranges) => {
+      fc.pre(ranges.length > 0);
+      const sorted = [...ranges].sort((a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset);
+      const merged = coalesceRanges(ranges);
+      assert.equal(totalBytes(merged), totalBytes(ranges));
+      // Ties on (slab, remote) may order either way; the multiset of bytes' mappings is what matters.
+      assert.deepEqual(byteMap(merged), byteMap(sorted));
+      for (let i = 1; i < merged.length; i++) {
+        const [a, b] = [merged[i - 1] as TransferRange, merged[i] as TransferRange];
+        assert.ok(
+          a.slab < b.slab || (a.slab === b.slab && a.remoteOffset <= b.remoteOffset),
+          'in (slab, remote) order',
+        );
+      }
+      assert.deepEqual(unpackRanges(coalescePacked(packRanges(ranges))), merged);
+    }),
+  );
+});
+
+test('disjointSide: agrees with comparing every pair, on either sort path and either side', () => {
+  fc.assert(
+    fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {
+      const key = side === 'local' ? 'localOffset' : 'remoteOffset';
+      let naive = true;
+      for (let i = 0; i < ranges.length; i++)
+        for (let j = i + 1; j < ranges.length; j++) {
+          const [a, b] = [ranges[i] as TransferRange, ranges[j] as TransferRange];
+          if (a.slab === b.slab && a[key] < b[key] + b.length && b[key] < a[key] + a.length) naive = false;
+        }
+      assert.equal(disjointSide(sideOf(packRanges(ranges), side)), naive);
+    }),
+  );
+});
+
+test('packed sides: wire ranges round-trip, and RangeStream.segment() names where advance() goes next', () => {
+  fc.assert(
+    fc.property(anyRanges, (ranges) => {
+      fc.pre(ranges.length > 0);
+      const remote = sideOf(packRanges(ranges), 'remote');
+      const wire = wireOfSide(remote);
+      assert.deepEqual(wire, remoteSide(ranges));
+      assert.deepEqual(toWire(remote), sideOfWire(wire).p);
+      assert.equal(sideBytes(remote), totalBytes(ranges));
+      const s = new RangeStream(wireSide(toWire(remote)));
+      while (!s.complete) {
+        const seg = s.segment();
+        let seen: number[] = [];
+        s.advance(Math.min(5, seg.length), (slab, offset) => (seen = [slab, offset]));
+        assert.deepEqual(seen, [seg.slab, seg.offset]);
+      }
+      assert.equal(s.segment().length, 0);
+    }),
   );
 });

@@ -22,29 +22,190 @@ export function totalBytes(ranges: readonly { length: number }[]): number {
 }
 
 /**
- * Merge ranges that are contiguous on both sides (same slab, remote and local both continue), after
- * sorting by (slab, remoteOffset). Bytes and their local<->remote mapping are preserved.
+ * Work requests carry their ranges packed as [slab, localOffset, remoteOffset, length] * n in one
+ * Float64Array: thousands of small objects cost more to sort, check, clone and walk than the bytes they
+ * describe cost to copy (a 32 KiB page copies in ~3 us). Wire frames carry one side, [slab, offset, length] * n.
  */
-export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
-  const sorted = [...ranges].sort(
-    (a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset || a.localOffset - b.localOffset,
-  );
+export const PACKED_STRIDE = 4;
+export const WIRE_STRIDE = 3;
+
+/** One side of packed ranges: range i is slab p[i*stride], offset p[i*stride + at], length p[i*stride + stride - 1]. */
+export interface SideRanges {
+  readonly p: Float64Array;
+  readonly stride: number;
+  readonly at: number;
+}
+
+export function packRanges(ranges: readonly TransferRange[]): Float64Array {
+  const p = new Float64Array(ranges.length * PACKED_STRIDE);
+  let k = 0;
+  for (const r of ranges) {
+    p[k++] = r.slab;
+    p[k++] = r.localOffset;
+    p[k++] = r.remoteOffset;
+    p[k++] = r.length;
+  }
+  return p;
+}
+
+export function unpackRanges(p: Float64Array): TransferRange[] {
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
   const out: TransferRange[] = [];
-  for (const r of sorted) {
-    assert(r.length > 0, 'coalesceRanges: zero-length range');
-    const last = out[out.length - 1];
-    if (
-      last !== undefined &&
-      last.slab === r.slab &&
-      last.remoteOffset + last.length === r.remoteOffset &&
-      last.localOffset + last.length === r.localOffset
-    ) {
-      last.length += r.length;
-    } else {
-      out.push({ ...r });
-    }
+  for (let i = 0; i < p.length; i += PACKED_STRIDE) {
+    out.push({
+      slab: p[i] as number,
+      localOffset: p[i + 1] as number,
+      remoteOffset: p[i + 2] as number,
+      length: p[i + 3] as number,
+    });
   }
   return out;
+}
+
+export function sideOf(p: Float64Array, side: 'local' | 'remote'): SideRanges {
+  return { p, stride: PACKED_STRIDE, at: side === 'local' ? 1 : 2 };
+}
+
+export function wireSide(p: Float64Array): SideRanges {
+  assert(p.length % WIRE_STRIDE === 0, 'wire ranges come in threes');
+  return { p, stride: WIRE_STRIDE, at: 1 };
+}
+
+/** One side as wire ranges [slab, offset, length] * n (what a READ/WRITE frame names). */
+export function toWire(side: SideRanges): Float64Array {
+  const n = sideCount(side);
+  const out = new Float64Array(n * WIRE_STRIDE);
+  const { p, stride, at } = side;
+  for (let i = 0, j = 0, k = 0; i < n; i++, j += stride, k += WIRE_STRIDE) {
+    out[k] = p[j] as number;
+    out[k + 1] = p[j + at] as number;
+    out[k + 2] = p[j + stride - 1] as number;
+  }
+  return out;
+}
+
+export function sideOfWire(ranges: readonly WireRange[]): SideRanges {
+  const p = new Float64Array(ranges.length * WIRE_STRIDE);
+  ranges.forEach((r, i) => p.set([r.slab, r.offset, r.length], i * WIRE_STRIDE));
+  return wireSide(p);
+}
+
+export function wireOfSide(side: SideRanges): WireRange[] {
+  const out: WireRange[] = [];
+  const { p, stride, at } = side;
+  for (let j = 0; j < p.length; j += stride)
+    out.push({ slab: p[j] as number, offset: p[j + at] as number, length: p[j + stride - 1] as number });
+  return out;
+}
+
+export function sideCount(side: SideRanges): number {
+  return side.p.length / side.stride;
+}
+
+export function sideBytes(side: SideRanges): number {
+  let n = 0;
+  const { p, stride } = side;
+  for (let j = stride - 1; j < p.length; j += stride) n += p[j] as number;
+  return n;
+}
+
+/**
+ * The order of the ranges by (slab, offset at `at`): null when they already are in that order (one pass),
+ * else a permutation. Sorting doubles that pack key and index is native and fast; when the product would
+ * exceed 2^53 a comparator sort does it.
+ */
+function orderBy(side: SideRanges): Uint32Array | null {
+  const { p, stride, at } = side;
+  const n = sideCount(side);
+  let sorted = true;
+  let span = 1;
+  let slabs = 1;
+  for (let j = 0; j < p.length; j += stride) {
+    span = Math.max(span, (p[j + at] as number) + 1);
+    slabs = Math.max(slabs, (p[j] as number) + 1);
+    if (j === 0) continue;
+    const slabStep = (p[j] as number) - (p[j - stride] as number);
+    if (slabStep < 0 || (slabStep === 0 && (p[j - stride + at] as number) > (p[j + at] as number))) sorted = false;
+  }
+  if (sorted) return null;
+  const order = new Uint32Array(n);
+  if (slabs * span * n < Number.MAX_SAFE_INTEGER) {
+    const keys = new Float64Array(n);
+    for (let i = 0; i < n; i++) keys[i] = ((p[i * stride] as number) * span + (p[i * stride + at] as number)) * n + i;
+    keys.sort();
+    for (let i = 0; i < n; i++) order[i] = (keys[i] as number) % n;
+    return order;
+  }
+  const idx = Array.from({ length: n }, (_, i) => i);
+  idx.sort(
+    (a, b) =>
+      (p[a * stride] as number) - (p[b * stride] as number) ||
+      (p[a * stride + at] as number) - (p[b * stride + at] as number) ||
+      a - b,
+  );
+  order.set(idx);
+  return order;
+}
+
+/**
+ * Merge packed ranges that are contiguous on both sides (same slab, remote and local both continue),
+ * in (slab, remoteOffset) order. Bytes and their local<->remote mapping are preserved.
+ */
+export function coalescePacked(p: Float64Array): Float64Array {
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
+  const order = orderBy(sideOf(p, 'remote'));
+  const n = p.length / PACKED_STRIDE;
+  const out = new Float64Array(p.length);
+  let k = -PACKED_STRIDE;
+  for (let i = 0; i < n; i++) {
+    const j = (order === null ? i : (order[i] as number)) * PACKED_STRIDE;
+    const [slab, local, remote, length] = [p[j] as number, p[j + 1] as number, p[j + 2] as number, p[j + 3] as number];
+    assert(length > 0, 'coalesceRanges: zero-length range');
+    if (
+      k >= 0 &&
+      out[k] === slab &&
+      (out[k + 2] as number) + (out[k + 3] as number) === remote &&
+      (out[k + 1] as number) + (out[k + 3] as number) === local
+    ) {
+      out[k + 3] = (out[k + 3] as number) + length;
+      continue;
+    }
+    k += PACKED_STRIDE;
+    out[k] = slab;
+    out[k + 1] = local;
+    out[k + 2] = remote;
+    out[k + 3] = length;
+  }
+  return out.slice(0, k + PACKED_STRIDE);
+}
+
+/** coalescePacked over objects (same order and result). */
+export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
+  return unpackRanges(coalescePacked(packRanges(ranges)));
+}
+
+/** True when no two ranges of one side overlap (same slab, intersecting bytes). */
+export function disjointSide(side: SideRanges): boolean {
+  const { p, stride, at } = side;
+  const order = orderBy(side);
+  const n = sideCount(side);
+  let prev = -1;
+  for (let i = 0; i < n; i++) {
+    const j = (order === null ? i : (order[i] as number)) * stride;
+    if (
+      prev >= 0 &&
+      p[prev] === p[j] &&
+      (p[prev + at] as number) + (p[prev + stride - 1] as number) > (p[j + at] as number)
+    )
+      return false;
+    prev = j;
+  }
+  return true;
+}
+
+/** disjointSide over objects. */
+export function disjoint(ranges: readonly WireRange[]): boolean {
+  return disjointSide(sideOfWire(ranges));
 }
 
 function isNonNegInt(x: number): boolean {
@@ -52,14 +213,26 @@ function isNonNegInt(x: number): boolean {
 }
 
 /** Why a range does not fit the layout, or null. */
-export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
+export function rangeProblemAt(slab: number, offset: number, length: number, layout: SlabLayout): string | null {
+  if (!isNonNegInt(slab) || slab >= layout.numSlabs) return `slab ${slab} out of range (numSlabs ${layout.numSlabs})`;
+  if (!isNonNegInt(offset) || !isNonNegInt(length) || length === 0)
+    return `bad range offset ${offset} length ${length}`;
   const slabBytes = layout.numBlocks * layout.pageBytes;
-  if (!isNonNegInt(r.slab) || r.slab >= layout.numSlabs)
-    return `slab ${r.slab} out of range (numSlabs ${layout.numSlabs})`;
-  if (!isNonNegInt(r.offset) || !isNonNegInt(r.length) || r.length === 0)
-    return `bad range offset ${r.offset} length ${r.length}`;
-  if (r.offset + r.length > slabBytes)
-    return `range [${r.offset}, ${r.offset + r.length}) beyond slab end ${slabBytes}`;
+  if (offset + length > slabBytes) return `range [${offset}, ${offset + length}) beyond slab end ${slabBytes}`;
+  return null;
+}
+
+export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
+  return rangeProblemAt(r.slab, r.offset, r.length, layout);
+}
+
+/** The first range of `side` that does not fit the layout, as its problem, or null. */
+export function sideProblem(side: SideRanges, layout: SlabLayout): string | null {
+  const { p, stride, at } = side;
+  for (let j = 0; j < p.length; j += stride) {
+    const problem = rangeProblemAt(p[j] as number, p[j + at] as number, p[j + stride - 1] as number, layout);
+    if (problem !== null) return problem;
+  }
   return null;
 }
 
@@ -80,56 +253,37 @@ export function remoteSide(ranges: readonly TransferRange[]): WireRange[] {
 }
 
 /**
- * Work requests cross thread boundaries with their ranges packed as [slab, local, remote, length]*n
- * in a Float64Array: structured-cloning thousands of small objects costs more than the copy itself.
- */
-export function packRanges(ranges: readonly TransferRange[]): Float64Array {
-  const p = new Float64Array(ranges.length * 4);
-  ranges.forEach((r, i) => p.set([r.slab, r.localOffset, r.remoteOffset, r.length], i * 4));
-  return p;
-}
-
-export function unpackRanges(p: Float64Array): TransferRange[] {
-  assert(p.length % 4 === 0, 'packed ranges come in fours');
-  const out: TransferRange[] = [];
-  for (let i = 0; i < p.length; i += 4) {
-    out.push({
-      slab: p[i] as number,
-      localOffset: p[i + 1] as number,
-      remoteOffset: p[i + 2] as number,
-      length: p[i + 3] as number,
-    });
-  }
-  return out;
-}
-
-/** True when no two ranges overlap (same slab, intersecting bytes). */
-export function disjoint(ranges: readonly WireRange[]): boolean {
-  const sorted = [...ranges].sort((a, b) => a.slab - b.slab || a.offset - b.offset);
-  for (let i = 1; i < sorted.length; i++) {
-    const a = sorted[i - 1];
-    const b = sorted[i];
-    if (a && b && a.slab === b.slab && a.offset + a.length > b.offset) return false;
-  }
-  return true;
-}
-
-/**
  * Maps positions of a transfer's byte stream to (range, offset). Pieces must arrive in order
  * (`expected` is the next stream offset), as they do over one ordered connection.
  */
 export class RangeStream {
   readonly total: number;
-  private index = 0;
+  private readonly p: Float64Array;
+  private readonly stride: number;
+  private readonly at: number;
+  /** Index into p of the current range. */
+  private j = 0;
   private inRange = 0;
   expected = 0;
 
-  constructor(readonly ranges: readonly WireRange[]) {
-    this.total = totalBytes(ranges);
+  constructor(readonly side: SideRanges) {
+    this.total = sideBytes(side);
+    ({ p: this.p, stride: this.stride, at: this.at } = side);
   }
 
   get complete(): boolean {
     return this.expected === this.total;
+  }
+
+  /** Where the next stream bytes go: the current range's slab, offset and bytes left in it (length 0 at the end). */
+  segment(): { slab: number; offset: number; length: number } {
+    if (this.complete) return { slab: 0, offset: 0, length: 0 };
+    const { p, j } = this;
+    return {
+      slab: p[j] as number,
+      offset: (p[j + this.at] as number) + this.inRange,
+      length: (p[j + this.stride - 1] as number) - this.inRange,
+    };
   }
 
   /** Visit the slab segments of the next `length` stream bytes: fn(slab, slabOffset, pieceOffset, segLength). */
@@ -138,16 +292,17 @@ export class RangeStream {
     fn: (slab: number, slabOffset: number, pieceOffset: number, segLength: number) => void,
   ): void {
     assert(this.expected + length <= this.total, 'RangeStream: advance past the end');
+    const { p, stride, at } = this;
     let done = 0;
     while (done < length) {
-      const r = this.ranges[this.index];
-      assert(r !== undefined, 'RangeStream: ran out of ranges');
-      const seg = Math.min(r.length - this.inRange, length - done);
-      fn(r.slab, r.offset + this.inRange, done, seg);
+      assert(this.j < p.length, 'RangeStream: ran out of ranges');
+      const rangeLength = p[this.j + stride - 1] as number;
+      const seg = Math.min(rangeLength - this.inRange, length - done);
+      fn(p[this.j] as number, (p[this.j + at] as number) + this.inRange, done, seg);
       done += seg;
       this.inRange += seg;
-      if (this.inRange === r.length) {
-        this.index++;
+      if (this.inRange === rangeLength) {
+        this.j += stride;
         this.inRange = 0;
       }
     }

@@ -24,7 +24,7 @@ import { GrantIssuer } from './grant_issuer.ts';
 import { buildMetadata } from './metadata.ts';
 import { CQ_DONE, CQ_FAILED, type Nic, type NicCompletionEvent } from './nic.ts';
 import { WorkRequestLog, type WorkRequestRecord } from './work_log.ts';
-import { coalesceRanges, disjoint, localSide, totalBytes } from './ranges.ts';
+import { PACKED_STRIDE, coalescePacked, disjointSide, packRanges, sideBytes, sideOf } from './ranges.ts';
 import {
   NOTIFICATION_TYPES,
   type EngineMetadata,
@@ -189,17 +189,19 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   }
 
   private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
-    checkLocalRanges(req, this.layout);
-    assert(kind === 'write' || disjoint(localSide(req.ranges)), 'READ destinations overlap');
-    const ranges = coalesceRanges(req.ranges);
+    const packed = packRanges(req.ranges);
+    checkLocalRanges(packed, this.layout);
+    assert(kind === 'write' || disjointSide(sideOf(packed, 'local')), 'READ destinations overlap');
+    const ranges = coalescePacked(packed);
+    const descriptors = ranges.length / PACKED_STRIDE;
     const rc = this.rc;
     const handle: TransferHandle = Object.freeze({
       id: this.nextWrId++,
       kind,
       peerEngineId: req.peerEngineId,
       transferId: req.transferId,
-      bytes: totalBytes(ranges),
-      descriptors: ranges.length,
+      bytes: sideBytes(sideOf(ranges, 'local')),
+      descriptors,
     });
     const st: HandleState = {
       handle,
@@ -229,7 +231,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     this.states.set(handle, st);
     if (kind === 'read') this.counters.readsPosted++;
     else this.counters.writesPosted++;
-    this.counters.descriptorsPosted += ranges.length;
+    this.counters.descriptorsPosted += descriptors;
 
     if (this.isClosed) return this.failNow(st, 'TRANSFER_FAILED', 'engine is closed');
     const problem = workRequestProblem(req, ranges, this.peers.get(req.peerEngineId)?.layout);

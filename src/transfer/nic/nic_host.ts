@@ -20,7 +20,6 @@ import {
   type NicInit,
 } from './nic_messages.ts';
 import type { GrantEnd, Nic, NicCompletionEvent, NicStats, NicWorkRequest } from '../core/nic.ts';
-import { packRanges } from '../core/ranges.ts';
 import type { SlabLayout } from '../core/types.ts';
 
 export interface NicHostOptions {
@@ -32,6 +31,7 @@ export interface NicHostOptions {
   listenHost: string;
   dataPort: number;
   dataFrameBytes: number;
+  recvDirectMinBytes: number;
 }
 
 const CLOSE_GRACE_MS = 2000;
@@ -75,6 +75,7 @@ export class NicHost implements Nic {
       listenHost: o.listenHost,
       dataPort: o.dataPort,
       dataFrameBytes: o.dataFrameBytes,
+      recvDirectMinBytes: o.recvDirectMinBytes,
     };
     const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), {
       workerData: init,
@@ -107,8 +108,8 @@ export class NicHost implements Nic {
   }
 
   post(wr: NicWorkRequest): void {
-    const { label: _label, checkerWrId: _checkerWrId, ranges, ...rest } = wr;
-    this.send({ t: 'post', wr: { ...rest, ranges: packRanges(ranges) } });
+    const { label: _label, checkerWrId: _checkerWrId, ...rest } = wr;
+    this.send({ t: 'post', wr: rest });
   }
 
   abort(wrId: number): void {
