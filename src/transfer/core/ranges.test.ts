@@ -171,7 +171,7 @@ test('coalescePacked: equals sorting by (slab, remote) and merging neighbours, o
   );
 });
 
-test('disjointSide: agrees with comparing every pair, on either sort path and either side', () => {
+test('disjointSide: agrees with comparing every pair, on either sort path, the page bitmap, and either side', () => {
   fc.assert(
     fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {
       const key = side === 'local' ? 'localOffset' : 'remoteOffset';
@@ -182,6 +182,10 @@ test('disjointSide: agrees with comparing every pair, on either sort path and ei
           if (a.slab === b.slab && a[key] < b[key] + b.length && b[key] < a[key] + a.length) naive = false;
         }
       assert.equal(disjointSide(sideOf(packRanges(ranges), side)), naive);
+      // With a layout of 8-byte pages every range here is whole pages: the bitmap path (or, past the
+      // layout's end, the sort) must agree too.
+      const layout = { numSlabs: 4, numBlocks: 100, pageBytes: 8 };
+      assert.equal(disjointSide(sideOf(packRanges(ranges), side), layout), naive);
     }),
   );
 });

@@ -147,19 +147,38 @@ function orderBy(side: SideRanges): Uint32Array | null {
   return order;
 }
 
+/** True when range j+1 continues range j on both sides (packed, j and j+1 as indexes of ranges). */
+function continues(p: Float64Array, a: number, b: number): boolean {
+  return (
+    p[a] === p[b] &&
+    (p[a + 2] as number) + (p[a + 3] as number) === p[b + 2] &&
+    (p[a + 1] as number) + (p[a + 3] as number) === p[b + 1]
+  );
+}
+
 /**
  * Merge packed ranges that are contiguous on both sides (same slab, remote and local both continue),
- * in (slab, remoteOffset) order. Bytes and their local<->remote mapping are preserved.
+ * in (slab, remoteOffset) order. Bytes and their local<->remote mapping are preserved. Ranges already in
+ * order with nothing to merge come back as `p` itself (scattered pages: no second array to allocate).
  */
 export function coalescePacked(p: Float64Array): Float64Array {
   assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
   const order = orderBy(sideOf(p, 'remote'));
   const n = p.length / PACKED_STRIDE;
+  if (order === null) {
+    let merges = 0;
+    for (let j = PACKED_STRIDE; j < p.length; j += PACKED_STRIDE) if (continues(p, j - PACKED_STRIDE, j)) merges++;
+    for (let j = 3; j < p.length; j += PACKED_STRIDE) assert((p[j] as number) > 0, 'coalesceRanges: zero-length range');
+    if (merges === 0) return p;
+  }
   const out = new Float64Array(p.length);
   let k = -PACKED_STRIDE;
   for (let i = 0; i < n; i++) {
     const j = (order === null ? i : (order[i] as number)) * PACKED_STRIDE;
-    const [slab, local, remote, length] = [p[j] as number, p[j + 1] as number, p[j + 2] as number, p[j + 3] as number];
+    const slab = p[j] as number;
+    const local = p[j + 1] as number;
+    const remote = p[j + 2] as number;
+    const length = p[j + 3] as number;
     assert(length > 0, 'coalesceRanges: zero-length range');
     if (
       k >= 0 &&
@@ -185,8 +204,12 @@ export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[
 }
 
 /** True when no two ranges of one side overlap (same slab, intersecting bytes). */
-export function disjointSide(side: SideRanges): boolean {
+export function disjointSide(side: SideRanges, layout?: SlabLayout): boolean {
   const { p, stride, at } = side;
+  if (layout !== undefined) {
+    const pages = disjointPages(side, layout);
+    if (pages !== null) return pages;
+  }
   const order = orderBy(side);
   const n = sideCount(side);
   let prev = -1;
@@ -199,6 +222,31 @@ export function disjointSide(side: SideRanges): boolean {
     )
       return false;
     prev = j;
+  }
+  return true;
+}
+
+/**
+ * Whole-page ranges (the common case: KV pages) are checked with a bitmap of the layout's pages instead
+ * of a sort: true/false, or null when some range is not whole pages inside the layout.
+ */
+function disjointPages(side: SideRanges, layout: SlabLayout): boolean | null {
+  const { p, stride, at } = side;
+  const { pageBytes, numBlocks, numSlabs } = layout;
+  for (let j = 0; j < p.length; j += stride) {
+    const offset = p[j + at] as number;
+    const length = p[j + stride - 1] as number;
+    if (offset % pageBytes !== 0 || length % pageBytes !== 0 || !((p[j] as number) < numSlabs)) return null;
+    if (offset + length > numBlocks * pageBytes) return null;
+  }
+  const seen = new Uint8Array(numSlabs * numBlocks);
+  for (let j = 0; j < p.length; j += stride) {
+    const first = (p[j] as number) * numBlocks + (p[j + at] as number) / pageBytes;
+    const end = first + (p[j + stride - 1] as number) / pageBytes;
+    for (let b = first; b < end; b++) {
+      if (seen[b] === 1) return false;
+      seen[b] = 1;
+    }
   }
   return true;
 }

@@ -191,7 +191,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
     const packed = packRanges(req.ranges);
     checkLocalRanges(packed, this.layout);
-    assert(kind === 'write' || disjointSide(sideOf(packed, 'local')), 'READ destinations overlap');
+    assert(kind === 'write' || disjointSide(sideOf(packed, 'local'), this.layout), 'READ destinations overlap');
     const ranges = coalescePacked(packed);
     const descriptors = ranges.length / PACKED_STRIDE;
     const rc = this.rc;

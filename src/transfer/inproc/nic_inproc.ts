@@ -48,7 +48,15 @@ export class InprocLink {
       return;
     }
     this.outstanding.add(wr.wrId);
-    this.send({ t: wr.kind, reqId: wr.wrId, transferId: wr.transferId, token: wr.grantToken, ranges: wr.ranges });
+    // The ranges are this work request's alone: moved to the peer's NIC thread, not copied.
+    const m: LinkMessage = {
+      t: wr.kind,
+      reqId: wr.wrId,
+      transferId: wr.transferId,
+      token: wr.grantToken,
+      ranges: wr.ranges,
+    };
+    this.port.postMessage(m, [wr.ranges.buffer as ArrayBuffer]);
   }
 
   /** `ack` runs once the peer can no longer copy for this request. */

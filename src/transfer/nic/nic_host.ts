@@ -109,7 +109,8 @@ export class NicHost implements Nic {
 
   post(wr: NicWorkRequest): void {
     const { label: _label, checkerWrId: _checkerWrId, ...rest } = wr;
-    this.send({ t: 'post', wr: rest });
+    // The packed ranges belong to this work request alone: moved to the NIC thread, not copied.
+    this.send({ t: 'post', wr: rest }, [wr.ranges.buffer as ArrayBuffer]);
   }
 
   abort(wrId: number): void {
