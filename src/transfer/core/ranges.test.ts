@@ -190,7 +190,7 @@ test('disjointSide: agrees with comparing every pair, on either sort path, the p
   );
 });
 
-test('packed sides: wire ranges round-trip, and RangeStream.segment() names where advance() goes next', () => {
+test('packed sides: wire ranges round-trip; RangeStream.segment() is the longest run of one slab advance() visits next', () => {
   fc.assert(
     fc.property(anyRanges, (ranges) => {
       fc.pre(ranges.length > 0);
@@ -200,11 +200,21 @@ test('packed sides: wire ranges round-trip, and RangeStream.segment() names wher
       assert.deepEqual(toWire(remote), sideOfWire(wire).p);
       assert.equal(sideBytes(remote), totalBytes(ranges));
       const s = new RangeStream(wireSide(toWire(remote)));
+      let prevEnd: [number, number] | null = null;
       while (!s.complete) {
         const seg = s.segment();
-        let seen: number[] = [];
-        s.advance(Math.min(5, seg.length), (slab, offset) => (seen = [slab, offset]));
-        assert.deepEqual(seen, [seg.slab, seg.offset]);
+        assert.ok(
+          prevEnd === null || prevEnd[0] !== seg.slab || prevEnd[1] !== seg.offset,
+          'a run stops only where the next bytes do not continue it',
+        );
+        // The run is one stretch of one slab: advancing over it visits exactly that stretch.
+        let at: number = seg.offset;
+        s.advance(seg.length, (slab, offset, _piece, n) => {
+          assert.deepEqual([slab, offset], [seg.slab, at]);
+          at += n;
+        });
+        prevEnd = [seg.slab, at];
+        assert.ok(s.segment(1).length <= s.segment().length, 'a capped look is never longer');
       }
       assert.equal(s.segment().length, 0);
     }),

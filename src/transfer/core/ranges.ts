@@ -114,7 +114,7 @@ export function sideBytes(side: SideRanges): number {
  * else a permutation. Sorting doubles that pack key and index is native and fast; when the product would
  * exceed 2^53 a comparator sort does it.
  */
-function orderBy(side: SideRanges): Uint32Array | null {
+export function orderBy(side: SideRanges): Uint32Array | null {
   const { p, stride, at } = side;
   const n = sideCount(side);
   let sorted = true;
@@ -196,6 +196,15 @@ export function coalescePacked(p: Float64Array): Float64Array {
     out[k + 3] = length;
   }
   return out.slice(0, k + PACKED_STRIDE);
+}
+
+/** `p` (packed ranges) in (slab, offset) order of one side: the order a receiver wants its stream in. */
+export function sortedBy(p: Float64Array, side: 'local' | 'remote'): Float64Array {
+  const order = orderBy(sideOf(p, side));
+  if (order === null) return p;
+  const out = new Float64Array(p.length);
+  order.forEach((i, k) => out.set(p.subarray(i * PACKED_STRIDE, (i + 1) * PACKED_STRIDE), k * PACKED_STRIDE));
+  return out;
 }
 
 /** coalescePacked over objects (same order and result). */
@@ -323,15 +332,22 @@ export class RangeStream {
     return this.expected === this.total;
   }
 
-  /** Where the next stream bytes go: the current range's slab, offset and bytes left in it (length 0 at the end). */
-  segment(): { slab: number; offset: number; length: number } {
+  /**
+   * Where the next stream bytes go: slab, offset, and how many bytes from there are one run of that slab
+   * (the current range's rest, extended over the following ranges while they continue it on this side),
+   * looked at up to `max` bytes. Length 0 at the end.
+   */
+  segment(max = Number.MAX_SAFE_INTEGER): { slab: number; offset: number; length: number } {
     if (this.complete) return { slab: 0, offset: 0, length: 0 };
-    const { p, j } = this;
-    return {
-      slab: p[j] as number,
-      offset: (p[j + this.at] as number) + this.inRange,
-      length: (p[j + this.stride - 1] as number) - this.inRange,
-    };
+    const { p, j, stride, at } = this;
+    const slab = p[j] as number;
+    const offset = (p[j + at] as number) + this.inRange;
+    let length = (p[j + stride - 1] as number) - this.inRange;
+    for (let k = j + stride; k < p.length && length < max; k += stride) {
+      if (p[k] !== slab || p[k + at] !== offset + length) break;
+      length += p[k + stride - 1] as number;
+    }
+    return { slab, offset, length };
   }
 
   /** Visit the slab segments of the next `length` stream bytes: fn(slab, slabOffset, pieceOffset, segLength). */

@@ -18,7 +18,7 @@ import { FRAME_HEADER_BYTES, FrameError, type ControlFrame, type DataHead } from
 import { Conn, expectPiece } from './nic_tcp_conn.ts';
 import { asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
-import { RangeStream, sideOf, toWire } from '../core/ranges.ts';
+import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 
 export const RECV_BUFFER_BYTES = 1 << 20;
@@ -86,7 +86,7 @@ export class ClientConn extends Conn {
     if (pending !== null) {
       const stream = this.reads.get(pending.reqId)?.stream;
       if (stream === undefined) return this.recvBuffer;
-      const seg = stream.segment();
+      const seg = stream.segment(pending.left);
       const n = Math.min(pending.left, seg.length);
       if (n < this.ctx.recvDirectMinBytes) return this.recvBuffer;
       const slab = this.ctx.slabs[seg.slab] as Uint8Array;
@@ -100,7 +100,8 @@ export class ClientConn extends Conn {
 
   /** The oldest READ in flight (the one the peer answers next) continues with a segment worth reading direct. */
   private nextReadGoesDirect(): boolean {
-    for (const r of this.reads.values()) return r.stream.segment().length >= this.ctx.recvDirectMinBytes;
+    const min = this.ctx.recvDirectMinBytes;
+    for (const r of this.reads.values()) return r.stream.segment(min).length >= min;
     return false;
   }
 
@@ -111,14 +112,17 @@ export class ClientConn extends Conn {
   }
 
   post(wr: WorkRequest): void {
+    // A READ's stream is ordered by destination: pages that are neighbours here arrive as one run, read
+    // in place in one go, however scattered they are at the peer (its sender gathers them, zero-copy).
+    const ranges = wr.kind === 'read' ? sortedBy(wr.ranges, 'local') : wr.ranges;
     const frame = {
       reqId: wr.wrId,
       transferId: wr.transferId,
       grantToken: wr.grantToken,
-      ranges: toWire(sideOf(wr.ranges, 'remote')),
+      ranges: toWire(sideOf(ranges, 'remote')),
     };
     if (wr.kind === 'read') {
-      this.reads.set(wr.wrId, { stream: new RangeStream(sideOf(wr.ranges, 'local')), bytesInAtPost: this.bytesIn });
+      this.reads.set(wr.wrId, { stream: new RangeStream(sideOf(ranges, 'local')), bytesInAtPost: this.bytesIn });
       this.send({ type: 'read', ...frame });
     } else {
       this.writes.add(wr.wrId);
