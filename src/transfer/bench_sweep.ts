@@ -72,7 +72,7 @@ const COLUMNS: Array<[string, number, (p: BenchPoint) => string]> = [
 ];
 
 export function sweepHeader(): string {
-  return `${COLUMNS.map(([h, w]) => h.padStart(w)).join('  ')}  baseline (fastest of the run)`;
+  return `${COLUMNS.map(([h, w]) => h.padStart(w)).join('  ')}  baseline (the fastest on this READ)`;
 }
 
 export function sweepRow(p: BenchPoint): string {
