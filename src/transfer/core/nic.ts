@@ -36,7 +36,10 @@ export interface NicWorkRequest {
   peerEngineId: string;
   transferId: string;
   grantToken: string;
-  /** Coalesced, packed as packRanges lays them out ([slab, localOffset, remoteOffset, length] * n). */
+  /**
+   * Coalesced, packed as packRanges lays them out ([slab, localOffset, remoteOffset, length] * n). Valid
+   * only during post(): the poster reuses the buffer, so a NIC copies what it keeps.
+   */
   ranges: Float64Array;
   label: OpLabel;
   /** The race checker's id for it, or null without a checker. */

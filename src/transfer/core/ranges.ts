@@ -36,8 +36,10 @@ export interface SideRanges {
   readonly at: number;
 }
 
-export function packRanges(ranges: readonly TransferRange[]): Float64Array {
-  const p = new Float64Array(ranges.length * PACKED_STRIDE);
+/** `into`: a buffer to reuse when it is long enough (the result is then a view of it). */
+export function packRanges(ranges: readonly TransferRange[], into?: Float64Array): Float64Array {
+  const need = ranges.length * PACKED_STRIDE;
+  const p = into !== undefined && into.length >= need ? into.subarray(0, need) : new Float64Array(need);
   let k = 0;
   for (const r of ranges) {
     p[k++] = r.slab;
@@ -161,7 +163,7 @@ function continues(p: Float64Array, a: number, b: number): boolean {
  * in (slab, remoteOffset) order. Bytes and their local<->remote mapping are preserved. Ranges already in
  * order with nothing to merge come back as `p` itself (scattered pages: no second array to allocate).
  */
-export function coalescePacked(p: Float64Array): Float64Array {
+export function coalescePacked(p: Float64Array, into?: Float64Array): Float64Array {
   assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
   const order = orderBy(sideOf(p, 'remote'));
   const n = p.length / PACKED_STRIDE;
@@ -171,7 +173,8 @@ export function coalescePacked(p: Float64Array): Float64Array {
     for (let j = 3; j < p.length; j += PACKED_STRIDE) assert((p[j] as number) > 0, 'coalesceRanges: zero-length range');
     if (merges === 0) return p;
   }
-  const out = new Float64Array(p.length);
+  const reuse = into !== undefined && into.length >= p.length && into.buffer !== p.buffer;
+  const out = reuse ? into : new Float64Array(p.length);
   let k = -PACKED_STRIDE;
   for (let i = 0; i < n; i++) {
     const j = (order === null ? i : (order[i] as number)) * PACKED_STRIDE;
@@ -195,7 +198,7 @@ export function coalescePacked(p: Float64Array): Float64Array {
     out[k + 2] = remote;
     out[k + 3] = length;
   }
-  return out.slice(0, k + PACKED_STRIDE);
+  return reuse ? out.subarray(0, k + PACKED_STRIDE) : out.slice(0, k + PACKED_STRIDE);
 }
 
 /** `p` (packed ranges) in (slab, offset) order of one side: the order a receiver wants its stream in. */
@@ -213,10 +216,11 @@ export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[
 }
 
 /** True when no two ranges of one side overlap (same slab, intersecting bytes). */
-export function disjointSide(side: SideRanges, layout?: SlabLayout): boolean {
+/** `bitmap`: a zeroed buffer of at least numSlabs * numBlocks bytes to reuse (left zeroed). */
+export function disjointSide(side: SideRanges, layout?: SlabLayout, bitmap?: Uint8Array): boolean {
   const { p, stride, at } = side;
   if (layout !== undefined) {
-    const pages = disjointPages(side, layout);
+    const pages = disjointPages(side, layout, bitmap);
     if (pages !== null) return pages;
   }
   const order = orderBy(side);
@@ -239,7 +243,7 @@ export function disjointSide(side: SideRanges, layout?: SlabLayout): boolean {
  * Whole-page ranges (the common case: KV pages) are checked with a bitmap of the layout's pages instead
  * of a sort: true/false, or null when some range is not whole pages inside the layout.
  */
-function disjointPages(side: SideRanges, layout: SlabLayout): boolean | null {
+function disjointPages(side: SideRanges, layout: SlabLayout, bitmap?: Uint8Array): boolean | null {
   const { p, stride, at } = side;
   const { pageBytes, numBlocks, numSlabs } = layout;
   for (let j = 0; j < p.length; j += stride) {
@@ -248,16 +252,26 @@ function disjointPages(side: SideRanges, layout: SlabLayout): boolean | null {
     if (offset % pageBytes !== 0 || length % pageBytes !== 0 || !((p[j] as number) < numSlabs)) return null;
     if (offset + length > numBlocks * pageBytes) return null;
   }
-  const seen = new Uint8Array(numSlabs * numBlocks);
-  for (let j = 0; j < p.length; j += stride) {
+  const seen =
+    bitmap !== undefined && bitmap.length >= numSlabs * numBlocks ? bitmap : new Uint8Array(numSlabs * numBlocks);
+  let ok = true;
+  let j = 0;
+  for (; j < p.length && ok; j += stride) {
     const first = (p[j] as number) * numBlocks + (p[j + at] as number) / pageBytes;
     const end = first + (p[j + stride - 1] as number) / pageBytes;
     for (let b = first; b < end; b++) {
-      if (seen[b] === 1) return false;
+      if (seen[b] === 1) ok = false;
       seen[b] = 1;
     }
   }
-  return true;
+  // Leave a reused bitmap zeroed: clear exactly the pages marked.
+  if (seen === bitmap) {
+    for (let k = 0; k < j; k += stride) {
+      const first = (p[k] as number) * numBlocks + (p[k + at] as number) / pageBytes;
+      seen.fill(0, first, first + (p[k + stride - 1] as number) / pageBytes);
+    }
+  }
+  return ok;
 }
 
 /** disjointSide over objects. */

@@ -24,7 +24,8 @@ import { GrantIssuer } from './grant_issuer.ts';
 import { buildMetadata } from './metadata.ts';
 import { CQ_DONE, CQ_FAILED, type Nic, type NicCompletionEvent } from './nic.ts';
 import { WorkRequestLog, type WorkRequestRecord } from './work_log.ts';
-import { PACKED_STRIDE, coalescePacked, disjointSide, packRanges, sideBytes, sideOf } from './ranges.ts';
+import { PACKED_STRIDE, sideBytes, sideOf } from './ranges.ts';
+import { RangeScratch } from './range_scratch.ts';
 import {
   NOTIFICATION_TYPES,
   type EngineMetadata,
@@ -98,6 +99,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   private closed = false;
   private closing: Promise<void> | null = null;
   private workLog: WorkRequestLog | null = null;
+  private readonly scratch = new RangeScratch();
 
   protected constructor(
     opts: TransferEngineCoreOptions,
@@ -188,11 +190,19 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     return this.post('write', req);
   }
 
-  private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
-    const packed = packRanges(req.ranges);
+  /** The request's ranges checked (programmer errors), packed and coalesced: a view of the scratch. */
+  private prepare(kind: 'read' | 'write', req: TransferRequest): Float64Array {
+    const packed = this.scratch.pack(req.ranges);
     checkLocalRanges(packed, this.layout);
-    assert(kind === 'write' || disjointSide(sideOf(packed, 'local'), this.layout), 'READ destinations overlap');
-    const ranges = coalescePacked(packed);
+    assert(
+      kind === 'write' || this.scratch.disjoint(sideOf(packed, 'local'), this.layout),
+      'READ destinations overlap',
+    );
+    return this.scratch.coalesce(packed); // the NIC copies what it keeps
+  }
+
+  private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
+    const ranges = this.prepare(kind, req);
     const descriptors = ranges.length / PACKED_STRIDE;
     const rc = this.rc;
     const handle: TransferHandle = Object.freeze({

@@ -48,15 +48,8 @@ export class InprocLink {
       return;
     }
     this.outstanding.add(wr.wrId);
-    // The ranges are this work request's alone: moved to the peer's NIC thread, not copied.
-    const m: LinkMessage = {
-      t: wr.kind,
-      reqId: wr.wrId,
-      transferId: wr.transferId,
-      token: wr.grantToken,
-      ranges: wr.ranges,
-    };
-    this.port.postMessage(m, [wr.ranges.buffer as ArrayBuffer]);
+    // A view of the host's shared ring (nic_host.ts): the peer reads it while the request is pending.
+    this.send({ t: wr.kind, reqId: wr.wrId, transferId: wr.transferId, token: wr.grantToken, ranges: wr.ranges });
   }
 
   /** `ack` runs once the peer can no longer copy for this request. */

@@ -21,6 +21,7 @@ import {
 } from './nic_messages.ts';
 import type { GrantEnd, Nic, NicCompletionEvent, NicStats, NicWorkRequest } from '../core/nic.ts';
 import type { SlabLayout } from '../core/types.ts';
+import { RangeRing, type RingRegion } from './range_ring.ts';
 
 export interface NicHostOptions {
   kind: 'inproc' | 'tcp';
@@ -35,6 +36,8 @@ export interface NicHostOptions {
 }
 
 const CLOSE_GRACE_MS = 2000;
+/** 2 MiB of ranges in flight through the ring (65536 descriptors), then copies. */
+const RING_DOUBLES = 1 << 18;
 
 export class NicHost implements Nic {
   private readonly cq: Int32Array;
@@ -42,6 +45,9 @@ export class NicHost implements Nic {
   private readonly freeSlots: number[] = [];
   private readonly listeners = new Set<(ev: NicEvent) => void>();
   private closing: Promise<void> | null = null;
+  private readonly ring = new RangeRing(RING_DOUBLES);
+  /** The ring region of each completion slot's work request. */
+  private readonly regions: Array<RingRegion | undefined> = [];
 
   private constructor(
     private readonly worker: Worker,
@@ -108,9 +114,11 @@ export class NicHost implements Nic {
   }
 
   post(wr: NicWorkRequest): void {
-    const { label: _label, checkerWrId: _checkerWrId, ...rest } = wr;
-    // The packed ranges belong to this work request alone: moved to the NIC thread, not copied.
-    this.send({ t: 'post', wr: rest }, [wr.ranges.buffer as ArrayBuffer]);
+    const { label: _label, checkerWrId: _checkerWrId, ranges, ...rest } = wr;
+    // The ranges go through the shared ring (a view costs a small message); a full ring: a copy.
+    const slot = this.ring.alloc(ranges);
+    if (slot !== null) this.regions[wr.slot] = slot.region;
+    this.send({ t: 'post', wr: { ...rest, ranges: slot?.view ?? ranges.slice() } });
   }
 
   abort(wrId: number): void {
@@ -172,6 +180,12 @@ export class NicHost implements Nic {
 
   freeSlot(slot: number): void {
     assert(Atomics.load(this.cq, slot * CQ_INTS_PER_SLOT) !== CQ_FREE, `slot ${slot} freed twice`);
+    // The work request ended: its NIC no longer reads its ranges.
+    const region = this.regions[slot];
+    if (region !== undefined) {
+      this.ring.release(region);
+      delete this.regions[slot];
+    }
     Atomics.store(this.cq, slot * CQ_INTS_PER_SLOT, CQ_FREE);
     this.freeSlots.push(slot);
   }

@@ -85,7 +85,8 @@ export class SimNic implements Nic {
     return { state: CQ_PENDING, code: 'TRANSFER_FAILED' };
   }
 
-  post(wr: NicWorkRequest): void {
+  post(posted: NicWorkRequest): void {
+    const wr = { ...posted, ranges: posted.ranges.slice() }; // the poster reuses its buffer
     const item: FabricItem = {
       id: this.fabric.newItemId(),
       kind: wr.kind,

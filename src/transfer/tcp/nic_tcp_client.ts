@@ -114,7 +114,8 @@ export class ClientConn extends Conn {
   post(wr: WorkRequest): void {
     // A READ's stream is ordered by destination: pages that are neighbours here arrive as one run, read
     // in place in one go, however scattered they are at the peer (its sender gathers them, zero-copy).
-    const ranges = wr.kind === 'read' ? sortedBy(wr.ranges, 'local') : wr.ranges;
+    // The posted ranges are a view of the host's ring, valid while pending: the connection keeps a copy.
+    const ranges = sortedBy(wr.ranges.slice(), wr.kind === 'read' ? 'local' : 'remote'); // ours to keep
     const frame = {
       reqId: wr.wrId,
       transferId: wr.transferId,
