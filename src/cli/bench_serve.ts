@@ -16,6 +16,7 @@ import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
 import { choiceFlag, intFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
 import { secretFlag } from './serve.ts';
+import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
 type Target = 'pd' | 'colocated';
@@ -40,6 +41,10 @@ export function registerBenchServe(program: Command): void {
     .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
     .option('--seed <n>', 'workload seed', '0')
     .option('--num-blocks <n>', 'KV pages per started instance', '2048')
+    .option(
+      '--max-model-len <n>',
+      'started instances: prompt + output tokens per request (default: the larger of 1024 and the longest prompt + output)',
+    )
     .option('--api-key <key>', 'Authorization: Bearer key (or HANDOFF_API_KEY)')
     .option('--json', 'print one JSON object')
     .action(async (o: Opts) => {
@@ -60,6 +65,11 @@ export function registerBenchServe(program: Command): void {
         timeoutMs: 600_000,
       };
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
+      const maxModelLen = String(
+        o['maxModelLen'] !== undefined
+          ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
+          : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
+      );
       const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
       const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
@@ -71,7 +81,7 @@ export function registerBenchServe(program: Command): void {
         );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
-      const started = { preset, mode, numBlocks, apiKey: spec.apiKey };
+      const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Array<{ label: string; r: BenchServeResult }> = [];
       for (const t of targets)
@@ -85,7 +95,7 @@ export function registerBenchServe(program: Command): void {
 
 async function onStarted<T>(
   t: Target,
-  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null },
+  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; maxModelLen: string; apiKey: string | null },
   env: Env,
   fn: (url: string) => Promise<T>,
 ): Promise<T> {
@@ -93,7 +103,7 @@ async function onStarted<T>(
     preset: s.preset,
     mode: s.mode,
     host: '127.0.0.1',
-    serveArgs: ['--num-blocks', s.numBlocks],
+    serveArgs: ['--num-blocks', s.numBlocks, '--max-model-len', s.maxModelLen],
     apiKey: s.apiKey,
   };
   const logLevel = process.env['HANDOFF_LOG_LEVEL'] ?? 'warn';
