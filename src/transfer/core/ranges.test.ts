@@ -18,6 +18,7 @@ import {
   sideBytes,
   sideOf,
   sideOfWire,
+  sortedBy,
   toWire,
   totalBytes,
   unpackRanges,
@@ -217,6 +218,21 @@ test('packed sides: wire ranges round-trip; RangeStream.segment() is the longest
         assert.ok(s.segment(1).length <= s.segment().length, 'a capped look is never longer');
       }
       assert.equal(s.segment().length, 0);
+    }),
+  );
+});
+
+test('sortedBy: the same ranges, in (slab, offset) order of the chosen side', () => {
+  fc.assert(
+    fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {
+      const key = side === 'local' ? 'localOffset' : 'remoteOffset';
+      const got = unpackRanges(sortedBy(packRanges(ranges), side));
+      const str = (rs: TransferRange[]): string[] => rs.map((r) => JSON.stringify(r)).sort();
+      assert.deepEqual(str(got), str(ranges), 'a permutation');
+      for (let i = 1; i < got.length; i++) {
+        const [a, b] = [got[i - 1] as TransferRange, got[i] as TransferRange];
+        assert.ok(a.slab < b.slab || (a.slab === b.slab && a[key] <= b[key]), 'in order');
+      }
     }),
   );
 });
