@@ -83,14 +83,35 @@ export function registerBenchServe(program: Command): void {
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
-      const rows: Array<{ label: string; r: BenchServeResult }> = [];
+      const rows: Row[] = [];
       for (const t of targets)
         rows.push({
           label: t === 'pd' ? `P/D (${mode})` : 'colocated',
-          r: await onStarted(t, started, env, (u) => run(u, t, preset)),
+          ...(await onStarted(t, started, env, (u) => run(u, t, preset))),
         });
       print(o, rows);
     });
+}
+
+/** Decode's KV READ latency (post → all landed, per request; its /metrics histogram): mean and count. */
+async function kvReadStats(decodeUrl: string): Promise<KvRead | null> {
+  // catch-ok: a metrics scrape that fails leaves the row out; the load's own result stands
+  const text = await fetch(`${decodeUrl}/metrics`).then(
+    (r) => (r.ok ? r.text() : ''),
+    () => '',
+  );
+  const value = (name: string): number | null => {
+    const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.eE+-]+)$`, 'm').exec(text);
+    return m ? Number(m[1]) : null;
+  };
+  const sum = value('handoff_kv_read_seconds_sum');
+  const count = value('handoff_kv_read_seconds_count');
+  return sum !== null && count !== null && count > 0 ? { meanMs: (sum / count) * 1000, count } : null;
+}
+
+interface KvRead {
+  meanMs: number;
+  count: number;
 }
 
 async function onStarted<T>(
@@ -98,7 +119,7 @@ async function onStarted<T>(
   s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; maxModelLen: string; apiKey: string | null },
   env: Env,
   fn: (url: string) => Promise<T>,
-): Promise<T> {
+): Promise<{ r: T; kvRead: KvRead | null }> {
   const common = {
     preset: s.preset,
     mode: s.mode,
@@ -113,14 +134,15 @@ async function onStarted<T>(
       env,
     );
     try {
-      return await fn(cluster.proxyUrl);
+      const r = await fn(cluster.proxyUrl);
+      return { r, kvRead: await kvReadStats(cluster.decode.url) };
     } finally {
       await cluster.stop();
     }
   }
   const server = await spawnHandoff(serveArgs('both', common), env, { env: { HANDOFF_LOG_LEVEL: logLevel } });
   try {
-    return await fn(server.url);
+    return { r: await fn(server.url), kvRead: null };
   } finally {
     await server.stop();
   }
@@ -147,7 +169,9 @@ async function withProgress<T>(
   }
 }
 
-function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): void {
+type Row = { label: string; r: BenchServeResult; kvRead?: KvRead | null };
+
+function print(o: Opts, rows: Row[]): void {
   const out = (s: string): void => void process.stdout.write(`${s}\n`);
   if (o['json']) {
     const { requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors } = (
@@ -168,4 +192,9 @@ function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): vo
   const w = Math.max(14, ...rows.map((x) => x.label.length + 2));
   out(`${''.padEnd(18)}${rows.map((x) => x.label.padStart(w)).join('')}`);
   for (const [name, f] of fields) out(`${name.padEnd(18)}${rows.map((x) => f(x.r).padStart(w)).join('')}`);
+  // Decode's own measure of the KV handoff (P/D only): the part of TTFT the transfer engine owns.
+  if (rows.some((x) => x.kvRead))
+    out(
+      `${'KV READ mean (ms)'.padEnd(18)}${rows.map((x) => (x.kvRead ? x.kvRead.meanMs.toFixed(2) : '-').padStart(w)).join('')}`,
+    );
 }
