@@ -24,7 +24,7 @@ export interface BenchOptions {
   env: Env;
   pageBytes: number;
   pages: number;
-  /** Timed rounds (after one warm-up). Default 5. */
+  /** Timed rounds at least (after one warm-up); short READs get more within a time budget. Default 5. */
   repeats?: number;
   /** Every other page, shuffled: nothing merges (benchRanges). Default false: page i -> page i. */
   scatter?: boolean;
@@ -51,6 +51,7 @@ export interface BenchPoint extends BenchResult {
 
 export const NUM_SLABS = 2;
 const CALIBRATION_ROUNDS = 2;
+const ROUNDS_BUDGET_MS = 300;
 
 interface Baseline {
   label: string;
@@ -213,7 +214,10 @@ export class BenchRig {
     // overwrites whatever is there.
     const series = [{ label: this.backend, run: read }, baseline];
     const ms: number[][] = [[], []];
-    for (let round = 0; round <= repeats; round++) {
+    // At least `repeats` timed rounds; short READs get more (up to 5x) while the timed runs stay under
+    // ROUNDS_BUDGET_MS: more samples where they are cheap, for a steadier median on a noisy machine.
+    let spent = 0;
+    for (let round = 0; round <= repeats || (round <= 5 * repeats && spent < ROUNDS_BUDGET_MS); round++) {
       for (let k = 0; k < series.length; k++) {
         const i = (k + round) % series.length; // alternate who goes first
         if (i === 0 || this.backend === 'inproc') D.slabs.forEach((s) => s.fill(0));
@@ -221,6 +225,7 @@ export class BenchRig {
         if (i === 0) this.verify(ranges);
         else if (round === 0) this.verifyBaseline(ranges, bytes);
         if (round > 0) ms[i]?.push(t);
+        if (round > 0) spent += t;
       }
     }
     P.engine.revokeGrant(transferId);
