@@ -34,6 +34,14 @@ export async function createTransferEngine(opts: TransferEngineOptions): Promise
       (Number.isSafeInteger(opts.recvDirectMinBytes) && opts.recvDirectMinBytes >= 1),
     'recvDirectMinBytes must be a positive integer',
   );
+  assert(
+    opts.lanes === undefined || (Number.isInteger(opts.lanes) && opts.lanes >= 1 && opts.lanes <= 16),
+    'lanes must be 1..16',
+  );
+  assert(
+    opts.laneMinBytes === undefined || (Number.isSafeInteger(opts.laneMinBytes) && opts.laneMinBytes >= 1),
+    'laneMinBytes must be a positive integer',
+  );
   switch (opts.backend) {
     case 'inproc':
       return InprocTransferEngine.create(opts);

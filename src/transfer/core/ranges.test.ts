@@ -19,6 +19,7 @@ import {
   sideOf,
   sideOfWire,
   sortedBy,
+  splitPacked,
   toWire,
   totalBytes,
   unpackRanges,
@@ -233,6 +234,34 @@ test('sortedBy: the same ranges, in (slab, offset) order of the chosen side', ()
         const [a, b] = [got[i - 1] as TransferRange, got[i] as TransferRange];
         assert.ok(a.slab < b.slab || (a.slab === b.slab && a[key] <= b[key]), 'in order');
       }
+    }),
+  );
+});
+
+test('splitPacked: the pieces are the ranges, in order, cut into nearly equal byte counts', () => {
+  fc.assert(
+    fc.property(anyRanges, fc.integer({ min: 1, max: 6 }), (ranges, parts) => {
+      fc.pre(ranges.length > 0);
+      const pieces = splitPacked(packRanges(ranges), parts);
+      const total = totalBytes(ranges);
+      assert.equal(pieces.length, Math.min(parts, total));
+      const sizes = pieces.map((q) => sideBytes(sideOf(q, 'local')));
+      assert.equal(
+        sizes.reduce((a, b) => a + b, 0),
+        total,
+      );
+      assert.ok(Math.max(...sizes) - Math.min(...sizes) <= 1, `sizes ${sizes.join(',')}`);
+      // Same bytes, same local <-> remote mapping, same order of the stream.
+      const flat = pieces.flatMap((q) => unpackRanges(q));
+      const stream = (rs: TransferRange[]): string[] =>
+        rs.flatMap((r) =>
+          Array.from({ length: r.length }, (_, i) => `${r.slab}:${r.localOffset + i}>${r.remoteOffset + i}`),
+        );
+      assert.deepEqual(stream(flat), stream(ranges));
+      assert.ok(
+        flat.every((r) => r.length > 0),
+        'no empty range',
+      );
     }),
   );
 });

@@ -210,6 +210,37 @@ export function sortedBy(p: Float64Array, side: 'local' | 'remote'): Float64Arra
   return out;
 }
 
+/**
+ * Cut packed ranges, in their order, into `parts` pieces of (nearly) equal bytes, splitting a range where
+ * a cut falls inside it: one work request carried by several connections. Fewer pieces when there are
+ * fewer bytes than `parts`.
+ */
+export function splitPacked(p: Float64Array, parts: number): Float64Array[] {
+  assert(Number.isInteger(parts) && parts >= 1, 'splitPacked: parts must be a positive integer');
+  const total = sideBytes(sideOf(p, 'local'));
+  const n = Math.max(1, Math.min(parts, total));
+  const out: Float64Array[] = [];
+  let piece: number[] = [];
+  let done = 0;
+  for (let j = 0; j < p.length; j += PACKED_STRIDE) {
+    const [slab, local, remote] = [p[j] as number, p[j + 1] as number, p[j + 2] as number];
+    let length = p[j + 3] as number;
+    let at = 0;
+    while (length > 0) {
+      const cut = Math.floor(((out.length + 1) * total) / n);
+      const take = Math.min(length, cut - done);
+      piece.push(slab, local + at, remote + at, take);
+      [at, length, done] = [at + take, length - take, done + take];
+      if (done === cut && out.length < n - 1) {
+        out.push(Float64Array.from(piece));
+        piece = [];
+      }
+    }
+  }
+  out.push(Float64Array.from(piece));
+  return out;
+}
+
 /** coalescePacked over objects (same order and result). */
 export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
   return unpackRanges(coalescePacked(packRanges(ranges)));

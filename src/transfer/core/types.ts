@@ -169,6 +169,13 @@ export interface TransferEngineOptions {
    * shorter ones arrive in a reused buffer and are copied. Default 64 KiB.
    */
   recvDirectMinBytes?: number;
+  /**
+   * tcp: a READ of at least `laneMinBytes` is cut into `lanes` parts of equal bytes, each carried by its
+   * own connection to the peer (lanes). Defaults 1 (off: on 2 cores 2-4 lanes moved no more than one
+   * connection, README) and 8 MiB.
+   */
+  lanes?: number;
+  laneMinBytes?: number;
 }
 
 export interface TransferEngine {

@@ -37,6 +37,8 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
       dataPort: 0,
       dataFrameBytes: 0,
       recvDirectMinBytes: 0,
+      lanes: 1,
+      laneMinBytes: 0,
     });
     if (registry.has(opts.engineId)) {
       await nic.close();

@@ -117,7 +117,7 @@ export class InprocLink {
   /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy; the answer. */
   private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): LinkMessage {
     const p = m.ranges;
-    const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, sideOf(p, 'remote'));
+    const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, sideOf(p, 'remote'), m.reqId);
     if (!d.ok) return this.fail(m.reqId, 'GRANT_DENIED', `grant denied by ${this.ctx.engineId}: ${d.reason}`);
     const theirs = this.peerSlabs;
     for (let j = 0; j < p.length; j += PACKED_STRIDE) {

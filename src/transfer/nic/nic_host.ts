@@ -34,6 +34,8 @@ export interface NicHostOptions {
   dataPort: number;
   dataFrameBytes: number;
   recvDirectMinBytes: number;
+  lanes: number;
+  laneMinBytes: number;
 }
 
 const CLOSE_GRACE_MS = 2000;
@@ -82,6 +84,8 @@ export class NicHost implements Nic {
       dataPort: o.dataPort,
       dataFrameBytes: o.dataFrameBytes,
       recvDirectMinBytes: o.recvDirectMinBytes,
+      lanes: o.lanes,
+      laneMinBytes: o.laneMinBytes,
     };
     const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), {
       workerData: init,

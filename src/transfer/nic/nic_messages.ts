@@ -44,6 +44,8 @@ export interface NicInit {
   dataPort: number;
   dataFrameBytes: number;
   recvDirectMinBytes: number;
+  lanes: number;
+  laneMinBytes: number;
 }
 
 export interface WorkRequest {

@@ -35,10 +35,16 @@ export interface NicContext {
   readonly dataFrameBytes: number;
   /** tcp: READ segments at least this long are received straight into the slab. */
   readonly recvDirectMinBytes: number;
+  /** tcp: READs of at least laneMinBytes are cut over this many connections. */
+  readonly lanes: number;
+  readonly laneMinBytes: number;
   /** The engine that may use `session` on our data port (after applying queued host commands). */
   sessionPeer(session: string): string | undefined;
-  /** Check a peer's request against the grant table; refusals are counted. */
-  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: SideRanges): GrantDecision;
+  /**
+   * Check a peer's request `reqId` against the grant table. Refusals are counted once per work request:
+   * the lanes of one READ (parts with the same reqId) count as one.
+   */
+  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: SideRanges, reqId: number): GrantDecision;
   /** Finish a work request (no-op when it already finished). */
   complete(wrId: number, code: ErrorCode | null, message: string): void;
   count(counter: number, n?: number): void;
@@ -46,6 +52,8 @@ export interface NicContext {
 }
 
 const SESSIONS_PER_PEER_MAX = 4;
+/** Refused work requests remembered, so the other lanes of one are not counted again (bounded). */
+const REFUSED_REMEMBERED = 1024;
 
 interface Pending {
   wr: WorkRequest;
@@ -62,11 +70,14 @@ class Nic implements NicContext {
   readonly slabs: Uint8Array[];
   readonly dataFrameBytes: number;
   readonly recvDirectMinBytes: number;
+  readonly lanes: number;
+  readonly laneMinBytes: number;
   private readonly cq: Int32Array;
   private readonly counters: Int32Array;
   private readonly control: MessagePort;
   private readonly grants: GrantTable;
   private readonly sessions = new Map<string, string>();
+  private readonly refused = new Set<string>();
   private readonly pending = new Map<number, Pending>();
   private readonly links = new Map<string, InprocLink>();
   private readonly tcp: TcpPlane | null;
@@ -78,6 +89,8 @@ class Nic implements NicContext {
     this.slabs = init.slabs.map((b) => new Uint8Array(b));
     this.dataFrameBytes = init.dataFrameBytes;
     this.recvDirectMinBytes = init.recvDirectMinBytes;
+    this.lanes = init.lanes;
+    this.laneMinBytes = init.laneMinBytes;
     this.cq = new Int32Array(init.cq);
     this.counters = new Int32Array(init.counters);
     this.control = init.control;
@@ -113,10 +126,21 @@ class Nic implements NicContext {
     return this.sessions.get(session);
   }
 
-  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: SideRanges): GrantDecision {
+  checkGrant(
+    peerEngineId: string,
+    transferId: string,
+    token: string,
+    ranges: SideRanges,
+    reqId: number,
+  ): GrantDecision {
     this.drain();
     const d = this.grants.check({ peerEngineId, transferId, token, ranges, nowMs: nowEpochMs() });
-    if (!d.ok) this.count(COUNTER.grantsRefused);
+    if (!d.ok) {
+      const key = `${peerEngineId}\n${reqId}`;
+      if (!this.refused.has(key)) this.count(COUNTER.grantsRefused);
+      this.refused.add(key);
+      if (this.refused.size > REFUSED_REMEMBERED) this.refused.delete(this.refused.values().next().value as string);
+    }
     return d;
   }
 

@@ -1,7 +1,12 @@
 /**
- * The tcp data plane of one NIC thread: a listener that serves peers (ServerConn) and one outgoing
- * connection per peer (ClientConn), opened on the first work request and reopened after a failure.
- * Also the raw-socket baseline of `handoff bench transfer`, run between the same two NIC threads.
+ * The tcp data plane of one NIC thread: a listener that serves peers (ServerConn) and outgoing
+ * connections per peer (ClientConn): the first opened on the first work request, more ("lanes") for
+ * READs of at least laneMinBytes, each reopened after a failure. Also the raw-socket baseline of
+ * `handoff bench transfer`, run between the same two NIC threads.
+ *
+ * A laned READ is cut into parts of equal bytes (ranges.ts splitPacked), one per lane; it completes
+ * when every part did. When one part fails, the others are aborted first (each acknowledging as
+ * ClientConn.abort says), then the READ fails: nothing of it lands after it ended.
  */
 import net from 'node:net';
 import { ServerConn } from './nic_tcp_conn.ts';
@@ -9,13 +14,18 @@ import { ClientConn } from './nic_tcp_client.ts';
 import { RawBaseline, type RawConfig } from './nic_tcp_raw.ts';
 import type { TcpPeer, WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
+import type { ErrorCode } from '../../util/errors.ts';
+import { sideBytes, sideOf, sortedBy, splitPacked } from '../core/ranges.ts';
 
 const SERVER_CONNECTIONS_MAX = 256;
 
 export class TcpPlane {
   private readonly server: net.Server;
   private readonly peers = new Map<string, TcpPeer>();
-  private readonly clients = new Map<string, ClientConn>();
+  /** Connections to each peer: lane 0 carries everything but the other parts of laned READs. */
+  private readonly clients = new Map<string, ClientConn[]>();
+  /** Laned READs in flight: parts still to complete, and whether one failed (the rest being aborted). */
+  private readonly laned = new Map<number, { left: number; failing: boolean }>();
   private readonly serverConns = new Set<ServerConn>();
   private readonly raw: RawBaseline;
 
@@ -45,15 +55,15 @@ export class TcpPlane {
   setPeer(peerEngineId: string, peer: TcpPeer): void {
     const old = this.peers.get(peerEngineId);
     this.peers.set(peerEngineId, peer);
-    const conn = this.clients.get(peerEngineId);
-    if (old && conn && (old.host !== peer.host || old.port !== peer.port || old.session !== peer.session)) {
-      conn.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
+    if (old && (old.host !== peer.host || old.port !== peer.port || old.session !== peer.session)) {
+      for (const c of this.clients.get(peerEngineId) ?? [])
+        c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
     }
   }
 
   removePeer(peerEngineId: string): void {
     this.peers.delete(peerEngineId);
-    this.clients.get(peerEngineId)?.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
+    for (const c of this.clients.get(peerEngineId) ?? []) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
   }
 
   post(wr: WorkRequest): void {
@@ -62,14 +72,48 @@ export class TcpPlane {
       this.ctx.complete(wr.wrId, 'PEER_UNAVAILABLE', `no handshake with peer ${wr.peerEngineId}`);
       return;
     }
-    let conn = this.clients.get(wr.peerEngineId);
-    if (conn === undefined) {
-      conn = ClientConn.connect(this.ctx, wr.peerEngineId, peer, (c) => {
-        if (this.clients.get(c.peerEngineId) === c) this.clients.delete(c.peerEngineId);
-      });
-      this.clients.set(wr.peerEngineId, conn);
+    const big = wr.kind === 'read' && sideBytes(sideOf(wr.ranges, 'local')) >= this.ctx.laneMinBytes;
+    const parts = big && this.ctx.lanes > 1 ? splitPacked(sortedBy(wr.ranges, 'local'), this.ctx.lanes) : null;
+    const conns = this.lanesTo(wr.peerEngineId, peer, parts?.length ?? 1);
+    if (parts === null || parts.length === 1) return (conns[0] as ClientConn).post(wr);
+    this.laned.set(wr.wrId, { left: parts.length, failing: false });
+    parts.forEach((ranges, k) => (conns[k] as ClientConn).post({ ...wr, ranges }));
+  }
+
+  /** At least `n` live connections to the peer, lane 0 first. */
+  private lanesTo(peerEngineId: string, peer: TcpPeer, n: number): ClientConn[] {
+    const list = this.clients.get(peerEngineId) ?? [];
+    while (list.length < n) {
+      const conn: ClientConn = ClientConn.connect(
+        this.ctx,
+        peerEngineId,
+        peer,
+        (c) => {
+          const now = this.clients.get(peerEngineId);
+          const i = now?.indexOf(c) ?? -1;
+          if (now !== undefined && i >= 0) now.splice(i, 1);
+        },
+        (wrId, code, message) => this.partDone(wrId, code, message),
+      );
+      list.push(conn);
     }
-    conn.post(wr);
+    this.clients.set(peerEngineId, list);
+    return list;
+  }
+
+  /** A connection finished its part of `wrId` (the whole of it, unless laned). */
+  private partDone(wrId: number, code: ErrorCode | null, message: string): void {
+    const l = this.laned.get(wrId);
+    if (l === undefined) return this.ctx.complete(wrId, code, message);
+    if (l.failing) return;
+    if (code === null) {
+      if (--l.left > 0) return;
+      this.laned.delete(wrId);
+      return this.ctx.complete(wrId, null, '');
+    }
+    // One part failed: the others must stop writing before the READ ends.
+    l.failing = true;
+    this.abort(wrId, () => this.ctx.complete(wrId, code, message));
   }
 
   /**
@@ -82,23 +126,31 @@ export class TcpPlane {
   abort(wrId: number, ack: () => void): void {
     let waiting = 1;
     const settle = (): void => {
-      if (--waiting === 0) ack();
+      if (--waiting > 0) return;
+      this.laned.delete(wrId);
+      ack();
     };
-    for (const [peerEngineId, c] of [...this.clients]) {
-      const state = c.abort(wrId);
-      if (state === 'armed') {
-        waiting++;
-        c.whenDisarmed(settle);
-      } else if (state === 'stalled') {
-        this.clients.delete(peerEngineId);
-        c.destroy('PEER_UNAVAILABLE', `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`);
+    for (const [peerEngineId, list] of [...this.clients]) {
+      for (const c of [...list]) {
+        const state = c.abort(wrId);
+        if (state === 'armed') {
+          waiting++;
+          c.whenDisarmed(settle);
+        } else if (state === 'stalled') {
+          list.splice(list.indexOf(c), 1);
+          c.destroy(
+            'PEER_UNAVAILABLE',
+            `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`,
+          );
+        }
       }
     }
     settle();
   }
 
   async close(): Promise<void> {
-    for (const c of this.clients.values()) c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
+    for (const list of this.clients.values())
+      for (const c of list) c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
     for (const c of this.serverConns) c.socket.destroy();
     await Promise.all([new Promise<void>((resolve) => this.server.close(() => resolve())), this.raw.close()]);
   }

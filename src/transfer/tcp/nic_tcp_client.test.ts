@@ -34,6 +34,8 @@ function fakeCtx(slabs: Uint8Array[], recvDirectMinBytes: number): Fake {
     slabs,
     dataFrameBytes: 1 << 20,
     recvDirectMinBytes,
+    lanes: 1,
+    laneMinBytes: 1 << 30,
     sessionPeer: () => undefined,
     checkGrant: () => ({ ok: true }),
     complete: (wrId, code) => void completions.push({ wrId, code }),

@@ -45,12 +45,20 @@ export class ClientConn extends Conn {
     readonly peerEngineId: string,
     readonly peer: TcpPeer,
     private readonly onGone: (c: ClientConn) => void,
+    /** Where a work request carried here ends (the plane's lane aggregator, or the NIC). */
+    private readonly done: (wrId: number, code: ErrorCode | null, message: string) => void,
   ) {
     super(socket, ctx);
     this.send({ type: 'hello', engineId: ctx.engineId, session: peer.session });
   }
 
-  static connect(ctx: NicContext, peerEngineId: string, peer: TcpPeer, onGone: (c: ClientConn) => void): ClientConn {
+  static connect(
+    ctx: NicContext,
+    peerEngineId: string,
+    peer: TcpPeer,
+    onGone: (c: ClientConn) => void,
+    done: (wrId: number, code: ErrorCode | null, message: string) => void = (w, c, m) => ctx.complete(w, c, m),
+  ): ClientConn {
     const holder: { conn: ClientConn | null } = { conn: null };
     const socket = net.connect({
       host: peer.host,
@@ -64,7 +72,7 @@ export class ClientConn extends Conn {
         },
       },
     });
-    holder.conn = new ClientConn(socket, ctx, peerEngineId, peer, onGone);
+    holder.conn = new ClientConn(socket, ctx, peerEngineId, peer, onGone, done);
     return holder.conn;
   }
 
@@ -177,16 +185,16 @@ export class ClientConn extends Conn {
         if (!this.writes.has(f.reqId) || this.sender.has(f.reqId))
           throw new FrameError(`unexpected done for ${f.reqId}`);
         this.writes.delete(f.reqId);
-        this.ctx.complete(f.reqId, null, '');
+        this.done(f.reqId, null, '');
         return;
       case 'error': {
         const code = asErrorCode(f.code);
         if (this.ignore.delete(f.reqId) || this.discard.delete(f.reqId)) return;
-        if (this.reads.delete(f.reqId)) return this.ctx.complete(f.reqId, code, f.message);
+        if (this.reads.delete(f.reqId)) return this.done(f.reqId, code, f.message);
         if (this.writes.delete(f.reqId)) {
           this.sender.cancel(f.reqId);
           this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'write refused' });
-          return this.ctx.complete(f.reqId, code, f.message);
+          return this.done(f.reqId, code, f.message);
         }
         throw new FrameError(`error for unknown request ${f.reqId}`);
       }
@@ -216,14 +224,14 @@ export class ClientConn extends Conn {
     if (r === undefined) this.discard.delete(head.reqId);
     else {
       this.reads.delete(head.reqId);
-      this.ctx.complete(head.reqId, null, '');
+      this.done(head.reqId, null, '');
     }
   }
 
   protected onClosed(code: ErrorCode, message: string): void {
     const why = `${message} (peer ${this.peerEngineId})`;
-    for (const wrId of this.reads.keys()) this.ctx.complete(wrId, code, why);
-    for (const wrId of this.writes) this.ctx.complete(wrId, code, why);
+    for (const wrId of this.reads.keys()) this.done(wrId, code, why);
+    for (const wrId of this.writes) this.done(wrId, code, why);
     this.reads.clear();
     this.writes.clear();
     this.discard.clear();

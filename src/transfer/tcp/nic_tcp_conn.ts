@@ -110,7 +110,7 @@ export class ServerConn extends Conn {
     switch (f.type) {
       case 'read': {
         const ranges = wireSide(f.ranges);
-        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges);
+        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges, f.reqId);
         if (!d.ok) return this.deny(f.reqId, d.reason);
         this.sender.enqueue(f.reqId, ranges, () => this.ctx.count(COUNTER.readsServed));
         return;
@@ -119,7 +119,7 @@ export class ServerConn extends Conn {
         if (this.writes.has(f.reqId)) throw new FrameError(`write ${f.reqId} announced twice`);
         if (this.writes.size >= WRITES_MAX) throw new FrameError('too many writes in flight');
         const ranges = wireSide(f.ranges);
-        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges);
+        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges, f.reqId);
         this.writes.set(f.reqId, { stream: new RangeStream(ranges), denied: !d.ok });
         if (!d.ok) this.deny(f.reqId, d.reason);
         return;

@@ -51,6 +51,8 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       dataPort: opts.dataPort ?? 0,
       dataFrameBytes: opts.dataFrameBytes ?? 4 << 20,
       recvDirectMinBytes: opts.recvDirectMinBytes ?? 64 << 10,
+      lanes: opts.lanes ?? 1,
+      laneMinBytes: opts.laneMinBytes ?? 8 << 20,
     });
     const engine = new TcpTransferEngine(opts, nic);
     try {

@@ -42,8 +42,11 @@ export async function makeNode(
     preset: 'dsv4-mini',
     blockSizes: [16, 16],
     dataFrameBytes: 4096,
-    // tcp: every 1 KiB page is received straight into the slab, so the suite runs the direct path.
+    // tcp: every 1 KiB page is received straight into the slab, and a READ of 2 pages or more is cut
+    // over 2 connections (lanes), so the suite runs the direct path and the lanes.
     recvDirectMinBytes: 1024,
+    lanes: 2,
+    laneMinBytes: 2048,
     ...opts,
     layout,
     slabs: buffers,
