@@ -100,31 +100,38 @@ export function attendSlots(
   fc: FlopCounter,
 ): void {
   const n = slotsToVisit(q, qOff, kDim, s, queryPos, scale);
+  // Locals, not property loads, in the loops: this is the simulator's hottest function.
+  const keys = s.keys;
+  const values = s.values;
+  const kStride = s.kStride;
+  const vStride = s.vStride;
+  let kb = s.kOff;
   let max = -Infinity;
-  for (let j = 0; j < n; j++) {
-    const kb = j * s.kStride + s.kOff;
+  for (let j = 0; j < n; j++, kb += kStride) {
     let dot = 0;
-    for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (s.keys[kb + d] as number);
+    for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (keys[kb + d] as number);
     const score = Math.fround(dot * scale) + (j <= queryPos ? 0 : -Infinity);
     probs[j] = score;
     if (score > max) max = score;
   }
   let sum = 0;
+  const maskedIsZero = max !== -Infinity;
   for (let j = 0; j < n; j++) {
     const x = probs[j] as number;
     // exp(-Infinity - max) is exactly 0 for any max above -Infinity: masked slots skip the exp (a NaN score,
     // from a NaN key, still goes through it and poisons the sum, as it must).
-    const p = x === -Infinity && max !== -Infinity ? 0 : Math.exp(x - max);
+    const p = x === -Infinity && maskedIsZero ? 0 : Math.exp(x - max);
     probs[j] = p;
     sum += p;
   }
-  for (let d = 0; d < vDim; d++) out[outOff + d] = 0;
-  for (let j = 0; j < n; j++) {
+  const outEnd = outOff + vDim;
+  for (let o = outOff; o < outEnd; o++) out[o] = 0;
+  let vb = s.vOff;
+  for (let j = 0; j < n; j++, vb += vStride) {
     const w = probs[j] as number;
-    const vb = j * s.vStride + s.vOff;
-    for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (s.values[vb + d] as number);
+    for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (values[vb + d] as number);
   }
-  for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) / sum;
+  for (let o = outOff; o < outEnd; o++) out[o] = (out[o] as number) / sum;
   fc.flops += n * (2 * kDim + 2 * vDim + 2);
 }
 

@@ -41,7 +41,7 @@ export class CompressorBranch {
     const { spec } = this.cache;
     const sd = spec.stateDim;
     const state = this.state.get(sd);
-    matVec(this.w.wc, xn, 0, state.subarray(0, sd), 0, fc);
+    matVec(this.w.wc, xn, 0, state, 0, fc);
     matVec(this.w.wq, xn, 0, this.queries.get(numTokens * sd), i * sd, fc);
     const { block, slot } = slotLocation(table, spec.blockSize, pos, this.cfg.numBlocks);
     writeStateSlot(slabs[this.cache.slab] as Uint8Array, spec, this.cfg.pageBytes, block, slot, state, 0);
@@ -62,7 +62,7 @@ export class CompressorBranch {
     const sd = this.cache.spec.stateDim;
     const set = this.set;
     assert(set !== null, 'compressor: attend before readPages');
-    const att = this.att.get(sd).subarray(0, sd);
+    const att = this.att.get(sd);
     attendSlots(
       this.queries.get(0),
       i * sd,

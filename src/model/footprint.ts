@@ -15,56 +15,89 @@ import type { KVCacheConfig } from '../kv/spec.ts';
 import { slotByteRanges, slotLocation } from './pages.ts';
 import type { ForwardArgs } from './types.ts';
 
+interface Spans {
+  slab: number;
+  block: number;
+  write: boolean;
+  /** [start0, end0, start1, end1, ...] */
+  spans: number[];
+}
+
+/** Numeric key of (slab, block, write): slabs and blocks are far below these spans. */
+const spanKey = (slab: number, block: number, write: boolean): number => (slab * 2 ** 26 + block) * 2 + Number(write);
+
 export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): PageAccess[] {
-  const ranges = new Map<string, { slab: number; block: number; write: boolean; spans: Array<[number, number]> }>();
+  const ranges = new Map<number, Spans>();
   const add = (slab: number, block: number, write: boolean, start: number, end: number): void => {
-    const key = `${slab}:${block}:${write ? 'w' : 'r'}`;
+    const key = spanKey(slab, block, write);
     let entry = ranges.get(key);
-    if (!entry) {
+    if (entry === undefined) {
       entry = { slab, block, write, spans: [] };
       ranges.set(key, entry);
     }
-    entry.spans.push([start, end]);
+    entry.spans.push(start, end);
   };
   const pageBytes = kvConfig.pageBytes;
   for (const req of args.requests) {
     assert(req.blockTables.length === kvConfig.groups.length, `${req.requestId}: one block table per KV group`);
     kvConfig.groups.forEach((group, g) => {
       const table = req.blockTables[g] as number[];
-      const slabs = group.layerNames.map((_, slab) => slab);
+      const numSlabs = group.layerNames.length;
       const spec = group.spec;
       if (spec.type === 'mamba') {
         assert(table.length === 1, `${req.requestId}: a Mamba group holds exactly one state page`);
         const block = table[0] as number;
-        for (const slab of slabs) {
+        for (let slab = 0; slab < numSlabs; slab++) {
           if (req.startPos > 0) add(slab, block, false, 0, pageBytes);
           add(slab, block, true, 0, pageBytes);
         }
         return;
       }
-      for (const slab of slabs) {
+      const end = req.startPos + req.tokenIds.length;
+      for (let slab = 0; slab < numSlabs; slab++) {
         for (const block of table) add(slab, block, false, 0, pageBytes);
-        for (let pos = req.startPos; pos < req.startPos + req.tokenIds.length; pos++) {
+        // The new tokens' slots, a page at a time: consecutive slots of a page are contiguous in each range.
+        for (let pos = req.startPos; pos < end;) {
           const { block, slot } = slotLocation(table, spec.blockSize, pos, kvConfig.numBlocks);
-          for (const [start, end] of slotByteRanges(spec, slot)) add(slab, block, true, start, end);
+          const last = Math.min(end, pos - slot + spec.blockSize) - 1;
+          const lo = slotByteRanges(spec, slot);
+          const hi = slotByteRanges(spec, slot + (last - pos));
+          for (let r = 0; r < lo.length; r++)
+            add(slab, block, true, (lo[r] as number[])[0] as number, (hi[r] as number[])[1] as number);
+          pos = last + 1;
         }
       }
     });
   }
   const out: PageAccess[] = [];
-  for (const { slab, block, write, spans } of ranges.values()) {
-    spans.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-    let [start, end] = spans[0] as [number, number];
-    for (const [s, e] of spans.slice(1)) {
-      if (s <= end) end = Math.max(end, e);
-      else {
-        out.push({ slab, block, start, end, write });
-        [start, end] = [s, e];
-      }
-    }
-    out.push({ slab, block, start, end, write });
-  }
+  for (const { slab, block, write, spans } of ranges.values()) mergeSpans(slab, block, write, spans, out);
   return out.sort(
     (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,
   );
+}
+
+/** Push the union of `spans` (flat start/end pairs) as sorted, disjoint, non-touching accesses. */
+function mergeSpans(slab: number, block: number, write: boolean, spans: number[], out: PageAccess[]): void {
+  const n = spans.length / 2;
+  const order = Array.from({ length: n }, (_, i) => i);
+  if (n > 1)
+    order.sort(
+      (x, y) =>
+        (spans[2 * x] as number) - (spans[2 * y] as number) ||
+        (spans[2 * x + 1] as number) - (spans[2 * y + 1] as number),
+    );
+  let start = spans[2 * (order[0] as number)] as number;
+  let end = spans[2 * (order[0] as number) + 1] as number;
+  for (let k = 1; k < n; k++) {
+    const i = order[k] as number;
+    const s = spans[2 * i] as number;
+    const e = spans[2 * i + 1] as number;
+    if (s <= end) end = Math.max(end, e);
+    else {
+      out.push({ slab, block, start, end, write });
+      start = s;
+      end = e;
+    }
+  }
+  out.push({ slab, block, start, end, write });
 }

@@ -8,15 +8,17 @@ const scratch = new Scratch();
 
 export function applyMlp(w: MlpWeights, hidden: Float64Array, cfg: ModelConfig, fc: FlopCounter): void {
   const m = cfg.mlpHidden;
-  const buf = scratch.get(cfg.hidden * 2 + 2 * m);
-  const xn = buf.subarray(0, cfg.hidden);
-  const gate = buf.subarray(cfg.hidden, cfg.hidden + m);
-  const up = buf.subarray(cfg.hidden + m, cfg.hidden + 2 * m);
-  const down = buf.subarray(cfg.hidden + 2 * m, 2 * cfg.hidden + 2 * m);
-  rmsNorm(hidden, 0, cfg.hidden, w.norm, cfg.rmsEps, xn, 0);
-  matVec(w.gate, xn, 0, gate, 0, fc);
-  matVec(w.up, xn, 0, up, 0, fc);
-  for (let i = 0; i < m; i++) gate[i] = silu(gate[i] as number) * (up[i] as number);
-  matVec(w.down, gate, 0, down, 0, fc);
-  for (let d = 0; d < cfg.hidden; d++) hidden[d] = (hidden[d] as number) + (down[d] as number);
+  const H = cfg.hidden;
+  // One scratch buffer by offsets (no subarray views: this runs once per token per layer).
+  const buf = scratch.get(H * 2 + 2 * m);
+  const xn = 0;
+  const gate = H;
+  const up = H + m;
+  const down = H + 2 * m;
+  rmsNorm(hidden, 0, H, w.norm, cfg.rmsEps, buf, xn);
+  matVec(w.gate, buf, xn, buf, gate, fc);
+  matVec(w.up, buf, xn, buf, up, fc);
+  for (let i = 0; i < m; i++) buf[gate + i] = silu(buf[gate + i] as number) * (buf[up + i] as number);
+  matVec(w.down, buf, gate, buf, down, fc);
+  for (let d = 0; d < H; d++) hidden[d] = (hidden[d] as number) + (buf[down + d] as number);
 }

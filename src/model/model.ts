@@ -74,9 +74,14 @@ class TinyTransformer implements Model {
 
   private forwardOne(req: ForwardRequest, slabs: Uint8Array[]): ForwardOutput {
     const { config: cfg, weights } = this;
+    const H = cfg.hidden;
+    const embed = weights.embed.w;
     const hidden = req.tokenIds.map((id) => {
-      assert(Number.isInteger(id) && id >= 0 && id < cfg.vocabSize, () => `token id ${id} out of the vocabulary`);
-      return Float64Array.from(weights.embed.w.subarray(id * cfg.hidden, (id + 1) * cfg.hidden));
+      if (!(Number.isInteger(id) && id >= 0 && id < cfg.vocabSize))
+        assert(false, `token id ${id} out of the vocabulary`);
+      const h = new Float64Array(H);
+      for (let d = 0, k = id * H; d < H; d++, k++) h[d] = embed[k] as number;
+      return h;
     });
     const chunk: Chunk = { startPos: req.startPos, hidden, blockTables: req.blockTables };
     for (const layer of this.layers) layer.forward(chunk, slabs, this.counter);
