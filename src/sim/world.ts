@@ -220,7 +220,7 @@ export class SimWorld {
       atMs: this.env.nowMs(),
       args: { key, step: info.step, requests: info.requestIds },
     });
-    if (info.kind === 'zero' && this.buggify.fire('delay-zero'))
+    if ((info.kind === 'zero' || info.kind === 'zero-spans') && this.buggify.fire('delay-zero'))
       this.delayedZeros.set(key, this.step + 1 + this.buggify.int(40));
     if (
       inst === this.D &&
@@ -265,7 +265,7 @@ export class SimWorld {
   private opCost(info: OpInfo | undefined): number {
     if (info === undefined) return COST.actionMs;
     if (info.kind === 'kernel') return forwardCostMs(info.tokens);
-    if (info.kind === 'zero') return zeroCostMs(info.pages);
+    if (info.kind === 'zero' || info.kind === 'zero-spans') return zeroCostMs(info.pages);
     if (info.kind === 'copy') return COST.copyPerPageMs * info.pages;
     return 0;
   }
