@@ -21,7 +21,7 @@
  * (I5, "done" only once the destination has the data, spans two instances: see world_events.ts.)
  */
 import type { PageAccess, PageSpan } from '../device/types.ts';
-import { addSpan, covers, overlaps, type SlabSpans } from './span_set.ts';
+import { addSpan, firstGap, overlaps, type SlabSpans } from './span_set.ts';
 
 export type PageState = 'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'read-posted' | 'landed' | 'in-use' | 'freed';
 export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6' | 'I7';
@@ -312,10 +312,11 @@ export class PageLifecycle {
     if (!this.zeroing || p.zeroQueued) return null;
     if (p.content === 'fresh')
       return ['I2', `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`];
-    if (p.content === 'partial' && !covers(p.defined, a))
+    const gap = p.content === 'partial' ? firstGap(p.defined, a) : null;
+    if (gap !== null)
       return [
         'I2',
-        `forward (op ${opId}) reads bytes [${a.start}, ${a.end}) of slab ${a.slab} that no transfer, zeroing or forward filled: a page filled only partly (a clipped tail left stale)`,
+        `forward (op ${opId}) reads bytes [${gap[0]}, ${gap[1]}) of slab ${a.slab} that no transfer, zeroing or forward filled: a page filled only partly (a clipped tail left stale)`,
       ];
     return null;
   }

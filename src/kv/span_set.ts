@@ -24,9 +24,16 @@ export function addSpan(set: SlabSpans, s: Span): void {
   set.set(s.slab, kept);
 }
 
-/** Every byte of `s` lies in the set. */
-export function covers(set: SlabSpans, s: Span): boolean {
-  return (set.get(s.slab) ?? []).some(([a, b]) => a <= s.start && s.end <= b);
+/** The first run of bytes of `s` outside the set, or null when the set covers `s`. */
+export function firstGap(set: SlabSpans, s: Span): [number, number] | null {
+  let at = s.start;
+  for (const [a, b] of set.get(s.slab) ?? []) {
+    if (b <= at) continue;
+    if (a > at) return [at, Math.min(a, s.end)];
+    at = b;
+    if (at >= s.end) return null;
+  }
+  return at < s.end ? [at, s.end] : null;
 }
 
 /** Some byte of `s` lies in the set. */
