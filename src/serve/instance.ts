@@ -32,7 +32,7 @@ export interface InstanceOptions {
   /** 0 = a free port. */
   port: number;
   numBlocks: number;
-  /** Tokens per KV page; prefill and decode must agree (the handshake refuses otherwise). */
+  /** Tokens per KV page; prefill and decode may differ (the connector maps tokens between sizes, issue 14). */
   blockSize: number;
   modelSeed: number;
   raceCheck: boolean;
