@@ -53,7 +53,7 @@ export function presetFlag(v: unknown): ServingPreset {
   return s;
 }
 
-/** `--block-size` (or `--prefill-block-size`, `--decode-block-size`): tokens per KV page, a power of two in [1, 256]. */
+/** `--block-size` (`--prefill-block-size`, `--decode-block-size`): tokens per KV page, a power of two in [1, 256]. */
 export function blockSizeFlag(v: unknown, flag = 'block-size'): number {
   const n = Number(v);
   if (!isBlockSize(n))

@@ -3,8 +3,9 @@
  * (zero exclusion of `all-read-groups`, with or without syncBeforeRead) must match the colocated
  * reference on every request with no race, and every request must have loaded its KV from prefill (a
  * READ that failed and was recomputed locally would match too, and hide a broken transfer); any mismatch
- * (a failed request counts as one), race or load failure in one of them fails the A/B (exit 1). The buggy variants (`none`, `mamba-only`) are expected to corrupt
- * and never fail it: that contrast is what the A/B shows. With only buggy variants chosen nothing gates.
+ * (a failed request counts as one), race or load failure in one of them fails the A/B (exit 1). The buggy
+ * variants (`none`, `mamba-only`) are expected to corrupt and never fail it: that contrast is what the A/B
+ * shows. With only buggy variants chosen nothing gates.
  */
 import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
 

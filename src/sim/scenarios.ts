@@ -175,7 +175,7 @@ function scenarioConnector(
   return c;
 }
 
-/** Tokens per page asked for: `blockSize` both sides, `prefillBlockSize` / `decodeBlockSize` one side each (they win). */
+/** Tokens per page: `blockSize` both sides, `prefillBlockSize` / `decodeBlockSize` one side each (they win). */
 export interface BlockSizeOptions {
   blockSize?: number;
   prefillBlockSize?: number;

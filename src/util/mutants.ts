@@ -52,7 +52,7 @@ export interface Mutations {
    * Correct: all of them, unchanged (local token t <- remote token t).
    */
   readSources(remote: number[], hitTokens: number, remoteBlockSize: number): number[];
-  /** READ and WRITE consumers: the slots of a destination page past the transferred tokens are zeroed after the load. */
+  /** READ and WRITE consumers: a destination page's slots past the transferred tokens are zeroed after the load. */
   readonly zeroClippedTails: boolean;
   /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
   readonly releaseUnusedLoads: boolean;
