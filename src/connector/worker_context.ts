@@ -92,9 +92,13 @@ export class WorkerContext {
       for (const slab of this.slabsOf(tg)) {
         for (const r of pages) {
           ranges.push({ slab, ...r });
-          const block = Math.floor(r.localOffset / pageBytes);
-          const at = r.localOffset - block * pageBytes;
-          footprint.push({ slab, block, start: at, end: at + r.length, write });
+          // A coalesced range may run over several of our pages: one access per page.
+          for (let at = r.localOffset; at < r.localOffset + r.length;) {
+            const block = Math.floor(at / pageBytes);
+            const end = Math.min(r.localOffset + r.length, (block + 1) * pageBytes);
+            footprint.push({ slab, block, start: at - block * pageBytes, end: end - block * pageBytes, write });
+            at = end;
+          }
         }
       }
     });
