@@ -102,8 +102,14 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     releasesFailed: number;
     writesPosted: number;
     hostSyncWaits: number;
+    /** Pages whose clipped tail was zeroed after their load (READ or WRITE) landed. */
+    tailsZeroed: number;
   } {
-    return { ...this.reads.stats, writesPosted: this.saves.stats.writesPosted };
+    return {
+      ...this.reads.stats,
+      writesPosted: this.saves.stats.writesPosted,
+      tailsZeroed: this.reads.stats.tailsZeroed + this.recvs.stats.tailsZeroed,
+    };
   }
 
   /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */

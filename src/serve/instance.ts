@@ -264,6 +264,7 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     pagesZeroListed: s.pagesZeroListed,
     pagesExcludedFromZeroing: s.pagesExcludedFromZeroing,
     pagesZeroed: e.runner.stats.pagesZeroed,
+    pagesTailZeroed: c?.worker.stats.tailsZeroed ?? 0,
     kvLoadFailures: s.loadFailures,
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,

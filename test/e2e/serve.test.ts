@@ -220,6 +220,7 @@ test('/metrics parses; transfers counted; free pages return to the start value o
       assert.ok(metric(d!, 'handoff_kv_read_seconds_count') > 0, 'READ latency observed');
       assert.equal(metric(p!, 'handoff_transfer_grants_refused_total'), 0);
       assert.equal(metric(d!, 'handoff_kv_load_failures_total'), 0, 'every READ loaded across block sizes');
+      assert.ok(metric(d!, 'handoff_pages_tail_zeroed_total') > 0, 'decode pages of 32 got their clipped tails zeroed');
       assert.ok(
         metric(d!, 'handoff_pages_excluded_from_zeroing_total') > 0,
         'READ destinations left off the zeroing list (dsv4-mini)',
