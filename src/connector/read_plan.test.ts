@@ -151,3 +151,28 @@ test('a remote_block_size the handshake contradicts is refused before admission 
     badParams(/remote_block_size 8 does not match the producer's handshake \(16 tokens per page\)/),
   );
 });
+
+test('a plan that cannot be made (decode tail beyond the allowed one) leaves the transfer to release: the producer gets its pages back at once', () => {
+  const c = consumer(8);
+  const req = request(8);
+  c.validateRequest(req);
+  assert.throws(
+    () =>
+      c.updateStateAfterAlloc(
+        req,
+        [
+          [100, 101, 102, 103],
+          [200, 201, 202, 203],
+        ],
+        39,
+      ),
+    badParams(/beyond the allowed local tail/),
+  );
+  assert.equal(req.kvTransferParams?.do_remote_prefill, true, 'the request still owns its transfer');
+  assert.equal(c.releaseUnused(req), true, 'refused: an empty READ releases the producer');
+  const recv = c.buildConnectorMeta({} as never).reqsToRecv;
+  assert.deepEqual(
+    recv.map((r) => [r.transferId, r.localBlockIds]),
+    [['t', [[], []]]],
+  );
+});
