@@ -7,7 +7,7 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, presetFlag } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag, presetFlag } from './flags.ts';
 import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
@@ -63,6 +63,9 @@ function registerAb(program: Command): void {
     .option('--seed <n>', 'seed for prompts and weights', '1')
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
     .option('--forward-pad-ms <n>', 'keep the decode stream busy this long after each forward (a bigger model)', '0')
+    .option('--block-size <n>', 'tokens per KV page on both instances (default 16)')
+    .option('--prefill-block-size <n>', 'tokens per KV page of the prefill instance (wins over --block-size)')
+    .option('--decode-block-size <n>', 'tokens per KV page of the decode instance (wins over --block-size)')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
     .option(
       '--trace <base>',
@@ -95,6 +98,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
       seed: int('seed', String(o['seed']), 0, 2 ** 31),
       arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
       forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
+      ...abBlockSizes(o),
       variants,
       trace: traceBase !== null,
       onProgress: (variant, done) => {
@@ -119,6 +123,18 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   if (!verdict.ok) process.exitCode = 1;
   if (o['json']) printAbJson(report, verdict);
   else printAbTable(report, verdict);
+}
+
+/** `--block-size` for both sides, `--prefill-block-size` / `--decode-block-size` for one (they win). */
+function abBlockSizes(o: Record<string, string | boolean>): { prefillBlockSize?: number; decodeBlockSize?: number } {
+  const both = o['blockSize'] === undefined ? undefined : blockSizeFlag(o['blockSize']);
+  const prefill =
+    o['prefillBlockSize'] === undefined ? both : blockSizeFlag(o['prefillBlockSize'], 'prefill-block-size');
+  const decode = o['decodeBlockSize'] === undefined ? both : blockSizeFlag(o['decodeBlockSize'], 'decode-block-size');
+  return {
+    ...(prefill !== undefined ? { prefillBlockSize: prefill } : {}),
+    ...(decode !== undefined ? { decodeBlockSize: decode } : {}),
+  };
 }
 
 function writeAbTraces(report: AbReport, traceBase: string, json: boolean): void {
@@ -153,14 +169,16 @@ function printAbJson(report: AbReport, verdict: AbVerdict): void {
 }
 
 function printAbTable(report: AbReport, verdict: AbVerdict): void {
-  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
+  const sizes = `prefill ${report.prefillBlockSize} / decode ${report.decodeBlockSize} tokens per page`;
+  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ (${sizes})`);
   const fast = report.variants.find((v) => v.name === 'all-read-groups');
   for (const v of report.variants) {
     const ratio =
       fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
     out(
       `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
-        `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
+        `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}` +
+        `${v.tailsZeroed > 0 ? ` tails ${v.tailsZeroed}` : ''}${v.loadFailures > 0 ? `  load failures ${v.loadFailures}` : ''}`,
     );
   }
   out(verdict.summary);

@@ -3,7 +3,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
 import { anyPresetFlag, blockSizeFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
-import { upServeArgs } from './up.ts';
+import { upRoleServeArgs, upServeArgs } from './up.ts';
+import { serveArgs } from './cluster.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
 
@@ -111,4 +112,31 @@ test('--block-size: a power of two in [1, 256]; anything else is BAD_CONFIG nami
       bad,
     );
   assert.equal(serveOptionsFrom({ ...serveBase(), blockSize: '32' }).blockSize, 32);
+});
+
+test('up: --block-size sets both children, --prefill-block-size / --decode-block-size one each (they win); a bad one names its flag', () => {
+  assert.deepEqual(upRoleServeArgs({}), { prefill: [], decode: [] });
+  assert.deepEqual(upRoleServeArgs({ blockSize: '8' }), {
+    prefill: ['--block-size', '8'],
+    decode: ['--block-size', '8'],
+  });
+  assert.deepEqual(upRoleServeArgs({ blockSize: '8', decodeBlockSize: '32' }), {
+    prefill: ['--block-size', '8'],
+    decode: ['--block-size', '32'],
+  });
+  assert.deepEqual(upRoleServeArgs({ prefillBlockSize: '32', decodeBlockSize: '8' }), {
+    prefill: ['--block-size', '32'],
+    decode: ['--block-size', '8'],
+  });
+  assert.throws(() => upRoleServeArgs({ decodeBlockSize: '24' }), names('decode-block-size'));
+  assert.deepEqual(
+    serveArgs('decode', {
+      preset: 'dsv4-mini',
+      mode: 'read',
+      host: '127.0.0.1',
+      serveArgs: ['--num-blocks', '64'],
+      roleServeArgs: upRoleServeArgs({ prefillBlockSize: '32', decodeBlockSize: '8' }),
+    }).slice(9, 13),
+    ['--num-blocks', '64', '--block-size', '8'],
+  );
 });

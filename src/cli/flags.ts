@@ -53,11 +53,11 @@ export function presetFlag(v: unknown): ServingPreset {
   return s;
 }
 
-/** `--block-size`: tokens per KV page, a power of two in [1, 256]. */
-export function blockSizeFlag(v: unknown): number {
+/** `--block-size` (`--prefill-block-size`, `--decode-block-size`): tokens per KV page, a power of two in [1, 256]. */
+export function blockSizeFlag(v: unknown, flag = 'block-size'): number {
   const n = Number(v);
   if (!isBlockSize(n))
-    throw new HandoffError('BAD_CONFIG', `--block-size must be a power of two in [1, 256]; got '${String(v)}'`);
+    throw new HandoffError('BAD_CONFIG', `--${flag} must be a power of two in [1, 256]; got '${String(v)}'`);
   return n;
 }
 

@@ -35,7 +35,7 @@ export function registerServe(program: Command): void {
       'KV pages in the pool (block 0 is the null block)',
       String(DEFAULT_INSTANCE_OPTIONS.numBlocks),
     )
-    .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode must agree)', '16')
+    .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode may differ)', '16')
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')
     .option(
       '--transfer-host <host>',

@@ -107,6 +107,12 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...(opt('pctDepth', 1, 100) !== undefined ? { pctDepth: opt('pctDepth', 1, 100) } : {}),
     ...(opt('dfsDepth', 1, 10_000) !== undefined ? { dfsDepth: opt('dfsDepth', 1, 10_000) } : {}),
     ...(o['blockSize'] !== undefined ? { blockSize: blockSizeFlag(o['blockSize']) } : {}),
+    ...(o['prefillBlockSize'] !== undefined
+      ? { prefillBlockSize: blockSizeFlag(o['prefillBlockSize'], 'prefill-block-size') }
+      : {}),
+    ...(o['decodeBlockSize'] !== undefined
+      ? { decodeBlockSize: blockSizeFlag(o['decodeBlockSize'], 'decode-block-size') }
+      : {}),
     ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
     ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
     ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
@@ -131,7 +137,9 @@ function common(c: Command): Command {
     .option('--no-faults', 'turn off BUGGIFY fault injection')
     .option('--max-steps <n>', 'step budget per seed')
     .option('--requests <n>', 'requests per world')
-    .option('--block-size <n>', 'tokens per KV page on both instances (default 16)')
+    .option('--block-size <n>', 'tokens per KV page on both instances (default 16; hetero-block: from the seed)')
+    .option('--prefill-block-size <n>', 'tokens per KV page of the prefill instance (wins over --block-size)')
+    .option('--decode-block-size <n>', 'tokens per KV page of the decode instance (wins over --block-size)')
     .option('--pct-depth <n>', 'PCT priority change points')
     .option('--dfs-depth <n>', 'bounded DFS depth')
     .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)

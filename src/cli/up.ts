@@ -22,12 +22,14 @@ export function configureUp(up: Command): void {
     .option('--mode <mode>', 'read | write', 'read')
     .option('--num-blocks <n>', 'KV pages per instance')
     .option('--block-size <n>', 'tokens per KV page on both instances (a power of two up to 256)')
+    .option('--prefill-block-size <n>', 'tokens per KV page of prefill (wins over --block-size)')
+    .option('--decode-block-size <n>', 'tokens per KV page of decode (wins over --block-size); may differ from prefill')
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
     .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
-      if (o['blockSize'] !== undefined) blockSizeFlag(o['blockSize']); // refused here, before any child starts
+      const roleServeArgs = upRoleServeArgs(o); // a bad size is refused here, before any child starts
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
       const port = portFlag('port', o['port']);
       const host = String(o['host']);
@@ -38,7 +40,10 @@ export function configureUp(up: Command): void {
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
       const serveArgs = upServeArgs(o, currentLogFormat());
-      const cluster = await startLocalCluster({ preset, mode, host, proxyPort: port, serveArgs, apiKey, log }, env);
+      const cluster = await startLocalCluster(
+        { preset, mode, host, proxyPort: port, serveArgs, roleServeArgs, apiKey, log },
+        env,
+      );
       let stopping = false;
       const stop = async (): Promise<void> => {
         stopping = true;
@@ -77,10 +82,21 @@ export function configureUp(up: Command): void {
  * cannot tell how up chose (flag, HANDOFF_LOG_FORMAT or its terminal), so their lines match up's.
  */
 export function upServeArgs(o: Opts, logFormat: LogFormat): string[] {
-  return [
-    ...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []),
-    ...(typeof o['blockSize'] === 'string' ? ['--block-size', o['blockSize']] : []),
-    '--log-format',
-    logFormat,
-  ];
+  return [...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []), '--log-format', logFormat];
+}
+
+/**
+ * Each child's `--block-size`: `--block-size` for both, `--prefill-block-size` / `--decode-block-size` for
+ * one (they win). Checked here (BAD_CONFIG naming the flag) so a bad size stops `up` before any child starts.
+ */
+export function upRoleServeArgs(o: Opts): { prefill: string[]; decode: string[] } {
+  const both = o['blockSize'] === undefined ? undefined : blockSizeFlag(o['blockSize']);
+  const side = (flag: 'prefill-block-size' | 'decode-block-size', key: string): string[] => {
+    const n = o[key] === undefined ? both : blockSizeFlag(o[key], flag);
+    return n === undefined ? [] : ['--block-size', String(n)];
+  };
+  return {
+    prefill: side('prefill-block-size', 'prefillBlockSize'),
+    decode: side('decode-block-size', 'decodeBlockSize'),
+  };
 }

@@ -97,6 +97,29 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
       });
     });
 
+    test('zero-spans: exactly the listed byte ranges become 0, every other byte is unchanged; bad spans fail at enqueue', async () => {
+      await withDevice(factory, async (d) => {
+        const before = fillDistinct(d);
+        const spans = [
+          { slab: 1, block: 2, start: 3, end: 10 },
+          { slab: 1, block: 2, start: 20, end: d.pageBytes },
+          { slab: 0, block: 5, start: 0, end: 1 },
+        ];
+        await d.compute.enqueue({ op: { kind: 'zero-spans', spans }, label: { what: 'zero-tail' } }).done;
+        for (let s = 0; s < d.numSlabs; s++) {
+          const want = before[s]!.slice(0, d.numBlocks * d.pageBytes);
+          for (const z of spans.filter((x) => x.slab === s))
+            want.fill(0, z.block * d.pageBytes + z.start, z.block * d.pageBytes + z.end);
+          assert.deepEqual(d.slabs[s]!.subarray(0, d.numBlocks * d.pageBytes), want, `slab ${s}`);
+        }
+        const bad = (span: { slab: number; block: number; start: number; end: number }) => () =>
+          d.compute.enqueue({ op: { kind: 'zero-spans', spans: [span] }, label: { what: 'zero-tail' } });
+        assert.throws(bad({ slab: 0, block: 1, start: 4, end: 4 }), /not a non-empty range/);
+        assert.throws(bad({ slab: 0, block: 1, start: 0, end: d.pageBytes + 1 }), /not a non-empty range/);
+        assert.throws(bad({ slab: 0, block: d.numBlocks, start: 0, end: 1 }), /block/);
+      });
+    });
+
     test('copy: whole pages src->dst in the listed slabs, every other byte is unchanged', async () => {
       await withDevice(factory, async (d) => {
         const before = fillDistinct(d);

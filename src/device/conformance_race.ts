@@ -169,4 +169,31 @@ export function registerRaceConformance(factory: DeviceFactory): void {
       true,
     );
   });
+
+  test('race: a clipped-tail zero-spans op is judged by its bytes: on bytes a posted READ writes it races, on the tail it does not; after the observed READ it is ordered', async () => {
+    await withDevice(
+      factory,
+      async (d) => {
+        const half = d.pageBytes / 2;
+        const head = { slab: SLAB, block: BLOCK, start: 0, end: half, write: true };
+        const tail = { slab: SLAB, block: BLOCK, start: half, end: d.pageBytes };
+        const wr = checkerOf(d).nicPost(READ_LABEL, [head]);
+        d.compute.enqueue({ op: { kind: 'zero-spans', spans: [tail] }, label: { what: 'zero-tail' } });
+        await d.synchronize();
+        assert.deepEqual(checkerOf(d).races(), [], 'disjoint bytes: no race even unordered');
+        d.compute.enqueue({
+          op: { kind: 'zero-spans', spans: [{ ...tail, start: half - 1 }] },
+          label: { what: 'zero-tail' },
+        });
+        await d.synchronize();
+        assert.equal(checkerOf(d).races().length, 1, 'one byte of the READ: a race');
+        checkerOf(d).clear();
+        checkerOf(d).nicObserved(wr);
+        d.compute.enqueue({ op: { kind: 'zero-spans', spans: [{ ...tail, start: 0 }] }, label: { what: 'zero-tail' } });
+        await d.synchronize();
+        assert.deepEqual(checkerOf(d).races(), [], 'enqueued after the host observed the READ: ordered');
+      },
+      true,
+    );
+  });
 }

@@ -14,7 +14,7 @@
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkKernels, findKernel, isKernelModule, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
-import { checkGeometry, copyPages, zeroPages } from './page_ops.ts';
+import { checkGeometry, copyPages, zeroPages, zeroSpans } from './page_ops.ts';
 import { RaceChecker } from './race/race_checker.ts';
 import { SimStream } from './sim_stream.ts';
 import type { StreamContext } from './stream_base.ts';
@@ -116,6 +116,10 @@ export class SimDevice implements Device {
     switch (op.kind) {
       case 'zero':
         zeroPages(this.slabs, this.pageBytes, op.blockIds, op.slabs);
+        item.result.resolve(undefined);
+        break;
+      case 'zero-spans':
+        zeroSpans(this.slabs, this.pageBytes, op.spans);
         item.result.resolve(undefined);
         break;
       case 'copy':

@@ -9,7 +9,7 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { findKernel, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
-import { copyPages, zeroPages } from './page_ops.ts';
+import { copyPages, zeroPages, zeroSpans } from './page_ops.ts';
 import { epochNowMs, type FromThread, type OpTimes, type ThreadInit, type ToThread } from './threaded_protocol.ts';
 import type { StreamOp } from './types.ts';
 
@@ -59,6 +59,9 @@ function execute(op: StreamOp): unknown {
   switch (op.kind) {
     case 'zero':
       zeroPages(slabs, init.pageBytes, op.blockIds, op.slabs);
+      return undefined;
+    case 'zero-spans':
+      zeroSpans(slabs, init.pageBytes, op.spans);
       return undefined;
     case 'copy':
       copyPages(slabs, init.pageBytes, op.pairs, op.slabs);

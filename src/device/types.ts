@@ -22,6 +22,9 @@ export interface PageAccess {
   write: boolean;
 }
 
+/** A byte range inside one page of one slab (an access without its direction). */
+export type PageSpan = Omit<PageAccess, 'write'>;
+
 /** What an op is about, for reports: which requests and which engine step. */
 export interface OpLabel {
   what: string;
@@ -33,6 +36,8 @@ export interface OpLabel {
 export type StreamOp =
   /** Zero whole pages `blockIds` in each of `slabs`. */
   | { kind: 'zero'; blockIds: number[]; slabs: number[] }
+  /** Zero byte ranges inside pages (a page a transfer filled only partly: its clipped tail). */
+  | { kind: 'zero-spans'; spans: PageSpan[] }
   /** Copy whole pages src -> dst in each of `slabs` (copy-on-write). */
   | { kind: 'copy'; pairs: Array<[src: number, dst: number]>; slabs: number[] }
   /** Keep the stream busy for `ms` (tests and the cost model: a long previous forward). */

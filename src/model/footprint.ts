@@ -1,17 +1,18 @@
 /**
  * What a forward touches, declared up front for the race checker (src/device/types.ts PageAccess):
  *
- * - attention groups (full_attention, mla, compressor): a READ of every whole page [0, pageBytes) of
- *   every block in the request's table, in every slab of the group's layers (attention reads whole
- *   pages), and a WRITE of exactly the byte ranges of the new tokens' slots (K and V are two ranges);
- * - Mamba groups: a READ of the whole state page only when startPos > 0 (at 0 the state starts from
- *   zero and the page is not read) and a WRITE of the whole page.
+ * - attention groups (full_attention, mla, compressor): a READ of every slot of every page of the
+ *   request's table, [0, realPageBytes) (attention reads whole pages; padding past the real page is never
+ *   read), in every slab of the group's layers, and a WRITE of exactly the byte ranges of the new tokens'
+ *   slots (K and V are two ranges);
+ * - Mamba groups: a READ of the state [0, realPageBytes) only when startPos > 0 (at 0 the state starts
+ *   from zero and the page is not read) and a WRITE of the whole state.
  *
  * Accesses are merged per (slab, block, write): overlapping or touching ranges become one.
  */
 import { assert } from '../util/assert.ts';
 import type { PageAccess } from '../device/types.ts';
-import type { KVCacheConfig } from '../kv/spec.ts';
+import { realPageBytes, type KVCacheConfig } from '../kv/spec.ts';
 import { slotByteRanges, slotLocation } from './pages.ts';
 import type { ForwardArgs } from './types.ts';
 
@@ -37,25 +38,25 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
     }
     entry.spans.push(start, end);
   };
-  const pageBytes = kvConfig.pageBytes;
   for (const req of args.requests) {
     assert(req.blockTables.length === kvConfig.groups.length, `${req.requestId}: one block table per KV group`);
     kvConfig.groups.forEach((group, g) => {
       const table = req.blockTables[g] as number[];
       const numSlabs = group.layerNames.length;
       const spec = group.spec;
+      const real = realPageBytes(spec);
       if (spec.type === 'mamba') {
         assert(table.length === 1, `${req.requestId}: a Mamba group holds exactly one state page`);
         const block = table[0] as number;
         for (let slab = 0; slab < numSlabs; slab++) {
-          if (req.startPos > 0) add(slab, block, false, 0, pageBytes);
-          add(slab, block, true, 0, pageBytes);
+          if (req.startPos > 0) add(slab, block, false, 0, real);
+          add(slab, block, true, 0, real);
         }
         return;
       }
       const end = req.startPos + req.tokenIds.length;
       for (let slab = 0; slab < numSlabs; slab++) {
-        for (const block of table) add(slab, block, false, 0, pageBytes);
+        for (const block of table) add(slab, block, false, 0, real);
         // The new tokens' slots, a page at a time: consecutive slots of a page are contiguous in each range.
         for (let pos = req.startPos; pos < end;) {
           const { block, slot } = slotLocation(table, spec.blockSize, pos, kvConfig.numBlocks);

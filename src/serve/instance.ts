@@ -32,7 +32,7 @@ export interface InstanceOptions {
   /** 0 = a free port. */
   port: number;
   numBlocks: number;
-  /** Tokens per KV page; prefill and decode must agree (the handshake refuses otherwise). */
+  /** Tokens per KV page; prefill and decode may differ (the connector maps tokens between sizes, issue 14). */
   blockSize: number;
   modelSeed: number;
   raceCheck: boolean;
@@ -264,6 +264,7 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     pagesZeroListed: s.pagesZeroListed,
     pagesExcludedFromZeroing: s.pagesExcludedFromZeroing,
     pagesZeroed: e.runner.stats.pagesZeroed,
+    pagesTailZeroed: c?.worker.stats.tailsZeroed ?? 0,
     kvLoadFailures: s.loadFailures,
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,

@@ -19,6 +19,8 @@ export interface InstanceStatsSnapshot {
   pagesZeroListed: number;
   pagesExcludedFromZeroing: number;
   pagesZeroed: number;
+  /** Pages a load filled only in part whose clipped tail was zeroed once it landed (issue 14). */
+  pagesTailZeroed: number;
   kvLoadFailures: number;
   leasesExpired: number;
   engineSteps: number;
@@ -89,6 +91,11 @@ function registerEngineMetrics(f: ScrapedFamilies): void {
   f.mirror('handoff_preemptions_total', 'requests preempted for lack of pages', (x) => x.preemptions);
   f.mirror('handoff_pages_zero_listed_total', 'new pages put on the zeroing list', (x) => x.pagesZeroListed);
   f.mirror('handoff_pages_zeroed_total', 'pages zeroed by the worker', (x) => x.pagesZeroed);
+  f.mirror(
+    'handoff_pages_tail_zeroed_total',
+    'pages a load filled only in part (decode pages larger than prefill pages) whose tail was zeroed once it landed',
+    (x) => x.pagesTailZeroed,
+  );
   f.mirror(
     'handoff_pages_excluded_from_zeroing_total',
     'READ destination pages removed from the zeroing list',

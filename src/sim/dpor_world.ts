@@ -56,8 +56,13 @@ export class DporWorldExplorer implements Explorer {
   ) {
     w.fabric.onEvent((ev) => {
       if (ev.t === 'post') {
-        const pb = w.D.kvConfig.pageBytes;
-        this.itemBlocks.set(ev.item.id, { local: blocksOf(ev.local, pb), remote: blocksOf(ev.remote, pb) });
+        // Each side's offsets are in its own pages (the two sides' block sizes, so page sizes, may differ).
+        const [poster, peer] = [w.instanceOf(ev.item.from), w.instanceOf(ev.item.to)];
+        const pb = (inst: typeof poster): number => (inst ?? w.D).kvConfig.pageBytes;
+        this.itemBlocks.set(ev.item.id, {
+          local: blocksOf(ev.local, pb(poster)),
+          remote: blocksOf(ev.remote, pb(peer)),
+        });
       } else if (ev.t === 'grant' && this.pending !== null) {
         this.pending.extra.push(`${w.instanceOf(ev.engineId)?.name ?? ev.engineId}/grant:${ev.transferId}`);
       } else if (ev.t === 'engine-closed' && this.pending !== null) {

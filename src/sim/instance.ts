@@ -38,7 +38,7 @@ export interface InstanceSpec {
 
 /** What the world learns about each op enqueued on an instance's compute stream. */
 export interface OpInfo {
-  kind: 'zero' | 'copy' | 'sleep' | 'kernel';
+  kind: 'zero' | 'zero-spans' | 'copy' | 'sleep' | 'kernel';
   what: string;
   step: number | null;
   requestIds: string[];
@@ -145,7 +145,7 @@ export class SimInstance {
           step: sub.label.step ?? null,
           requestIds: sub.label.requestIds ?? [],
           tokens: op.kind === 'kernel' ? forwardTokens(op.args) : 0,
-          pages: op.kind === 'zero' ? op.blockIds.length : op.kind === 'copy' ? op.pairs.length : 0,
+          pages: pagesOf(op),
           ...blocksOf(op, sub.footprint ?? []),
         };
         this.ops.set(opId, info);
@@ -183,8 +183,16 @@ function blocksOf(op: OpSubmission['op'], declared: readonly PageAccess[]): Pick
   const read = new Set<number>(declared.filter((a) => !a.write).map((a) => a.block));
   const write = new Set<number>(declared.filter((a) => a.write).map((a) => a.block));
   if (op.kind === 'zero') for (const b of op.blockIds) write.add(b);
+  if (op.kind === 'zero-spans') for (const s of op.spans) write.add(s.block);
   if (op.kind === 'copy') for (const [src, dst] of op.pairs) (read.add(src), write.add(dst));
   return { readBlocks: [...read].sort((a, b) => a - b), writeBlocks: [...write].sort((a, b) => a - b) };
+}
+
+/** Pages a zero, zero-spans or copy op touches (its cost); 0 for the others. */
+function pagesOf(op: OpSubmission['op']): number {
+  if (op.kind === 'zero') return op.blockIds.length;
+  if (op.kind === 'zero-spans') return new Set(op.spans.map((s) => s.block)).size;
+  return op.kind === 'copy' ? op.pairs.length : 0;
 }
 
 function forwardTokens(args: unknown): number {

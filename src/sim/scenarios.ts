@@ -17,6 +17,17 @@
  *   cancel-everywhere-write  the same in WRITE mode (the transfer point is then its WRITE)
  *   tight-write      WRITE, 8 requests, a 16-page decode pool: landed loads hold most pages while the
  *                    head waits for more (vLLM #57841; deadlocked before page holders went first)
+ *   hetero-block     prefill and decode with different block sizes (issue 14): unless the options say
+ *                    otherwise, the pairing is drawn from the seed among the six unequal pairings of
+ *                    {8, 16, 32}, and so is the mode (READ or WRITE; READ for Mamba models); 4 requests:
+ *                    one a multiple of 32 tokens (decode's lookahead tail), the others a shared 32-token
+ *                    prefix (prefix hits on both sides) plus 3-40 tokens, so transfers end mid-page on
+ *                    either side; the second has 2-8 (mod 32) tokens in all, so whenever decode's pages
+ *                    are the larger, its last decode page is filled only in part (a clipped tail), on
+ *                    Mamba models (prefill computes N-1) too
+ *
+ * Block sizes: `blockSize` sets both sides, `prefillBlockSize` / `decodeBlockSize` one each (they win);
+ * the pools keep their capacity in tokens (pagesFor).
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -40,6 +51,7 @@ export const SCENARIOS = [
   'cancel-everywhere',
   'cancel-everywhere-write',
   'tight-write',
+  'hetero-block',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -49,6 +61,8 @@ export function isScenarioName(s: string): s is ScenarioName {
 
 export interface SideConfig {
   numBlocks: number;
+  /** Tokens per KV page on this side. */
+  blockSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
 }
@@ -56,8 +70,6 @@ export interface SideConfig {
 export interface ScenarioConfig {
   name: ScenarioName;
   preset: ModelPreset;
-  /** Tokens per KV page on both instances. */
-  blockSize: number;
   modelSeed: number;
   mode: 'read' | 'write';
   requests: SimRequestSpec[];
@@ -107,18 +119,22 @@ function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
 function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const prefix = name === 'prefix-hit' ? prompt(rng, 32, vocab) : [];
+  const shared = name === 'prefix-hit' || name === 'hetero-block';
+  const prefix = shared ? prompt(rng, 32, vocab) : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
     if (name === 'chunked-prefill') len = 60 + rng.int(90);
     else if (name === 'preempt') len = 20 + rng.int(25);
+    else if (index === 0 && name === 'hetero-block')
+      len = 32 * (1 + rng.int(2)); // aligned to every block size: decode's lookahead adds a tail page
     else if (index === 0)
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
-    const tokens =
-      name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)] : prompt(rng, len, vocab);
-    arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
+    const suffix =
+      name !== 'hetero-block' ? 3 + rng.int(28) : index === 1 ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
+    const tokens = shared && index > 0 ? [...prefix, ...prompt(rng, suffix, vocab)] : prompt(rng, len, vocab);
+    arrivalMs += shared ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
       promptTokenIds: tokens,
@@ -153,9 +169,55 @@ function scenarioConnector(
     'read-done-early': 'consumer',
     'prefix-shift': 'consumer',
     'leak-on-cancel': 'consumer',
+    'clip-tail-not-zeroed': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
+}
+
+/** Tokens per page: `blockSize` both sides, `prefillBlockSize` / `decodeBlockSize` one side each (they win). */
+export interface BlockSizeOptions {
+  blockSize?: number;
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+}
+
+/** The options' block sizes that are set (to pass them on). */
+export function blockSizeOptions(o: BlockSizeOptions): BlockSizeOptions {
+  const out: BlockSizeOptions = {};
+  if (o.blockSize !== undefined) out.blockSize = o.blockSize;
+  if (o.prefillBlockSize !== undefined) out.prefillBlockSize = o.prefillBlockSize;
+  if (o.decodeBlockSize !== undefined) out.decodeBlockSize = o.decodeBlockSize;
+  return out;
+}
+
+/** The unequal pairings hetero-block draws from: [prefill, decode] tokens per page. */
+export const HETERO_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
+  [8, 16],
+  [8, 32],
+  [16, 32],
+  [16, 8],
+  [32, 8],
+  [32, 16],
+];
+
+/** [prefill, decode] tokens per page: the options, else (hetero-block) a pairing drawn from the seed, else 16. */
+function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions): [number, number] {
+  const drawn = name === 'hetero-block' ? HETERO_PAIRINGS[rng.int(HETERO_PAIRINGS.length)] : undefined;
+  const both = o.blockSize;
+  return [
+    o.prefillBlockSize ?? both ?? drawn?.[0] ?? BLOCK_SIZE,
+    o.decodeBlockSize ?? both ?? drawn?.[1] ?? BLOCK_SIZE,
+  ];
+}
+
+/** READ or WRITE: by name; hetero-block draws it from the seed (READ on Mamba models: WRITE needs none). */
+function scenarioMode(name: ScenarioName, preset: ModelPreset, rng: SeededRng): 'read' | 'write' {
+  if (name === 'hetero-block') {
+    const write = rng.int(2) === 1;
+    return write && kvTwin(preset) !== 'hybrid-mini' ? 'write' : 'read';
+  }
+  return ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name) ? 'write' : 'read';
 }
 
 /** A pool of `pages16` pages of 16 tokens, as pages of `blockSize` tokens holding as many tokens (+ the null page). */
@@ -167,18 +229,19 @@ export function buildScenario(
   name: ScenarioName,
   preset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName; blockSize?: number } = {},
+  opts: { requests?: number; mutant?: MutantName } & BlockSizeOptions = {},
 ): ScenarioConfig {
-  if (opts.blockSize !== undefined && !isBlockSize(opts.blockSize))
-    throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${opts.blockSize}`);
-  const blockSize = opts.blockSize ?? BLOCK_SIZE;
+  for (const bs of [opts.blockSize, opts.prefillBlockSize, opts.decodeBlockSize])
+    if (bs !== undefined && !isBlockSize(bs))
+      throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${bs}`);
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name)
-    ? 'write'
-    : 'read';
+  const [prefillBs, decodeBs] = sideBlockSizes(name, rng, opts);
+  const mode = scenarioMode(name, preset, rng);
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
-  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : name === 'tight-write' ? 8 : 3);
+  const n =
+    opts.requests ??
+    (name === 'preempt' || name === 'prefix-hit' || name === 'hetero-block' ? 4 : name === 'tight-write' ? 8 : 3);
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
@@ -196,13 +259,18 @@ export function buildScenario(
   return {
     name,
     preset,
-    blockSize,
     modelSeed: 1,
     mode,
     requests,
-    prefill: { numBlocks: pagesFor(64, blockSize), scheduler: sched('producer'), connector: connector('producer') },
+    prefill: {
+      numBlocks: pagesFor(64, prefillBs),
+      blockSize: prefillBs,
+      scheduler: sched('producer'),
+      connector: connector('producer'),
+    },
     decode: {
-      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, blockSize),
+      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
+      blockSize: decodeBs,
       scheduler: sched('consumer'),
       connector: connector('consumer'),
     },

@@ -24,7 +24,7 @@ import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
 import { OrderCoverage } from './coverage.ts';
-import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
+import { blockSizeOptions, buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
 import { CancelPoints } from './cancel_points.ts';
@@ -56,8 +56,10 @@ export interface WorldOptions {
   /** Stop at the first violation (default); a trace run goes on to show what followed. */
   stopOnViolation?: boolean;
   requests?: number;
-  /** Tokens per KV page on both instances (default 16). */
+  /** Tokens per KV page: both instances, or each (scenarios.ts BlockSizeOptions; default 16). */
   blockSize?: number;
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
 }
@@ -125,14 +127,13 @@ export class SimWorld {
     const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
       requests: opts.requests,
       mutant: opts.mutant,
-      blockSize: opts.blockSize,
+      ...blockSizeOptions(opts),
     });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
     const onViolation = (name: string) => (v: LifecycleViolation) => w.lifecycleViolation(name, v);
     const common = {
       preset: scenario.preset,
-      blockSize: scenario.blockSize,
       modelSeed: scenario.modelSeed,
       idlePollMs: scenario.idlePollMs,
       notifyTimeoutMs: scenario.notifyTimeoutMs,
@@ -220,7 +221,7 @@ export class SimWorld {
       atMs: this.env.nowMs(),
       args: { key, step: info.step, requests: info.requestIds },
     });
-    if (info.kind === 'zero' && this.buggify.fire('delay-zero'))
+    if ((info.kind === 'zero' || info.kind === 'zero-spans') && this.buggify.fire('delay-zero'))
       this.delayedZeros.set(key, this.step + 1 + this.buggify.int(40));
     if (
       inst === this.D &&
@@ -265,7 +266,7 @@ export class SimWorld {
   private opCost(info: OpInfo | undefined): number {
     if (info === undefined) return COST.actionMs;
     if (info.kind === 'kernel') return forwardCostMs(info.tokens);
-    if (info.kind === 'zero') return zeroCostMs(info.pages);
+    if (info.kind === 'zero' || info.kind === 'zero-spans') return zeroCostMs(info.pages);
     if (info.kind === 'copy') return COST.copyPerPageMs * info.pages;
     return 0;
   }

@@ -50,3 +50,40 @@ test('layoutFromKvConfig: presets give different cache hashes; the same preset w
   assert.equal(compatibilityProblem(meta('a', small), meta('b', large)), null);
   assert.notEqual(compatibilityProblem(meta('a', small), meta('b', llama)), null);
 });
+
+test('with page formats: other block sizes and page sizes are compatible when every token group can be mapped', () => {
+  const meta = (id: string, preset: string, bs: number) =>
+    buildMetadata({
+      engineId: id,
+      modelName: 'm',
+      preset,
+      ...layoutFromKvConfig(makeKVCacheConfig(presetKVGroups(preset as 'dsv4-mini', bs), 8)),
+    });
+  for (const preset of ['dsv4-mini', 'hybrid-mini', 'llama-mini'])
+    for (const p of [1, 8, 16, 32, 256])
+      for (const d of [8, 16, 32]) {
+        assert.equal(compatibilityProblem(meta('a', preset, d), meta('b', preset, p)), null, `${preset} ${p}/${d}`);
+        assert.equal(compatibilityProblem(meta('b', preset, p), meta('a', preset, d)), null, `${preset} ${d}/${p}`);
+      }
+  assert.match(compatibilityProblem(meta('a', 'dsv4-mini', 16), meta('b', 'llama-mini', 16)) ?? '', /preset/);
+});
+
+test('with page formats: sizes that cannot be mapped, formats that differ and pages too small are refused by name', () => {
+  const formats = [{ kind: 'tokens' as const, regionTokenBytes: [80] }];
+  const at = (id: string, bs: number, pageBytes = bs * 80, f = formats) =>
+    buildMetadata({ ...base, engineId: id, layout: { ...base.layout, pageBytes }, blockSizes: [bs], pageFormats: f });
+  assert.equal(compatibilityProblem(at('a', 16), at('b', 64)), null);
+  assert.match(
+    compatibilityProblem(at('a', 16), at('b', 24)) ?? '',
+    /blockSizes \[24\] and \[16\] cannot be mapped: group 0 has pages of 24 and 16 tokens, and one must be a multiple of the other/,
+  );
+  assert.match(
+    compatibilityProblem(at('a', 16), at('b', 32, 1280)) ?? '',
+    /32 tokens need 2560 bytes, more than a page of 1280/,
+  );
+  const other = [{ kind: 'tokens' as const, regionTokenBytes: [40, 40] }];
+  assert.match(compatibilityProblem(at('a', 16), at('b', 16, 1280, other)) ?? '', /page formats differ/);
+  // A bare peer (no formats) still needs the same page size and block sizes.
+  const bare = buildMetadata({ ...base, engineId: 'c', layout: { ...base.layout, pageBytes: 2560 }, blockSizes: [32] });
+  assert.match(compatibilityProblem(at('a', 16), bare) ?? '', /pageBytes 2560 != 1280; blockSizes \[32\] != \[16\]/);
+});

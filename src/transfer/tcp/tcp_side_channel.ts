@@ -32,6 +32,15 @@ const metaSchema = z.object({
     numBlocks: posInt,
     pageBytes: posInt,
     blockSizes: z.array(posInt).min(1).max(64),
+    pageFormats: z
+      .array(
+        z.discriminatedUnion('kind', [
+          z.object({ kind: z.literal('tokens'), regionTokenBytes: z.array(posInt).min(1).max(16) }),
+          z.object({ kind: z.literal('state'), stateBytes: posInt }),
+        ]),
+      )
+      .max(64)
+      .optional(),
   }),
   compatHash: z.string().max(128),
 });

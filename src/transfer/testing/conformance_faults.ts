@@ -80,6 +80,24 @@ export function registerFaultConformance(s: ConformanceSuite): void {
     await rejectsWith(D.engine.handshake(gone), 'PEER_UNAVAILABLE');
   });
 
+  test('geometry at the handshake: page formats cross the side channel, mappable block sizes are admitted and each side learns the other’s; unmappable ones are refused by name', async () => {
+    const pageFormats = [{ kind: 'tokens' as const, regionTokenBytes: [32] }];
+    const at = (id: string, bs: number) =>
+      make(7, { engineId: id, blockSizes: [bs], pageFormats, layout: { ...LAYOUT, pageBytes: bs * 32 } });
+    const [p8, d32, odd] = await Promise.all([at('geo-p8', 8), at('geo-d32', 32), at('geo-24', 24)]);
+    const meta = await d32.engine.handshake(p8.engine.address());
+    assert.deepEqual(meta.layout, { ...LAYOUT, pageBytes: 256, blockSizes: [8], pageFormats });
+    assert.deepEqual(d32.engine.peerMetadata(p8.engine.engineId)?.layout.blockSizes, [8]);
+    assert.deepEqual(p8.engine.peerMetadata(d32.engine.engineId)?.layout, {
+      ...LAYOUT,
+      pageBytes: 1024,
+      blockSizes: [32],
+      pageFormats,
+    });
+    assert.equal(d32.engine.peerMetadata('nobody'), null);
+    await rejectsWith(d32.engine.handshake(odd.engine.address()), 'PEER_INCOMPATIBLE', /cannot be mapped/);
+  });
+
   test('with a side channel secret, handshakes without it or with a wrong one are refused; the right one works', async () => {
     const S = await make(6, { engineId: 'secure', sideChannelSecret: 'open sesame' });
     const plain = await make(null, { engineId: 'plain' });
