@@ -6,13 +6,17 @@
  */
 import { assert } from '../util/assert.ts';
 import { isModelPreset } from '../kv/presets.ts';
-import type { KernelFn } from '../device/types.ts';
+import type { KernelFn, KernelRanks } from '../device/types.ts';
 import { createModel } from './model.ts';
 import type { ForwardArgs, ModelKernelInit } from './types.ts';
 
-export async function createKernels(init: ModelKernelInit, slabs: Uint8Array[]): Promise<Record<string, KernelFn>> {
+export async function createKernels(
+  init: ModelKernelInit,
+  slabs: Uint8Array[],
+  ranks?: KernelRanks,
+): Promise<Record<string, KernelFn>> {
   assert(typeof init === 'object' && init !== null && isModelPreset(init.preset), 'kernel init needs a model preset');
-  const model = createModel(init.preset, init.seed, init.kvConfig);
+  const model = createModel(init.preset, init.seed, init.kvConfig, ranks);
   const { numSlabs, numBlocks, pageBytes } = init.kvConfig;
   assert(slabs.length === numSlabs, `device has ${slabs.length} slabs, the KV config ${numSlabs}`);
   for (const s of slabs) assert(s.byteLength === numBlocks * pageBytes, 'slab size does not match the KV config');
