@@ -21,6 +21,8 @@ export interface ClusterOptions {
   policy?: RoutingPolicy;
   /** Extra `handoff serve` flags for both instances (e.g. --num-blocks). */
   serveArgs?: string[];
+  /** Extra `handoff serve` flags for one role (e.g. its --tensor-parallel-size). */
+  roleServeArgs?: { prefill?: string[]; decode?: string[] };
   apiKey?: string | null;
   log?: Logger;
   readyTimeoutMs?: number;
@@ -46,9 +48,10 @@ export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | '
 
 export function serveArgs(
   role: 'prefill' | 'decode' | 'both',
-  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'apiKey'>,
+  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'roleServeArgs' | 'apiKey'>,
 ): string[] {
   const args = ['serve', '--role', role, '--model', o.preset, '--host', o.host, '--port', '0', ...(o.serveArgs ?? [])];
+  if (role !== 'both') args.push(...(o.roleServeArgs?.[role] ?? []));
   if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode));
   if (o.apiKey) args.push('--api-key', o.apiKey);
   return args;

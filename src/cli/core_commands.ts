@@ -7,9 +7,9 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, presetFlag } from './flags.ts';
+import { anyPresetFlag, presetFlag, tensorParallelFlag } from './flags.ts';
 import { benchTransfer } from '../transfer/bench.ts';
-import { benchModel } from '../model/bench.ts';
+import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
 import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
@@ -198,17 +198,33 @@ function registerBenchModel(bench: Command): void {
     .description('forward throughput vs a plain TS matmul roofline measured in the same run')
     .option('--model <preset>', 'model preset (micro presets too)', 'dsv4-mini')
     .option('--tokens <n>', 'decode tokens', '64')
+    .option(
+      '--tensor-parallel-size <n>',
+      'also run the workload on the threaded device at TP=1 and TP=n (ranks as compute threads), same run',
+    )
+    .option('--reps <n>', 'alternating TP=1 / TP=n runs (median of each)', '3')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
-      const r = await benchModel({
-        preset: anyPresetFlag(o['model']),
-        env: new RealEnv(),
-        tokens: int('tokens', String(o['tokens']), 1, 100_000),
-      });
-      if (o['json']) out(JSON.stringify(r));
-      else
+      const preset = anyPresetFlag(o['model']);
+      const tokens = int('tokens', String(o['tokens']), 1, 100_000);
+      const r = await benchModel({ preset, env: new RealEnv(), tokens });
+      const tp =
+        o['tensorParallelSize'] === undefined
+          ? null
+          : await benchTensorParallel({
+              preset,
+              env: new RealEnv(),
+              tokens,
+              tensorParallelSize: tensorParallelFlag(preset, o['tensorParallelSize']),
+              reps: int('reps', String(o['reps']), 1, 100),
+            });
+      if (o['json']) return out(JSON.stringify(tp === null ? r : { ...r, tp }));
+      out(
+        `model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`,
+      );
+      if (tp !== null)
         out(
-          `model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`,
+          `threaded device: TP=${tp.tensorParallelSize} ${tp.tpTokensPerSec.toFixed(0)} tokens/s vs TP=1 ${tp.tp1TokensPerSec.toFixed(0)} tokens/s = ratio ${tp.speedup.toFixed(2)} (median of ${tp.reps})`,
         );
     });
 }

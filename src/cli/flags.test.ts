@@ -2,7 +2,16 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, blockSizeFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
+import {
+  anyPresetFlag,
+  blockSizeFlag,
+  intFlag,
+  logFormatFlag,
+  pdTensorParallelFlags,
+  presetFlag,
+  rangeFlag,
+  urlListFlag,
+} from './flags.ts';
 import { upServeArgs } from './up.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
@@ -111,4 +120,20 @@ test('--block-size: a power of two in [1, 256]; anything else is BAD_CONFIG nami
       bad,
     );
   assert.equal(serveOptionsFrom({ ...serveBase(), blockSize: '32' }).blockSize, 32);
+});
+
+test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --prefill-tp/--decode-tp must agree', () => {
+  assert.equal(serveOptionsFrom({ ...serveBase(), tensorParallelSize: '2' }).tensorParallelSize, 2);
+  assert.equal(serveOptionsFrom(serveBase()).tensorParallelSize, 1);
+  for (const bad of ['0', '3', '4', 'x', '1.5'])
+    assert.throws(() => serveOptionsFrom({ ...serveBase(), tensorParallelSize: bad }), names('tensor-parallel-size'));
+  assert.deepEqual(pdTensorParallelFlags('dsv4-mini', {}), { prefill: 1, decode: 1 });
+  assert.deepEqual(pdTensorParallelFlags('dsv4-mini', { tensorParallelSize: '2' }), { prefill: 2, decode: 2 });
+  assert.deepEqual(pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '2' }), { prefill: 2, decode: 2 });
+  assert.throws(() => pdTensorParallelFlags('llama-mini', { decodeTp: '3' }), names('decode-tp'));
+  assert.throws(
+    () => pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '1' }),
+    (e: unknown) =>
+      e instanceof HandoffError && e.code === 'BAD_CONFIG' && /--prefill-tp 2 and --decode-tp 1 differ/.test(e.message),
+  );
 });

@@ -2,6 +2,7 @@
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
+  checkTensorParallelSize,
   isBlockSize,
   isMicroPreset,
   isModelPreset,
@@ -59,6 +60,33 @@ export function blockSizeFlag(v: unknown): number {
   if (!isBlockSize(n))
     throw new HandoffError('BAD_CONFIG', `--block-size must be a power of two in [1, 256]; got '${String(v)}'`);
   return n;
+}
+
+/** `--tensor-parallel-size` (or `flag`): ranks of an instance, dividing the preset's KV heads and shards. */
+export function tensorParallelFlag(preset: ModelPreset, v: unknown, flag = 'tensor-parallel-size'): number {
+  return checkTensorParallelSize(preset, v ?? 1, flag);
+}
+
+/**
+ * The TP degrees of a P/D pair: `--tensor-parallel-size` for both, `--prefill-tp` / `--decode-tp` for one.
+ * Different degrees are refused (BAD_CONFIG): a decode rank would need a slice of each prefill page
+ * (kv/tp_layout.ts), a mapping not implemented yet; the handshake refuses such peers too (PEER_INCOMPATIBLE).
+ */
+export function pdTensorParallelFlags(
+  preset: ModelPreset,
+  o: Record<string, unknown>,
+): { prefill: number; decode: number } {
+  const both = tensorParallelFlag(preset, o['tensorParallelSize']);
+  const prefill = o['prefillTp'] === undefined ? both : tensorParallelFlag(preset, o['prefillTp'], 'prefill-tp');
+  const decode = o['decodeTp'] === undefined ? both : tensorParallelFlag(preset, o['decodeTp'], 'decode-tp');
+  if (prefill !== decode)
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `--prefill-tp ${prefill} and --decode-tp ${decode} differ: P/D between different tensor parallel degrees ` +
+        `needs each decode rank to gather its heads from the prefill ranks' pages, which is not implemented yet; ` +
+        'use equal degrees',
+    );
+  return { prefill, decode };
 }
 
 /** Any preset, micro ones included (sim, bench model, bench sched). */

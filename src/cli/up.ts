@@ -7,7 +7,15 @@
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger, currentLogFormat, type LogFormat } from '../util/log.ts';
-import { blockSizeFlag, choiceFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, presetFlag } from './flags.ts';
+import {
+  blockSizeFlag,
+  choiceFlag,
+  LOG_FORMAT_HELP,
+  logFormatFlag,
+  pdTensorParallelFlags,
+  portFlag,
+  presetFlag,
+} from './flags.ts';
 import { checkPortFree, startLocalCluster } from './cluster.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
@@ -22,12 +30,16 @@ export function configureUp(up: Command): void {
     .option('--mode <mode>', 'read | write', 'read')
     .option('--num-blocks <n>', 'KV pages per instance')
     .option('--block-size <n>', 'tokens per KV page on both instances (a power of two up to 256)')
+    .option('--tensor-parallel-size <n>', 'tensor parallel ranks of both instances (1 or 2)')
+    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
+    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
     .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
       if (o['blockSize'] !== undefined) blockSizeFlag(o['blockSize']); // refused here, before any child starts
+      const tp = pdTensorParallelFlags(preset, o);
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
       const port = portFlag('port', o['port']);
       const host = String(o['host']);
@@ -36,9 +48,17 @@ export function configureUp(up: Command): void {
       const log = createLogger('up');
       const out = (s: string): void => void process.stdout.write(`${s}\n`);
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
-      out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
+      const tpNote = tp.prefill > 1 ? `, TP=${tp.prefill} each` : '';
+      out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport${tpNote})...`);
       const serveArgs = upServeArgs(o, currentLogFormat());
-      const cluster = await startLocalCluster({ preset, mode, host, proxyPort: port, serveArgs, apiKey, log }, env);
+      const roleServeArgs = {
+        prefill: ['--tensor-parallel-size', String(tp.prefill)],
+        decode: ['--tensor-parallel-size', String(tp.decode)],
+      };
+      const cluster = await startLocalCluster(
+        { preset, mode, host, proxyPort: port, serveArgs, roleServeArgs, apiKey, log },
+        env,
+      );
       let stopping = false;
       const stop = async (): Promise<void> => {
         stopping = true;
