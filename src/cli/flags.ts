@@ -2,6 +2,7 @@
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
+  checkEqualTensorParallel,
   checkTensorParallelSize,
   isBlockSize,
   isMicroPreset,
@@ -79,13 +80,7 @@ export function pdTensorParallelFlags(
   const both = tensorParallelFlag(preset, o['tensorParallelSize']);
   const prefill = o['prefillTp'] === undefined ? both : tensorParallelFlag(preset, o['prefillTp'], 'prefill-tp');
   const decode = o['decodeTp'] === undefined ? both : tensorParallelFlag(preset, o['decodeTp'], 'decode-tp');
-  if (prefill !== decode)
-    throw new HandoffError(
-      'BAD_CONFIG',
-      `--prefill-tp ${prefill} and --decode-tp ${decode} differ: P/D between different tensor parallel degrees ` +
-        `needs each decode rank to gather its heads from the prefill ranks' pages, which is not implemented yet; ` +
-        'use equal degrees',
-    );
+  checkEqualTensorParallel(prefill, decode);
   return { prefill, decode };
 }
 

@@ -70,7 +70,12 @@ export function oneSidedConnectorFactory(
       engineId: endpoint.engineId,
       modelName: endpoint.modelName,
       preset: endpoint.preset,
-      layout: { numSlabs: kvConfig.numSlabs, numBlocks: kvConfig.numBlocks, pageBytes: kvConfig.pageBytes },
+      layout: {
+        numSlabs: kvConfig.numSlabs,
+        numBlocks: kvConfig.numBlocks,
+        pageBytes: kvConfig.pageBytes,
+        tensorParallelSize: kvConfig.tensorParallelSize,
+      },
       blockSizes: kvConfig.groups.map((g) => g.spec.blockSize),
       cacheHash: JSON.stringify(kvConfig.groups.map((g) => g.spec)),
       slabViews: device.slabs,

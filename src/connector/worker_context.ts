@@ -9,7 +9,7 @@ import type { Logger } from '../util/log.ts';
 import type { Mutations } from '../util/mutants.ts';
 import type { Device, PageAccess } from '../device/types.ts';
 import { slabTransferRanges } from '../kv/layout.ts';
-import type { KVCacheConfig } from '../kv/spec.ts';
+import { everyRankSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import type { PeerDirectory } from './peer_directory.ts';
@@ -34,11 +34,17 @@ export class WorkerContext {
     this.numAttnGroups = n < 0 ? transferGroupIds.length : n;
   }
 
-  /** Slabs holding a transfer group's layers. */
+  /**
+   * Device slabs holding a transfer group's layers, on every tensor parallel rank: with equal TP on both
+   * sides, slab i (rank r's layer j) is copied to slab i, so each rank's pages reach the same rank.
+   */
   private slabsOf(transferGroup: number): number[] {
     const g = this.kvConfig.groups[this.transferGroupIds[transferGroup] ?? -1];
     assert(g !== undefined, `transfer group ${transferGroup} has no KV group`);
-    return g.layerNames.map((_, i) => i);
+    return everyRankSlabs(
+      this.kvConfig,
+      g.layerNames.map((_, i) => i),
+    );
   }
 
   /** Byte ranges moving `local[g][i]` ⇄ `remote[g][i]` and the local pages' footprint (written). */

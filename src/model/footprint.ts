@@ -7,11 +7,13 @@
  * - Mamba groups: a READ of the whole state page only when startPos > 0 (at 0 the state starts from
  *   zero and the page is not read) and a WRITE of the whole page.
  *
- * Accesses are merged per (slab, block, write): overlapping or touching ranges become one.
+ * With tensor parallel ranks, every rank's slab of each layer (each rank reads and writes its own share,
+ * at the offsets of its own page format). Accesses are merged per (slab, block, write): overlapping or
+ * touching ranges become one.
  */
 import { assert } from '../util/assert.ts';
 import type { PageAccess } from '../device/types.ts';
-import type { KVCacheConfig } from '../kv/spec.ts';
+import { everyRankSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import { slotByteRanges, slotLocation } from './pages.ts';
 import type { ForwardArgs } from './types.ts';
 
@@ -31,7 +33,10 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
     assert(req.blockTables.length === kvConfig.groups.length, `${req.requestId}: one block table per KV group`);
     kvConfig.groups.forEach((group, g) => {
       const table = req.blockTables[g] as number[];
-      const slabs = group.layerNames.map((_, slab) => slab);
+      const slabs = everyRankSlabs(
+        kvConfig,
+        group.layerNames.map((_, slab) => slab),
+      );
       const spec = group.spec;
       if (spec.type === 'mamba') {
         assert(table.length === 1, `${req.requestId}: a Mamba group holds exactly one state page`);

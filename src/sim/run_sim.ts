@@ -34,6 +34,9 @@ export interface SimOptions {
   requests?: number;
   /** Tokens per KV page on both instances (default 16). */
   blockSize?: number;
+  /** Tensor parallel ranks of prefill and decode (default 1; equal, or BAD_CONFIG). */
+  prefillTp?: number;
+  decodeTp?: number;
   pctDepth?: number;
   dfsDepth?: number;
   /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
@@ -106,6 +109,8 @@ export function replayCommand(
     | 'pctDepth'
     | 'dfsDepth'
     | 'blockSize'
+    | 'prefillTp'
+    | 'decodeTp'
   > & { schedule?: readonly number[] },
   seed: number,
 ): string {
@@ -116,6 +121,8 @@ export function replayCommand(
   if (o.maxSteps !== undefined && o.maxSteps !== DEFAULT_MAX_STEPS) parts.push(`--max-steps ${o.maxSteps}`);
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
   if (o.blockSize !== undefined && o.blockSize !== BLOCK_SIZE) parts.push(`--block-size ${o.blockSize}`);
+  if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1)
+    parts.push(`--prefill-tp ${o.prefillTp ?? 1} --decode-tp ${o.decodeTp ?? 1}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
   if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
@@ -136,6 +143,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
     ...(o.blockSize !== undefined ? { blockSize: o.blockSize } : {}),
+    ...tensorParallelOf(o),
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
@@ -238,14 +246,26 @@ class Tally {
  * before any seed runs on a thread.
  */
 export function checkPlayable(
-  o: Pick<SimOptions, 'scenario' | 'model' | 'requests' | 'mutant' | 'blockSize'>,
+  o: Pick<SimOptions, 'scenario' | 'model' | 'requests' | 'mutant' | 'blockSize' | 'prefillTp' | 'decodeTp'>,
   seed = 1,
 ): void {
   buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, seed, {
     requests: o.requests,
     mutant: o.mutant,
     blockSize: o.blockSize,
+    ...tensorParallelOf(o),
   });
+}
+
+/** The tensor parallel options of a run, only those set (worlds and scenarios default to 1). */
+export function tensorParallelOf(o: Pick<SimOptions, 'prefillTp' | 'decodeTp'>): {
+  prefillTp?: number;
+  decodeTp?: number;
+} {
+  return {
+    ...(o.prefillTp !== undefined ? { prefillTp: o.prefillTp } : {}),
+    ...(o.decodeTp !== undefined ? { decodeTp: o.decodeTp } : {}),
+  };
 }
 
 /** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */

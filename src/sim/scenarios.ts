@@ -21,7 +21,14 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { BLOCK_SIZE, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import {
+  BLOCK_SIZE,
+  checkEqualTensorParallel,
+  checkTensorParallelSize,
+  isBlockSize,
+  kvTwin,
+  type ModelPreset,
+} from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -49,6 +56,8 @@ export function isScenarioName(s: string): s is ScenarioName {
 
 export interface SideConfig {
   numBlocks: number;
+  /** Tensor parallel ranks of the instance (equal on both sides, checkEqualTensorParallel). */
+  tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
 }
@@ -167,8 +176,11 @@ export function buildScenario(
   name: ScenarioName,
   preset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName; blockSize?: number } = {},
+  opts: { requests?: number; mutant?: MutantName; blockSize?: number; prefillTp?: number; decodeTp?: number } = {},
 ): ScenarioConfig {
+  const prefillTp = checkTensorParallelSize(preset, opts.prefillTp ?? 1, 'prefill-tp');
+  const decodeTp = checkTensorParallelSize(preset, opts.decodeTp ?? 1, 'decode-tp');
+  checkEqualTensorParallel(prefillTp, decodeTp);
   if (opts.blockSize !== undefined && !isBlockSize(opts.blockSize))
     throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${opts.blockSize}`);
   const blockSize = opts.blockSize ?? BLOCK_SIZE;
@@ -200,8 +212,14 @@ export function buildScenario(
     modelSeed: 1,
     mode,
     requests,
-    prefill: { numBlocks: pagesFor(64, blockSize), scheduler: sched('producer'), connector: connector('producer') },
+    prefill: {
+      numBlocks: pagesFor(64, blockSize),
+      tensorParallelSize: prefillTp,
+      scheduler: sched('producer'),
+      connector: connector('producer'),
+    },
     decode: {
+      tensorParallelSize: decodeTp,
       numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, blockSize),
       scheduler: sched('consumer'),
       connector: connector('consumer'),

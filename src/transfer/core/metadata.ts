@@ -1,7 +1,9 @@
 /**
  * Engine metadata exchanged at handshake, and the compatibility rule: two engines may move pages
- * only when a page means the same bytes on both sides (same model, preset, slab count, page size,
- * block sizes and cache specs). numBlocks may differ: each side checks offsets against its own.
+ * only when a page means the same bytes on both sides (same model, preset, tensor parallel size, slab
+ * count, page size, block sizes and cache specs). numBlocks may differ: each side checks offsets
+ * against its own. Different TP degrees are refused first and by name: a rank's page holds its share of
+ * the heads, so it needs a mapping (kv/tp_layout.ts) that slab-to-slab copies do not do (yet).
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
@@ -27,6 +29,7 @@ export function compatibilityHash(m: Omit<MetadataInput, 'engineId'>): string {
     m.layout.pageBytes,
     m.blockSizes,
     m.cacheHash ?? '',
+    ...((m.layout.tensorParallelSize ?? 1) === 1 ? [] : [`tp${m.layout.tensorParallelSize}`]),
   ]);
   return createHash('sha256').update(canonical).digest('hex');
 }
@@ -38,15 +41,17 @@ export function buildMetadata(m: MetadataInput): EngineMetadata {
     'blockSizes must be positive integers',
   );
   const { numSlabs, numBlocks, pageBytes } = m.layout;
+  const tensorParallelSize = m.layout.tensorParallelSize ?? 1;
   assert(
-    [numSlabs, numBlocks, pageBytes].every((x) => Number.isInteger(x) && x > 0),
+    [numSlabs, numBlocks, pageBytes, tensorParallelSize].every((x) => Number.isInteger(x) && x > 0),
     'layout sizes must be positive integers',
   );
+  assert(numSlabs % tensorParallelSize === 0, 'every tensor parallel rank registers the same number of slabs');
   return {
     engineId: m.engineId,
     modelName: m.modelName,
     preset: m.preset,
-    layout: { numSlabs, numBlocks, pageBytes, blockSizes: [...m.blockSizes] },
+    layout: { numSlabs, numBlocks, pageBytes, tensorParallelSize, blockSizes: [...m.blockSizes] },
     compatHash: compatibilityHash(m),
   };
 }
@@ -59,7 +64,12 @@ export function layoutFromKvConfig(config: KVCacheConfig): {
 } {
   const specs = JSON.stringify(config.groups.map((g) => [g.layerNames, g.spec]));
   return {
-    layout: { numSlabs: config.numSlabs, numBlocks: config.numBlocks, pageBytes: config.pageBytes },
+    layout: {
+      numSlabs: config.numSlabs,
+      numBlocks: config.numBlocks,
+      pageBytes: config.pageBytes,
+      tensorParallelSize: config.tensorParallelSize,
+    },
     blockSizes: config.groups.map((g) => g.spec.blockSize),
     cacheHash: createHash('sha256').update(specs).digest('hex'),
   };
@@ -67,6 +77,13 @@ export function layoutFromKvConfig(config: KVCacheConfig): {
 
 /** A human-readable reason why `remote` cannot exchange pages with `local`, or null. */
 export function compatibilityProblem(local: EngineMetadata, remote: EngineMetadata): string | null {
+  const [theirs, ours] = [remote.layout.tensorParallelSize, local.layout.tensorParallelSize];
+  if (theirs !== ours)
+    return (
+      `peer ${remote.engineId} is incompatible: tensor parallel size ${theirs} != ${ours} ` +
+      `(peer ${remote.engineId} runs TP=${theirs}, engine ${local.engineId} TP=${ours}; P/D between different ` +
+      'TP degrees needs a head-slice mapping of the pages that is not implemented yet: use equal degrees)'
+    );
   const diffs: string[] = [];
   if (remote.engineId === local.engineId) diffs.push(`same engine id ${local.engineId}`);
   if (remote.modelName !== local.modelName) diffs.push(`model ${remote.modelName} != ${local.modelName}`);

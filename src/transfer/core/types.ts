@@ -21,11 +21,18 @@ export interface PeerAddress {
   port: number;
 }
 
-/** Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. */
+/**
+ * Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. With tensor
+ * parallel ranks every rank registers its own slabs, rank-major: slab index = rank * (numSlabs / TP) +
+ * layer slab, and rank r's page holds rank r's share of the KV heads (kv/spec.ts, kv/tp_layout.ts). Two
+ * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side.
+ */
 export interface SlabLayout {
   numSlabs: number;
   numBlocks: number;
   pageBytes: number;
+  /** Tensor parallel ranks the slabs belong to (default 1). */
+  tensorParallelSize?: number;
 }
 
 /** What peers exchange at handshake. Peers are compatible when everything but numBlocks agrees. */
@@ -33,8 +40,8 @@ export interface EngineMetadata {
   engineId: string;
   modelName: string;
   preset: string;
-  layout: SlabLayout & { blockSizes: number[] };
-  /** sha256 over model, preset, numSlabs, pageBytes, blockSizes and the caller's cacheHash. */
+  layout: Required<SlabLayout> & { blockSizes: number[] };
+  /** sha256 over model, preset, numSlabs, pageBytes, blockSizes, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
 
