@@ -164,7 +164,7 @@ export class SimInstance {
     watchPool(this.lifecycle, this.engine.kv.blockPool);
   }
 
-  /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); the observers tell the lifecycle. */
+  /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); observers tell the lifecycle. */
   runOp(opId: number, rank: number | null = null): void {
     this.device.runOp(opId, rank);
   }
