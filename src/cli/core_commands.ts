@@ -7,7 +7,7 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, presetFlag, tensorParallelFlag } from './flags.ts';
+import { anyPresetFlag, pdTensorParallelFlags, presetFlag, tensorParallelFlag } from './flags.ts';
 import { benchTransfer } from '../transfer/bench.ts';
 import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
@@ -64,6 +64,9 @@ function registerAb(program: Command): void {
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
     .option('--forward-pad-ms <n>', 'keep the decode stream busy this long after each forward (a bigger model)', '0')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
+    .option('--tensor-parallel-size <n>', 'tensor parallel ranks of each pair (reference: colocated TP=1)')
+    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
+    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
     .option(
       '--trace <base>',
       "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)",
@@ -84,6 +87,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
     cliProgress.Presets.shades_classic,
   );
   const preset = presetFlag(o['model']);
+  const tp = pdTensorParallelFlags(preset, o);
   bar.start(requests * variants.length, 0, { variant: 'reference' });
   let base = 0;
   let last = '';
@@ -95,6 +99,8 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
       seed: int('seed', String(o['seed']), 0, 2 ** 31),
       arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
       forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
+      prefillTp: tp.prefill,
+      decodeTp: tp.decode,
       variants,
       trace: traceBase !== null,
       onProgress: (variant, done) => {
@@ -153,7 +159,8 @@ function printAbJson(report: AbReport, verdict: AbVerdict): void {
 }
 
 function printAbTable(report: AbReport, verdict: AbVerdict): void {
-  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
+  const tp = report.tensorParallelSize > 1 ? ` (TP=${report.tensorParallelSize} each, reference at TP=1)` : '';
+  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ${tp}`);
   const fast = report.variants.find((v) => v.name === 'all-read-groups');
   for (const v of report.variants) {
     const ratio =

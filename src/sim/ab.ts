@@ -6,7 +6,9 @@
  * staggered arrivals, so new requests' READs are posted while the decode stream still runs the previous
  * forward: the window in which a zeroing queued behind that forward can land after the READ.
  * Per variant: requests equal to the reference (tokens and logits), mismatches, races reported by the
- * race checker on the decode device, decode tokens/s and ITL p50. With `trace`, also the decode
+ * race checker on the decode device, decode tokens/s and ITL p50. With tensor parallel pairs
+ * (prefillTp = decodeTp = N) the reference stays colocated at TP=1, so "exact" also says that N ranks, their
+ * per-rank slabs and transfers change no bit. With `trace`, also the decode
  * instance's timeline (real_trace.ts): compute ops timed in the compute thread, NIC work requests,
  * requests, and the racing pairs highlighted.
  */
@@ -60,6 +62,8 @@ export interface AbReport {
   model: ModelPreset;
   requests: number;
   variants: AbVariantResult[];
+  /** Tensor parallel ranks of each pair's instances (the reference is colocated at TP=1). */
+  tensorParallelSize: number;
 }
 
 export interface AbOptions {
@@ -74,6 +78,9 @@ export interface AbOptions {
   trace?: boolean;
   /** Extra compute-stream time after each decode forward (emulates a bigger model's forward). */
   forwardPadMs?: number;
+  /** Tensor parallel ranks of each pair's prefill and decode (equal); the colocated reference stays at TP=1. */
+  prefillTp?: number;
+  decodeTp?: number;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -111,7 +118,7 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   const variants: AbVariantResult[] = [];
   for (const v of opts.variants ?? AB_VARIANTS)
     variants.push(await runVariant(v, { opts, common, prompts, reference }, env));
-  return { model: opts.preset, requests: opts.requests, variants };
+  return { model: opts.preset, requests: opts.requests, variants, tensorParallelSize: opts.decodeTp ?? 1 };
 }
 
 /** Instance settings shared by the reference and every variant's pair. */
@@ -169,6 +176,8 @@ async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariant
       raceCheck: true,
       name: `ab-${v.name}`,
       ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
+      ...(opts.prefillTp !== undefined ? { prefillTp: opts.prefillTp } : {}),
+      ...(opts.decodeTp !== undefined ? { decodeTp: opts.decodeTp } : {}),
     },
     env,
   );

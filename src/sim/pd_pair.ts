@@ -30,6 +30,9 @@ export interface PdPairOptions {
   decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
   name: string;
+  /** Tensor parallel ranks of each side (default 1). Unequal degrees are refused at the handshake. */
+  prefillTp?: number;
+  decodeTp?: number;
 }
 
 export class PdPair {
@@ -46,6 +49,7 @@ export class PdPair {
           preset: o.preset,
           modelSeed: o.modelSeed,
           numBlocks: o.numBlocks,
+          tensorParallelSize: (role === 'producer' ? o.prefillTp : o.decodeTp) ?? 1,
           asyncScheduling: true,
           scheduler: o.scheduler ?? {},
           idlePollMs: 2,
