@@ -231,7 +231,8 @@ function registerBenchModel(bench: Command): void {
       );
       if (tp !== null)
         out(
-          `threaded device: TP=${tp.tensorParallelSize} ${tp.tpTokensPerSec.toFixed(0)} tokens/s vs TP=1 ${tp.tp1TokensPerSec.toFixed(0)} tokens/s = ratio ${tp.speedup.toFixed(2)} (median of ${tp.reps})`,
+          `threaded device: TP=${tp.tensorParallelSize} ${tp.tpTokensPerSec.toFixed(0)} tokens/s vs TP=1 ${tp.tp1TokensPerSec.toFixed(0)} tokens/s = ratio ${tp.speedup.toFixed(2)} ` +
+            `(median of ${tp.reps}; ${tp.tensorParallelSize} independent threads give ${tp.threadScaling.toFixed(2)}x one here)`,
         );
     });
 }

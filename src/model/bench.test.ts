@@ -29,7 +29,7 @@ test('benchTensorParallel: TP=1 and TP=2 on the threaded device, positive finite
     reps: 1,
   });
   assert.equal(r.tensorParallelSize, 2);
-  for (const k of ['tp1TokensPerSec', 'tpTokensPerSec', 'speedup'] as const)
+  for (const k of ['tp1TokensPerSec', 'tpTokensPerSec', 'speedup', 'threadScaling'] as const)
     assert.ok(Number.isFinite(r[k]) && r[k] > 0, `${k} = ${r[k]}`);
   assert.ok(Math.abs(r.speedup - r.tpTokensPerSec / r.tp1TokensPerSec) < 1e-12);
 });

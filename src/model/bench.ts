@@ -16,7 +16,7 @@ import { createThreadedDevice } from '../device/threaded.ts';
 import type { Device } from '../device/types.ts';
 import { vocabSizeOf } from './config.ts';
 import { createModel } from './model.ts';
-import { matVec, type FlopCounter } from './ops.ts';
+import { matVec, type FlopCounter, type Linear } from './ops.ts';
 import type { ForwardArgs, ForwardRequest, ForwardResult } from './types.ts';
 
 export interface ModelBenchResult {
@@ -32,16 +32,31 @@ const ROOFLINE_MIN_MS = 200;
 const ROOFLINE_MAX_REPS = 4096;
 const BENCH_SEED = 1;
 
-/** GFLOP/s of plain TS matrix products (64 inputs, 8192 outputs: the lm head's shape, in L2). */
-export function measureRoofline(env: Env): number {
+/** The roofline's operands: 64 inputs, 8192 outputs (the lm head's shape, in L2). */
+function rooflineOperands(): { lin: Linear; x: Float64Array; out: Float64Array } {
   const rows = 8192;
   const cols = 64;
   const w = new Float32Array(rows * cols);
   for (let i = 0; i < w.length; i++) w[i] = ((i * 2654435761) % 1000) / 1000 - 0.5;
-  const x = new Float64Array(cols).map((_, i) => Math.cos(i));
-  const out = new Float64Array(rows);
+  return { lin: { rows, cols, w }, x: new Float64Array(cols).map((_, i) => Math.cos(i)), out: new Float64Array(rows) };
+}
+
+/** `reps` roofline products (the `matmul` kernel: what a thread computes when nothing else holds it). */
+export function rooflineWork(reps: number): number {
+  const { lin, x, out } = rooflineOperands();
   const fc: FlopCounter = { flops: 0 };
-  const lin = { rows, cols, w };
+  for (let r = 0; r < reps; r++) {
+    matVec(lin, x, 0, out, 0, fc);
+    x[r % lin.cols] = out[r % lin.rows] as number;
+  }
+  return fc.flops;
+}
+
+/** GFLOP/s of plain TS matrix products (64 inputs, 8192 outputs: the lm head's shape, in L2). */
+export function measureRoofline(env: Env): number {
+  const { lin, x, out } = rooflineOperands();
+  const { rows, cols } = lin;
+  const fc: FlopCounter = { flops: 0 };
   for (let i = 0; i < 16; i++) matVec(lin, x, 0, out, 0, fc); // warm up the JIT
   fc.flops = 0;
   const t0 = env.nowMs();
@@ -110,6 +125,11 @@ export interface TensorParallelBenchResult {
   tpTokensPerSec: number;
   /** tpTokensPerSec / tp1TokensPerSec. */
   speedup: number;
+  /**
+   * What the machine gives N threads in this run: N compute threads each running independent roofline
+   * products (no collective, no sharing) vs one, in aggregate throughput. The ceiling of `speedup`.
+   */
+  threadScaling: number;
   reps: number;
 }
 
@@ -131,14 +151,39 @@ export async function benchTensorParallel(opts: {
   assert(Number.isInteger(tokens) && tokens >= 1 && tokens <= 8192, `bench tokens must be 1..8192, got ${tokens}`);
   const devices = [await benchDevice(preset, tokens, 1), await benchDevice(preset, tokens, tp)];
   try {
-    const rates: number[][] = [[], []];
-    for (let r = 0; r < reps; r++)
+    const rates: number[][] = [[], [], []];
+    for (let r = 0; r < reps; r++) {
       for (const [i, d] of devices.entries()) rates[i]?.push(await runOnDevice(d, tokens, env));
-    const [one, many] = rates.map(median) as [number, number];
-    return { preset, tensorParallelSize: tp, tp1TokensPerSec: one, tpTokensPerSec: many, speedup: many / one, reps };
+      rates[2]?.push(await threadScaling(devices[0] as BenchDevice, devices[1] as BenchDevice, tp, env));
+    }
+    const [one, many, scaling] = rates.map(median) as [number, number, number];
+    return {
+      preset,
+      tensorParallelSize: tp,
+      tp1TokensPerSec: one,
+      tpTokensPerSec: many,
+      speedup: many / one,
+      threadScaling: scaling,
+      reps,
+    };
   } finally {
     await Promise.all(devices.map((d) => d.device.close()));
   }
+}
+
+/** Aggregate roofline throughput of `tp` rank threads (each its own products) over one thread's. */
+async function threadScaling(one: BenchDevice, many: BenchDevice, tp: number, env: Env): Promise<number> {
+  const timed = async (d: BenchDevice): Promise<number> => {
+    const t0 = env.nowMs();
+    await d.device.compute.enqueue({
+      op: { kind: 'kernel', name: 'matmul', args: { reps: 400 } },
+      label: { what: 'matmul' },
+    }).done;
+    return env.nowMs() - t0;
+  };
+  const oneMs = await timed(one);
+  const manyMs = await timed(many);
+  return manyMs > 0 ? (tp * oneMs) / manyMs : 0;
 }
 
 function median(xs: number[]): number {

@@ -2,11 +2,12 @@
  * The kernel module the device loads inside its compute-stream thread (DeviceOptions.kernelModuleUrl).
  * `createKernels(init, slabs)` builds the model once; the `forward` kernel then runs a ForwardArgs
  * against the slabs the device passes (SharedArrayBuffer-backed in the threaded device) and returns
- * a plain ForwardResult.
+ * a plain ForwardResult. `matmul {reps}` runs the bench's roofline products (bench.ts).
  */
 import { assert } from '../util/assert.ts';
 import { isModelPreset } from '../kv/presets.ts';
 import type { KernelFn, KernelRanks } from '../device/types.ts';
+import { rooflineWork } from './bench.ts';
 import { createModel } from './model.ts';
 import type { ForwardArgs, ModelKernelInit } from './types.ts';
 
@@ -22,5 +23,7 @@ export async function createKernels(
   for (const s of slabs) assert(s.byteLength === numBlocks * pageBytes, 'slab size does not match the KV config');
   return {
     forward: (args: unknown, kernelSlabs: Uint8Array[]) => model.forward(args as ForwardArgs, kernelSlabs),
+    // The bench's yardstick: independent work on every rank (no collective), to see what the threads can give.
+    matmul: (args: unknown) => rooflineWork((args as { reps: number }).reps),
   };
 }
