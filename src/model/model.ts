@@ -19,7 +19,7 @@ import { MambaLayer } from './mamba.ts';
 import { MlaLayer } from './mla.ts';
 import { matVec, rmsNorm, Scratch, type FlopCounter, type Linear } from './ops.ts';
 import { Parallel, rowsOf, shardRange } from './parallel.ts';
-import { logitsHash, sampleToken } from './sampler.ts';
+import { argmax, hasNaN, logitsHash, sampleToken } from './sampler.ts';
 import type { ForwardArgs, ForwardOutput, ForwardRequest, ForwardResult } from './types.ts';
 import { modelWeights, type ModelWeights } from './weights.ts';
 
@@ -98,6 +98,13 @@ class TinyTransformer implements Model {
     const last = hidden[hidden.length - 1] as Float64Array;
     rmsNorm(last, 0, cfg.hidden, weights.finalNorm, cfg.rmsEps, this.finalHidden, 0);
     this.computeLogits();
+    // A rank thread other than rank 0 only needs the token (the device returns rank 0's output): a greedy
+    // token is the argmax (sampleToken's, NaN or not), without the log-probability or the logits' hash.
+    if (!this.par.ranks.includes(0)) {
+      const tokenId =
+        req.sampling.temperature === 0 ? argmax(this.logits) : sampleToken(this.logits, req.sampling).tokenId;
+      return { requestId: req.requestId, tokenId, logprob: null, logitsHash: null, nanLogits: hasNaN(this.logits) };
+    }
     const s = sampleToken(this.logits, req.sampling);
     return {
       requestId: req.requestId,
