@@ -16,7 +16,8 @@ import { createThreadedDevice } from '../device/threaded.ts';
 import type { Device } from '../device/types.ts';
 import { vocabSizeOf } from './config.ts';
 import { createModel } from './model.ts';
-import { matVec, type FlopCounter, type Linear } from './ops.ts';
+import { matVec, type FlopCounter } from './ops.ts';
+import { rooflineOperands } from './roofline.ts';
 import type { ForwardArgs, ForwardRequest, ForwardResult } from './types.ts';
 
 export interface ModelBenchResult {
@@ -31,26 +32,6 @@ export interface ModelBenchResult {
 const ROOFLINE_MIN_MS = 200;
 const ROOFLINE_MAX_REPS = 4096;
 const BENCH_SEED = 1;
-
-/** The roofline's operands: 64 inputs, 8192 outputs (the lm head's shape, in L2). */
-function rooflineOperands(): { lin: Linear; x: Float64Array; out: Float64Array } {
-  const rows = 8192;
-  const cols = 64;
-  const w = new Float32Array(rows * cols);
-  for (let i = 0; i < w.length; i++) w[i] = ((i * 2654435761) % 1000) / 1000 - 0.5;
-  return { lin: { rows, cols, w }, x: new Float64Array(cols).map((_, i) => Math.cos(i)), out: new Float64Array(rows) };
-}
-
-/** `reps` roofline products (the `matmul` kernel: what a thread computes when nothing else holds it). */
-export function rooflineWork(reps: number): number {
-  const { lin, x, out } = rooflineOperands();
-  const fc: FlopCounter = { flops: 0 };
-  for (let r = 0; r < reps; r++) {
-    matVec(lin, x, 0, out, 0, fc);
-    x[r % lin.cols] = out[r % lin.rows] as number;
-  }
-  return fc.flops;
-}
 
 /** GFLOP/s of plain TS matrix products (64 inputs, 8192 outputs: the lm head's shape, in L2). */
 export function measureRoofline(env: Env): number {

@@ -2,12 +2,12 @@
  * The kernel module the device loads inside its compute-stream thread (DeviceOptions.kernelModuleUrl).
  * `createKernels(init, slabs)` builds the model once; the `forward` kernel then runs a ForwardArgs
  * against the slabs the device passes (SharedArrayBuffer-backed in the threaded device) and returns
- * a plain ForwardResult. `matmul {reps}` runs the bench's roofline products (bench.ts).
+ * a plain ForwardResult. `matmul {reps}` runs the bench's roofline products (roofline.ts).
  */
 import { assert } from '../util/assert.ts';
 import { isModelPreset } from '../kv/presets.ts';
 import type { KernelFn, KernelRanks } from '../device/types.ts';
-import { rooflineWork } from './bench.ts';
+import { rooflineWork } from './roofline.ts';
 import { createModel } from './model.ts';
 import type { ForwardArgs, ModelKernelInit } from './types.ts';
 
