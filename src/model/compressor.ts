@@ -34,8 +34,9 @@ export class CompressorBranch {
   private readonly state = new Scratch();
   private readonly states = new Scratch();
   private readonly probs = new Scratch();
-  private readonly att = new Scratch();
   private readonly bound = new Scratch();
+  /** One head's attention output. */
+  private readonly att: Float64Array;
   /** The slot sets (one per head) of the rank whose pages were read last. */
   private sets: SlotSet[] | null = null;
 
@@ -50,6 +51,7 @@ export class CompressorBranch {
     this.headDim = rankDim / par.shardsPerRank;
     assert(Number.isInteger(this.headDim) && this.headDim >= 1, 'compressor heads must split the state evenly');
     const hd = this.headDim;
+    this.att = new Float64Array(hd);
     this.ranks = par.ranks.map((rank) => ({
       rank,
       wc: rowsOf(w.wc, rank * rankDim, (rank + 1) * rankDim),
@@ -115,7 +117,7 @@ export class CompressorBranch {
     const hd = this.headDim;
     const set = this.sets?.[k];
     assert(set !== undefined, 'compressor: attend before readPages');
-    const att = this.att.get(hd).subarray(0, hd);
+    const att = this.att;
     const q = this.queries.get(0);
     attendSlots(q, i * sd + k * hd, hd, set, hd, pos, 1 / Math.sqrt(hd), this.probs.get(set.numSlots), att, 0, fc);
     matVec((this.ranks[rankIndex] as CompressorRank).wo[k] as Linear, att, 0, out, outOff, fc);

@@ -114,11 +114,12 @@ export class GqaLayer {
     const group = this.rankHeads / spec.numKvHeads;
     const scale = 1 / Math.sqrt(D);
     const shardCols = qDim / r.wo.length;
+    const probs = this.probs.get(table.length * spec.blockSize);
     for (let i = 0; i < n; i++) {
       const pos = chunk.startPos + i;
       for (let h = 0; h < this.rankHeads; h++) {
         const set = sets[Math.floor(h / group)] as SlotSet;
-        attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, this.probs.get(set.numSlots), att, h * D, fc);
+        attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, probs, att, h * D, fc);
       }
       r.wo.forEach((wo, k) => matVec(wo, att, k * shardCols, partials, ((firstLocalShard + k) * n + i) * width, fc));
     }

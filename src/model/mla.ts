@@ -133,10 +133,11 @@ export class MlaLayer {
     const comp = this.comp.get(width);
     const scale = 1 / Math.sqrt(dim);
     const shardCols = (this.rankHeads * L) / r.wo.length;
+    const probs = this.probs.get(slots);
     for (let i = 0; i < n; i++) {
       const pos = chunk.startPos + i;
       for (let h = 0; h < this.rankHeads; h++)
-        attendSlots(q, i * qDim + h * dim, dim, set, L, pos, scale, this.probs.get(slots), att, h * L, fc);
+        attendSlots(q, i * qDim + h * dim, dim, set, L, pos, scale, probs, att, h * L, fc);
       r.wo.forEach((wo, k) => {
         const off = ((ri * r.wo.length + k) * n + i) * width;
         matVec(wo, att, k * shardCols, partials, off, fc);
