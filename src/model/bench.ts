@@ -154,16 +154,17 @@ export async function benchTensorParallel(opts: {
 
 /** Aggregate roofline throughput of `tp` rank threads (each its own products) over one thread's. */
 async function threadScaling(one: BenchDevice, many: BenchDevice, tp: number, env: Env): Promise<number> {
-  const timed = async (d: BenchDevice): Promise<number> => {
+  const timed = async (d: BenchDevice, reps: number): Promise<number> => {
     const t0 = env.nowMs();
     await d.device.compute.enqueue({
-      op: { kind: 'kernel', name: 'matmul', args: { reps: 400 } },
+      op: { kind: 'kernel', name: 'matmul', args: { reps } },
       label: { what: 'matmul' },
     }).done;
     return env.nowMs() - t0;
   };
-  const oneMs = await timed(one);
-  const manyMs = await timed(many);
+  for (const d of [one, many]) await timed(d, 32); // warm up the JIT of every thread
+  const oneMs = await timed(one, 400);
+  const manyMs = await timed(many, 400);
   return manyMs > 0 ? (tp * oneMs) / manyMs : 0;
 }
 
