@@ -24,7 +24,7 @@ for (const model of ['dsv4-micro', 'hybrid-micro', 'llama-micro'] as const) {
   });
 }
 
-test('TP=2: WRITE, prefix hits and preemption pass; zero-mamba-only is caught at seed 1 and the replay names the degrees', async () => {
+test('TP=2: WRITE, prefix hits and preemption pass; zero-mamba-only and other mutants are caught at seed 1; the replay names the degrees', async () => {
   for (const scenario of ['1p1d-write', 'prefix-hit', 'preempt'] as const) {
     const r = await runSim({ scenario, strategy: 'random', seeds: 3, ...TP2 });
     assert.equal(r.firstFailingSeed, null, `${scenario}: ${r.violations[0]?.message ?? ''}`);
@@ -32,6 +32,10 @@ test('TP=2: WRITE, prefix hits and preemption pass; zero-mamba-only is caught at
   const bug = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 2, mutant: 'zero-mamba-only', ...TP2 });
   assert.equal(bug.firstFailingSeed, 1);
   assert.match(bug.replay ?? '', /--prefill-tp 2 --decode-tp 2/);
+  for (const mutant of ['no-await-reads', 'tail-not-zeroed', 'read-done-early'] as const) {
+    const r = await runSim({ scenario: '1p1d', strategy: 'random', seeds: 2, mutant, ...TP2 });
+    assert.equal(r.firstFailingSeed, 1, `${mutant} is caught at TP=2`);
+  }
 });
 
 test('TP=2 world: both instances have two rank streams and twice the slabs; zero parts are separate choices', async () => {
