@@ -21,7 +21,7 @@ export interface ClusterOptions {
   policy?: RoutingPolicy;
   /** Extra `handoff serve` flags for both instances (e.g. --num-blocks). */
   serveArgs?: string[];
-  /** Extra `handoff serve` flags for one instance (e.g. its --block-size), after serveArgs. */
+  /** Extra `handoff serve` flags for one role (e.g. its --block-size, --tensor-parallel-size), after serveArgs. */
   roleServeArgs?: { prefill?: string[]; decode?: string[] };
   apiKey?: string | null;
   log?: Logger;

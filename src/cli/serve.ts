@@ -16,6 +16,7 @@ import {
   optionalInt,
   portFlag,
   presetFlag,
+  tensorParallelFlag,
 } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { parsePeerAllowList } from '../connector/peer_directory.ts';
@@ -36,6 +37,11 @@ export function registerServe(program: Command): void {
       String(DEFAULT_INSTANCE_OPTIONS.numBlocks),
     )
     .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode may differ)', '16')
+    .option(
+      '--tensor-parallel-size <n>',
+      'ranks (compute threads with their own KV slabs) the model is split over: 1 or 2 (prefill and decode must agree)',
+      '1',
+    )
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')
     .option(
       '--transfer-host <host>',
@@ -120,6 +126,7 @@ export function serveOptionsFrom(o: Opts): InstanceOptions {
     port: portFlag('port', o['port']),
     numBlocks: intFlag('num-blocks', o['numBlocks'], 2, 1 << 20),
     blockSize: blockSizeFlag(o['blockSize']),
+    tensorParallelSize: tensorParallelFlag(presetFlag(o['model']), o['tensorParallelSize']),
     kvTransferConfig: typeof o['kvTransferConfig'] === 'string' ? o['kvTransferConfig'] : null,
     transferHost: typeof o['transferHost'] === 'string' ? o['transferHost'] : wildcard ? '127.0.0.1' : host,
     transferPort: portFlag('transfer-port', o['transferPort']),

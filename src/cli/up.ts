@@ -7,7 +7,15 @@
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger, currentLogFormat, type LogFormat } from '../util/log.ts';
-import { blockSizeFlag, choiceFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, presetFlag } from './flags.ts';
+import {
+  blockSizeFlag,
+  choiceFlag,
+  LOG_FORMAT_HELP,
+  logFormatFlag,
+  pdTensorParallelFlags,
+  portFlag,
+  presetFlag,
+} from './flags.ts';
 import { checkPortFree, startLocalCluster } from './cluster.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
@@ -24,12 +32,16 @@ export function configureUp(up: Command): void {
     .option('--block-size <n>', 'tokens per KV page on both instances (a power of two up to 256)')
     .option('--prefill-block-size <n>', 'tokens per KV page of prefill (wins over --block-size)')
     .option('--decode-block-size <n>', 'tokens per KV page of decode (wins over --block-size); may differ from prefill')
+    .option('--tensor-parallel-size <n>', 'tensor parallel ranks of both instances (1 or 2)')
+    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
+    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
     .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
-      const roleServeArgs = upRoleServeArgs(o); // a bad size is refused here, before any child starts
+      const sizes = upRoleServeArgs(o); // a bad size is refused here, before any child starts
+      const tp = pdTensorParallelFlags(preset, o);
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
       const port = portFlag('port', o['port']);
       const host = String(o['host']);
@@ -38,8 +50,13 @@ export function configureUp(up: Command): void {
       const log = createLogger('up');
       const out = (s: string): void => void process.stdout.write(`${s}\n`);
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
-      out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport)...`);
+      const tpNote = tp.prefill > 1 ? `, TP=${tp.prefill} each` : '';
+      out(`handoff up: starting prefill and decode (${preset}, ${mode.toUpperCase()} mode, tcp transport${tpNote})...`);
       const serveArgs = upServeArgs(o, currentLogFormat());
+      const roleServeArgs = {
+        prefill: [...sizes.prefill, '--tensor-parallel-size', String(tp.prefill)],
+        decode: [...sizes.decode, '--tensor-parallel-size', String(tp.decode)],
+      };
       const cluster = await startLocalCluster(
         { preset, mode, host, proxyPort: port, serveArgs, roleServeArgs, apiKey, log },
         env,

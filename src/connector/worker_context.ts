@@ -9,7 +9,7 @@ import type { Env } from '../util/env.ts';
 import type { Logger } from '../util/log.ts';
 import type { Mutations } from '../util/mutants.ts';
 import type { Device, PageAccess, PageSpan } from '../device/types.ts';
-import type { KVCacheConfig, KVCacheGroupSpec } from '../kv/spec.ts';
+import { everyRankSlabs, type KVCacheConfig, type KVCacheGroupSpec } from '../kv/spec.ts';
 import { pageFormatOf, tailSpans, tokenRunRanges, type PagedSide } from '../kv/token_map.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
@@ -41,9 +41,15 @@ export class WorkerContext {
     return this.groupOf(transferGroup).spec.blockSize;
   }
 
-  /** Slabs holding a transfer group's layers. */
+  /**
+   * Device slabs holding a transfer group's layers, on every tensor parallel rank: with equal TP on both
+   * sides, slab i (rank r's layer j) is copied to slab i, so each rank's pages reach the same rank.
+   */
   private slabsOf(transferGroup: number): number[] {
-    return this.groupOf(transferGroup).layerNames.map((_, i) => i);
+    return everyRankSlabs(
+      this.kvConfig,
+      this.groupOf(transferGroup).layerNames.map((_, i) => i),
+    );
   }
 
   private groupOf(transferGroup: number): KVCacheGroupSpec {

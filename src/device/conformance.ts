@@ -11,6 +11,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { registerRaceConformance } from './conformance_race.ts';
+import { registerRankConformance } from './conformance_ranks.ts';
 import {
   gateEvent,
   letDevicesRun,
@@ -41,11 +42,12 @@ const kernel = (
   label: { what: name },
 });
 
-export function registerDeviceConformance(name: string, factory: DeviceFactory): void {
+/** `ranks`: the factory's devices have that many tensor parallel ranks (every test must hold for any count). */
+export function registerDeviceConformance(name: string, factory: DeviceFactory, ranks = 1): void {
   describe(`device conformance: ${name}`, () => {
     test('geometry: numSlabs slabs of numBlocks*pageBytes, zero-filled, each a view of its buffer', async () => {
       await withDevice(factory, async (d) => {
-        assert.equal(d.kind, name === 'threaded' ? 'threaded' : 'sim');
+        assert.equal(d.kind, name.startsWith('threaded') ? 'threaded' : 'sim');
         assert.equal(d.slabs.length, TEST_GEOMETRY.numSlabs);
         d.slabs.forEach((s, i) => {
           assert.equal(s.length, TEST_GEOMETRY.numBlocks * TEST_GEOMETRY.pageBytes);
@@ -259,6 +261,7 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
       await withDevice(factory, async (d) => assert.notEqual(d.raceChecker, null), true);
     });
 
-    registerRaceConformance(factory);
+    registerRaceConformance(factory, ranks);
+    if (ranks > 1) registerRankConformance(factory, ranks);
   });
 }

@@ -33,6 +33,14 @@ export function checkGeometry(opts: DeviceOptions): SlabGeometry {
   return { numSlabs, numBlocks, pageBytes };
 }
 
+/** Ranks of a device: a positive integer dividing its slab count (BAD_CONFIG otherwise). */
+export function deviceRanks(opts: DeviceOptions): number {
+  const ranks = opts.tensorParallelSize ?? 1;
+  if (!Number.isInteger(ranks) || ranks < 1 || opts.numSlabs % ranks !== 0)
+    throw new HandoffError('BAD_CONFIG', `device ranks must divide its ${opts.numSlabs} slabs, got ${ranks}`);
+  return ranks;
+}
+
 function checkSlabs(slabs: readonly number[], g: SlabGeometry): void {
   for (const s of slabs) assert(Number.isInteger(s) && s >= 0 && s < g.numSlabs, `slab ${s} out of [0, ${g.numSlabs})`);
 }

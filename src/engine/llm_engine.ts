@@ -12,7 +12,7 @@ import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import { KVCacheManager } from '../kv/kv_cache_manager.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { presetKVGroups } from '../kv/presets.ts';
+import { checkTensorParallelSize, presetKVGroups } from '../kv/presets.ts';
 import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
 import { eosTokenIdOf, vocabSizeOf } from '../model/config.ts';
 import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
@@ -38,6 +38,8 @@ export interface EngineConfig {
   numBlocks: number;
   /** Tokens per KV page (default 16, kv/presets.ts BLOCK_SIZE). */
   blockSize?: number;
+  /** Tensor parallel ranks of the model and its cache (default 1; checked by checkTensorParallelSize). */
+  tensorParallelSize?: number;
   asyncScheduling: boolean;
   scheduler: Partial<SchedulerConfig>;
   idlePollMs: number;
@@ -68,7 +70,8 @@ export interface EngineParts {
 }
 
 export function kvCacheConfigOf(config: EngineConfig): KVCacheConfig {
-  return makeKVCacheConfig(presetKVGroups(config.preset, config.blockSize), config.numBlocks);
+  const tp = checkTensorParallelSize(config.preset, config.tensorParallelSize ?? 1);
+  return makeKVCacheConfig(presetKVGroups(config.preset, config.blockSize), config.numBlocks, tp);
 }
 
 export function schedulerConfigOf(config: EngineConfig): SchedulerConfig {

@@ -79,9 +79,9 @@ test('two requests sharing a read-only prefix page: one read entry per (slab, bl
   assert.equal(acc.filter((a) => a.write).length, 2 * 2 * 2); // requests x slabs x (K, V)
 });
 
-for (const preset of MODEL_PRESETS) {
-  test(`${preset}: the real forward writes only declared bytes and reads nothing outside the declared reads`, () => {
-    const kv = kvConfigFor(preset);
+for (const [preset, tp] of MODEL_PRESETS.flatMap((p) => [1, 2].map((t) => [p, t] as const))) {
+  test(`${preset} TP=${tp}: the real forward writes only declared bytes and reads nothing outside the declared reads`, () => {
+    const kv = kvConfigFor(preset, 64, tp);
     const pages = new PageCounter(kv, 2);
     const tables = pages.cover([], 40);
     const model = createModel(preset, 4, kv);

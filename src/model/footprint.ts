@@ -8,11 +8,13 @@
  * - Mamba groups: a READ of the state [0, realPageBytes) only when startPos > 0 (at 0 the state starts
  *   from zero and the page is not read) and a WRITE of the whole state.
  *
- * Accesses are merged per (slab, block, write): overlapping or touching ranges become one.
+ * With tensor parallel ranks, every rank's slab of each layer (each rank reads and writes its own share,
+ * at the offsets of its own page format). Accesses are merged per (slab, block, write): overlapping or
+ * touching ranges become one.
  */
 import { assert } from '../util/assert.ts';
 import type { PageAccess } from '../device/types.ts';
-import { realPageBytes, type KVCacheConfig } from '../kv/spec.ts';
+import { everyRankSlabs, realPageBytes, type KVCacheConfig } from '../kv/spec.ts';
 import { slotByteRanges, slotLocation } from './pages.ts';
 import type { ForwardArgs } from './types.ts';
 
@@ -42,20 +44,23 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
     assert(req.blockTables.length === kvConfig.groups.length, `${req.requestId}: one block table per KV group`);
     kvConfig.groups.forEach((group, g) => {
       const table = req.blockTables[g] as number[];
-      const numSlabs = group.layerNames.length;
+      const slabs = everyRankSlabs(
+        kvConfig,
+        group.layerNames.map((_, slab) => slab),
+      );
       const spec = group.spec;
       const real = realPageBytes(spec);
       if (spec.type === 'mamba') {
         assert(table.length === 1, `${req.requestId}: a Mamba group holds exactly one state page`);
         const block = table[0] as number;
-        for (let slab = 0; slab < numSlabs; slab++) {
+        for (const slab of slabs) {
           if (req.startPos > 0) add(slab, block, false, 0, real);
           add(slab, block, true, 0, real);
         }
         return;
       }
       const end = req.startPos + req.tokenIds.length;
-      for (let slab = 0; slab < numSlabs; slab++) {
+      for (const slab of slabs) {
         for (const block of table) add(slab, block, false, 0, real);
         // The new tokens' slots, a page at a time: consecutive slots of a page are contiguous in each range.
         for (let pos = req.startPos; pos < end;) {

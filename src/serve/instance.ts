@@ -34,6 +34,8 @@ export interface InstanceOptions {
   numBlocks: number;
   /** Tokens per KV page; prefill and decode may differ (the connector maps tokens between sizes, issue 14). */
   blockSize: number;
+  /** Ranks the model and its cache are split over; prefill and decode must agree (the handshake refuses otherwise). */
+  tensorParallelSize: number;
   modelSeed: number;
   raceCheck: boolean;
   /** vLLM-style kv_transfer_config (JSON text or object); null = the role's default. */
@@ -61,6 +63,7 @@ export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
   port: 8000,
   numBlocks: 1024,
   blockSize: 16,
+  tensorParallelSize: 1,
   modelSeed: 0,
   raceCheck: false,
   kvTransferConfig: null,
@@ -139,6 +142,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       modelSeed: opts.modelSeed,
       numBlocks: opts.numBlocks,
       blockSize: opts.blockSize,
+      tensorParallelSize: opts.tensorParallelSize,
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,

@@ -6,7 +6,9 @@
  * staggered arrivals, so new requests' READs are posted while the decode stream still runs the previous
  * forward: the window in which a zeroing queued behind that forward can land after the READ.
  * Per variant: requests equal to the reference (tokens and logits), mismatches, races reported by the
- * race checker on the decode device, decode tokens/s and ITL p50. With `trace`, also the decode
+ * race checker on the decode device, decode tokens/s and ITL p50. With tensor parallel pairs
+ * (prefillTp = decodeTp = N) the reference stays colocated at TP=1, so "exact" also says that N ranks, their
+ * per-rank slabs and transfers change no bit. With `trace`, also the decode
  * instance's timeline (real_trace.ts): compute ops timed in the compute thread, NIC work requests,
  * requests, and the racing pairs highlighted.
  */
@@ -67,6 +69,8 @@ export interface AbReport {
   prefillBlockSize: number;
   decodeBlockSize: number;
   variants: AbVariantResult[];
+  /** Tensor parallel ranks of each pair's instances (the reference is colocated at TP=1). */
+  tensorParallelSize: number;
 }
 
 export interface AbOptions {
@@ -84,6 +88,9 @@ export interface AbOptions {
   /** Tokens per KV page of each instance (default 16); the colocated reference pages by 16. */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
+  /** Tensor parallel ranks of each pair's prefill and decode (equal); the colocated reference stays at TP=1. */
+  prefillTp?: number;
+  decodeTp?: number;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -127,6 +134,7 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
     prefillBlockSize: opts.prefillBlockSize ?? BLOCK_SIZE,
     decodeBlockSize: opts.decodeBlockSize ?? BLOCK_SIZE,
     variants,
+    tensorParallelSize: opts.decodeTp ?? 1,
   };
 }
 
@@ -188,6 +196,8 @@ async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariant
       ...(opts.prefillBlockSize !== undefined ? { prefillBlockSize: opts.prefillBlockSize } : {}),
       ...(opts.decodeBlockSize !== undefined ? { decodeBlockSize: opts.decodeBlockSize } : {}),
       ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
+      ...(opts.prefillTp !== undefined ? { prefillTp: opts.prefillTp } : {}),
+      ...(opts.decodeTp !== undefined ? { decodeTp: opts.decodeTp } : {}),
     },
     env,
   );

@@ -4,6 +4,7 @@
  *
  * Footprint of a choice (objects `inst/thing`; `inst/*` is all of inst; when unsure, dependent):
  *   X.op#n  compute op      writes X/host (its completion runs X's engine), the blocks it writes;
+ *   X.op#n.rK               (rank K's part of a zero or copy: the op's footprint, every rank's: conservative)
  *                           reads the blocks it reads (race-checker footprint: zero, copy, forward)
  *   net#n   READ  X<-Y      writes X/host and X's destination blocks; reads Y's source blocks and
  *                           Y/grant:<transfer> (the grant is checked where it lives)
@@ -106,7 +107,7 @@ export class DporWorldExplorer implements Explorer {
 
   footprint(c: ChoiceInfo): Footprint {
     const costMs = c.costMs ?? 0;
-    const op = /^(\w+)\.op#(\d+)$/.exec(c.key);
+    const op = /^(\w+)\.op#(\d+)(?:\.r\d+)?$/.exec(c.key);
     if (op !== null) {
       const inst = this.w.instances.find((x) => x.name === op[1]);
       const info = inst?.ops.get(Number(op[2]));

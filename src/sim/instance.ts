@@ -30,6 +30,7 @@ export interface InstanceSpec {
   modelSeed: number;
   numBlocks: number;
   blockSize: number;
+  tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
   idlePollMs: number;
@@ -90,6 +91,7 @@ export class SimInstance {
         modelSeed: spec.modelSeed,
         numBlocks: spec.numBlocks,
         blockSize: spec.blockSize,
+        tensorParallelSize: spec.tensorParallelSize,
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,
@@ -162,9 +164,9 @@ export class SimInstance {
     watchPool(this.lifecycle, this.engine.kv.blockPool);
   }
 
-  /** Execute ready op `opId` (the observers tell the lifecycle). */
-  runOp(opId: number): void {
-    this.device.runOp(opId);
+  /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); observers tell the lifecycle. */
+  runOp(opId: number, rank: number | null = null): void {
+    this.device.runOp(opId, rank);
   }
 
   /** Stop serving without a goodbye (peer death): the NIC fails everything queued to or from it. */

@@ -30,6 +30,9 @@ export interface PdPairOptions {
   decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
   name: string;
+  /** Tensor parallel ranks of each side (default 1). Unequal degrees are refused at the handshake. */
+  prefillTp?: number;
+  decodeTp?: number;
   /** Tokens per KV page of each instance (default 16); they may differ (issue 14). */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
@@ -55,6 +58,7 @@ export class PdPair {
           modelSeed: o.modelSeed,
           numBlocks: o.numBlocks,
           ...sideBlockSize(o, role),
+          tensorParallelSize: (role === 'producer' ? o.prefillTp : o.decodeTp) ?? 1,
           asyncScheduling: true,
           scheduler: o.scheduler ?? {},
           idlePollMs: 2,

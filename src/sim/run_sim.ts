@@ -37,6 +37,9 @@ export interface SimOptions {
   /** Tokens per KV page of one instance (wins over blockSize). */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
+  /** Tensor parallel ranks of prefill and decode (default 1; equal, or BAD_CONFIG). */
+  prefillTp?: number;
+  decodeTp?: number;
   pctDepth?: number;
   dfsDepth?: number;
   /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
@@ -111,6 +114,8 @@ export function replayCommand(
     | 'blockSize'
     | 'prefillBlockSize'
     | 'decodeBlockSize'
+    | 'prefillTp'
+    | 'decodeTp'
   > & { schedule?: readonly number[] },
   seed: number,
 ): string {
@@ -125,6 +130,8 @@ export function replayCommand(
     parts.push(`--block-size ${o.blockSize}`);
   if (o.prefillBlockSize !== undefined) parts.push(`--prefill-block-size ${o.prefillBlockSize}`);
   if (o.decodeBlockSize !== undefined) parts.push(`--decode-block-size ${o.decodeBlockSize}`);
+  if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1)
+    parts.push(`--prefill-tp ${o.prefillTp ?? 1} --decode-tp ${o.decodeTp ?? 1}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
   if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
@@ -145,6 +152,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
     ...blockSizeOptions(o),
+    ...tensorParallelOf(o),
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
@@ -249,7 +257,15 @@ class Tally {
 export function checkPlayable(
   o: Pick<
     SimOptions,
-    'scenario' | 'model' | 'requests' | 'mutant' | 'blockSize' | 'prefillBlockSize' | 'decodeBlockSize'
+    | 'scenario'
+    | 'model'
+    | 'requests'
+    | 'mutant'
+    | 'blockSize'
+    | 'prefillBlockSize'
+    | 'decodeBlockSize'
+    | 'prefillTp'
+    | 'decodeTp'
   >,
   seed = 1,
 ): void {
@@ -257,7 +273,19 @@ export function checkPlayable(
     requests: o.requests,
     mutant: o.mutant,
     ...blockSizeOptions(o),
+    ...tensorParallelOf(o),
   });
+}
+
+/** The tensor parallel options of a run, only those set (worlds and scenarios default to 1). */
+export function tensorParallelOf(o: Pick<SimOptions, 'prefillTp' | 'decodeTp'>): {
+  prefillTp?: number;
+  decodeTp?: number;
+} {
+  return {
+    ...(o.prefillTp !== undefined ? { prefillTp: o.prefillTp } : {}),
+    ...(o.decodeTp !== undefined ? { decodeTp: o.decodeTp } : {}),
+  };
 }
 
 /** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */

@@ -32,7 +32,14 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { BLOCK_SIZE, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import {
+  BLOCK_SIZE,
+  checkEqualTensorParallel,
+  checkTensorParallelSize,
+  isBlockSize,
+  kvTwin,
+  type ModelPreset,
+} from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -63,6 +70,8 @@ export interface SideConfig {
   numBlocks: number;
   /** Tokens per KV page on this side. */
   blockSize: number;
+  /** Tensor parallel ranks of the instance (equal on both sides, checkEqualTensorParallel). */
+  tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
 }
@@ -229,8 +238,11 @@ export function buildScenario(
   name: ScenarioName,
   preset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName } & BlockSizeOptions = {},
+  opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
 ): ScenarioConfig {
+  const prefillTp = checkTensorParallelSize(preset, opts.prefillTp ?? 1, 'prefill-tp');
+  const decodeTp = checkTensorParallelSize(preset, opts.decodeTp ?? 1, 'decode-tp');
+  checkEqualTensorParallel(prefillTp, decodeTp);
   for (const bs of [opts.blockSize, opts.prefillBlockSize, opts.decodeBlockSize])
     if (bs !== undefined && !isBlockSize(bs))
       throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${bs}`);
@@ -265,12 +277,14 @@ export function buildScenario(
     prefill: {
       numBlocks: pagesFor(64, prefillBs),
       blockSize: prefillBs,
+      tensorParallelSize: prefillTp,
       scheduler: sched('producer'),
       connector: connector('producer'),
     },
     decode: {
       numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
       blockSize: decodeBs,
+      tensorParallelSize: decodeTp,
       scheduler: sched('consumer'),
       connector: connector('consumer'),
     },

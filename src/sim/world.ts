@@ -60,6 +60,9 @@ export interface WorldOptions {
   blockSize?: number;
   prefillBlockSize?: number;
   decodeBlockSize?: number;
+  /** Tensor parallel ranks of prefill and decode (default 1; they must be equal). */
+  prefillTp?: number;
+  decodeTp?: number;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
 }
@@ -128,6 +131,8 @@ export class SimWorld {
       requests: opts.requests,
       mutant: opts.mutant,
       ...blockSizeOptions(opts),
+      prefillTp: opts.prefillTp,
+      decodeTp: opts.decodeTp,
     });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
@@ -279,9 +284,11 @@ export class SimWorld {
       for (const r of inst.device.readyOps()) {
         const info = inst.ops.get(r.id);
         const key = `${inst.name}.op#${r.id}`;
+        // With tensor parallel ranks a zero or copy runs per rank: one choice (and one agent) per rank part.
+        const rank = r.rank === null ? '' : `.r${r.rank}`;
         const c: Choice = {
-          key,
-          agent: `${inst.name}.compute`,
+          key: `${key}${rank}`,
+          agent: `${inst.name}.compute${rank}`,
           costMs: this.opCost(info),
           process: inst.name,
           lane: 'compute',
@@ -292,7 +299,7 @@ export class SimWorld {
             tokens: info?.tokens ?? 0,
             pages: info?.pages ?? 0,
           },
-          apply: () => inst.runOp(r.id),
+          apply: () => inst.runOp(r.id, r.rank),
         };
         if ((this.delayedZeros.get(key) ?? -1) > this.step) held.push(c);
         else out.push(c);

@@ -259,8 +259,10 @@ export class WorldEvents {
 
   /** Highlight a race's two accesses in the trace. */
   markRace(instance: string, r: RaceReport, blocks: number[]): void {
+    // The checker numbers ops as the device does, except rank parts (TP > 1): those are not highlighted.
+    const ranked = (this.w.instances.find((i) => i.name === instance)?.device.ranks ?? 1) > 1;
     const keyOf = (x: RaceReport['a']): string | null => {
-      if (x.source === 'op') return `${instance}.op#${x.id}`;
+      if (x.source === 'op') return ranked ? null : `${instance}.op#${x.id}`;
       if (x.source === 'nic') {
         const item = this.rcItems.get(`${instance}:${x.id}`);
         return item === undefined ? null : `net#${item}`;

@@ -114,6 +114,15 @@ export class RaceChecker implements RaceCheckerLike {
     return this.events.add(clock, this.host);
   }
 
+  /** An event recorded on several streams at once (every rank of a RankedStream): reached when all are. */
+  recordEventOn(streams: readonly string[]): number {
+    assert(streams.length > 0, 'an event needs at least one stream');
+    this.host.tick(HOST);
+    const clock = this.host.copy();
+    for (const name of streams) clock.join(this.stream(name).clock);
+    return this.events.add(clock, this.host);
+  }
+
   /** Later ops of `stream` wait for the event. */
   streamWaitEvent(stream: string, eventId: number): void {
     const s = this.stream(stream);

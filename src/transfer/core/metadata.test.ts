@@ -87,3 +87,31 @@ test('with page formats: sizes that cannot be mapped, formats that differ and pa
   const bare = buildMetadata({ ...base, engineId: 'c', layout: { ...base.layout, pageBytes: 2560 }, blockSizes: [32] });
   assert.match(compatibilityProblem(at('a', 16), bare) ?? '', /pageBytes 2560 != 1280; blockSizes \[32\] != \[16\]/);
 });
+
+test('different tensor parallel sizes are refused first, naming both degrees and both engines; equal ones pass', () => {
+  const one = buildMetadata(base);
+  const two = buildMetadata({
+    ...base,
+    engineId: 'b',
+    layout: { numSlabs: 4, numBlocks: 8, pageBytes: 640, tensorParallelSize: 2 },
+  });
+  const problem = compatibilityProblem(one, two) ?? 'compatible';
+  assert.match(problem, /tensor parallel size 2 != 1/);
+  assert.match(problem, /peer b runs TP=2, engine a TP=1/);
+  assert.match(compatibilityProblem(two, one) ?? 'compatible', /tensor parallel size 1 != 2/);
+  const twoAgain = buildMetadata({ ...base, engineId: 'c', layout: { ...two.layout } });
+  assert.equal(compatibilityProblem(two, twoAgain), null);
+  assert.equal(two.layout.tensorParallelSize, 2);
+  assert.equal(one.layout.tensorParallelSize, 1, 'absent means TP=1');
+  assert.notEqual(
+    one.compatHash,
+    buildMetadata({ ...base, layout: { ...base.layout, tensorParallelSize: 2 } }).compatHash,
+  );
+});
+
+test('layoutFromKvConfig carries the tensor parallel size: TP=2 registers every rank’s slabs of half-head pages', () => {
+  const l1 = layoutFromKvConfig(makeKVCacheConfig(presetKVGroups('llama-mini'), 8));
+  const l2 = layoutFromKvConfig(makeKVCacheConfig(presetKVGroups('llama-mini'), 8, 2));
+  assert.deepEqual([l1.layout.tensorParallelSize, l2.layout.tensorParallelSize], [1, 2]);
+  assert.deepEqual([l2.layout.numSlabs, l2.layout.pageBytes], [2 * l1.layout.numSlabs, l1.layout.pageBytes / 2]);
+});

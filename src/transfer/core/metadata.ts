@@ -1,6 +1,7 @@
 /**
  * Engine metadata exchanged at handshake, and the compatibility rule: two engines may move KV only when
- * the same tokens mean the same bytes on both sides (same model, preset, slab count and cache specs).
+ * the same tokens mean the same bytes on both sides (same model, preset, tensor parallel size, slab count
+ * and cache specs).
  * numBlocks may differ: each side checks offsets against its own.
  *
  * Geometry: with page formats (kv/token_map.ts; what every engine built from a KV config sends) the
@@ -8,6 +9,9 @@
  * size a multiple of the other's: a page of one holds whole pages of the other) and each side's pages
  * hold its block size; a state group (Mamba) moves whole at any pairing. Without page formats (a bare
  * engine) pages are copied whole, so page size and block sizes must be equal.
+ *
+ * Different TP degrees are refused first and by name: a rank's page holds its share of the heads, so it
+ * needs a mapping (kv/tp_layout.ts) that slab-to-slab copies do not do (yet).
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
@@ -36,6 +40,7 @@ export function compatibilityHash(m: Omit<MetadataInput, 'engineId'>): string {
     m.layout.numSlabs,
     m.pageFormats ?? null,
     m.cacheHash ?? '',
+    ...((m.layout.tensorParallelSize ?? 1) === 1 ? [] : [`tp${m.layout.tensorParallelSize}`]),
   ]);
   return createHash('sha256').update(canonical).digest('hex');
 }
@@ -47,15 +52,17 @@ export function buildMetadata(m: MetadataInput): EngineMetadata {
     'blockSizes must be positive integers',
   );
   const { numSlabs, numBlocks, pageBytes } = m.layout;
+  const tensorParallelSize = m.layout.tensorParallelSize ?? 1;
   assert(
-    [numSlabs, numBlocks, pageBytes].every((x) => Number.isInteger(x) && x > 0),
+    [numSlabs, numBlocks, pageBytes, tensorParallelSize].every((x) => Number.isInteger(x) && x > 0),
     'layout sizes must be positive integers',
   );
+  assert(numSlabs % tensorParallelSize === 0, 'every tensor parallel rank registers the same number of slabs');
   assert(
     m.pageFormats === undefined || m.pageFormats.length === m.blockSizes.length,
     'one page format per block size (group)',
   );
-  const layout = { numSlabs, numBlocks, pageBytes, blockSizes: [...m.blockSizes] };
+  const layout = { numSlabs, numBlocks, pageBytes, tensorParallelSize, blockSizes: [...m.blockSizes] };
   return {
     engineId: m.engineId,
     modelName: m.modelName,
@@ -82,7 +89,12 @@ export function layoutFromKvConfig(config: KVCacheConfig): {
     }),
   );
   return {
-    layout: { numSlabs: config.numSlabs, numBlocks: config.numBlocks, pageBytes: config.pageBytes },
+    layout: {
+      numSlabs: config.numSlabs,
+      numBlocks: config.numBlocks,
+      pageBytes: config.pageBytes,
+      tensorParallelSize: config.tensorParallelSize,
+    },
     blockSizes: config.groups.map((g) => g.spec.blockSize),
     pageFormats: config.groups.map((g) => pageFormatOf(g.spec)),
     cacheHash: createHash('sha256').update(specs).digest('hex'),
@@ -119,6 +131,13 @@ function geometryProblems(local: EngineMetadata, remote: EngineMetadata): string
 
 /** A human-readable reason why `remote` cannot exchange pages with `local`, or null. */
 export function compatibilityProblem(local: EngineMetadata, remote: EngineMetadata): string | null {
+  const [theirs, ours] = [remote.layout.tensorParallelSize, local.layout.tensorParallelSize];
+  if (theirs !== ours)
+    return (
+      `peer ${remote.engineId} is incompatible: tensor parallel size ${theirs} != ${ours} ` +
+      `(peer ${remote.engineId} runs TP=${theirs}, engine ${local.engineId} TP=${ours}; P/D between different ` +
+      'TP degrees needs a head-slice mapping of the pages that is not implemented yet: use equal degrees)'
+    );
   const diffs: string[] = [];
   if (remote.engineId === local.engineId) diffs.push(`same engine id ${local.engineId}`);
   if (remote.modelName !== local.modelName) diffs.push(`model ${remote.modelName} != ${local.modelName}`);

@@ -22,11 +22,18 @@ export interface PeerAddress {
   port: number;
 }
 
-/** Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. */
+/**
+ * Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. With tensor
+ * parallel ranks every rank registers its own slabs, rank-major: slab index = rank * (numSlabs / TP) +
+ * layer slab, and rank r's page holds rank r's share of the KV heads (kv/spec.ts, kv/tp_layout.ts). Two
+ * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side.
+ */
 export interface SlabLayout {
   numSlabs: number;
   numBlocks: number;
   pageBytes: number;
+  /** Tensor parallel ranks the slabs belong to (default 1). */
+  tensorParallelSize?: number;
 }
 
 /**
@@ -38,8 +45,8 @@ export interface EngineMetadata {
   modelName: string;
   preset: string;
   /** pageFormats: per group, absent for a bare engine (then pages are copied whole). */
-  layout: SlabLayout & { blockSizes: number[]; pageFormats?: PageFormat[] };
-  /** sha256 over model, preset, numSlabs, page formats and the caller's cacheHash. */
+  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[] };
+  /** sha256 over model, preset, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
 

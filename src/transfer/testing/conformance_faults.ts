@@ -70,6 +70,13 @@ export function registerFaultConformance(s: ConformanceSuite): void {
     const otherModel = await make(4, { engineId: 'other', modelName: 'other-model' });
     await rejectsWith(D.engine.handshake(otherModel.engine.address()), 'PEER_INCOMPATIBLE', /model/);
     assert.equal(otherModel.engine.stats().handshakesRefused, 1);
+    // Another tensor parallel degree: refused by name, whatever else agrees (a rank's page is a head slice).
+    const tp2 = await make(6, { engineId: 'tp2', layout: { ...LAYOUT, tensorParallelSize: 2 } });
+    await rejectsWith(
+      D.engine.handshake(tp2.engine.address()),
+      'PEER_INCOMPATIBLE',
+      /tensor parallel size (2 != 1|1 != 2).*TP=2.*TP=1|tensor parallel size (2 != 1|1 != 2).*TP=1.*TP=2/,
+    );
     const sameShapeMoreBlocks = await make(5, { engineId: 'more', layout: { ...LAYOUT, numBlocks: 32 } });
     await D.engine.handshake(sameShapeMoreBlocks.engine.address());
     const gone =
