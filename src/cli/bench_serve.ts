@@ -16,6 +16,7 @@ import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
 import { choiceFlag, intFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
 import { secretFlag } from './serve.ts';
+import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
 type Target = 'pd' | 'colocated';
@@ -40,6 +41,10 @@ export function registerBenchServe(program: Command): void {
     .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
     .option('--seed <n>', 'workload seed', '0')
     .option('--num-blocks <n>', 'KV pages per started instance', '2048')
+    .option(
+      '--max-model-len <n>',
+      'started instances: prompt + output tokens per request (default: the larger of 1024 and the longest prompt + output)',
+    )
     .option('--api-key <key>', 'Authorization: Bearer key (or HANDOFF_API_KEY)')
     .option('--json', 'print one JSON object')
     .action(async (o: Opts) => {
@@ -60,6 +65,11 @@ export function registerBenchServe(program: Command): void {
         timeoutMs: 600_000,
       };
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
+      const maxModelLen = String(
+        o['maxModelLen'] !== undefined
+          ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
+          : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
+      );
       const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
       const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
@@ -71,29 +81,50 @@ export function registerBenchServe(program: Command): void {
         );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
-      const started = { preset, mode, numBlocks, apiKey: spec.apiKey };
+      const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
-      const rows: Array<{ label: string; r: BenchServeResult }> = [];
+      const rows: Row[] = [];
       for (const t of targets)
         rows.push({
           label: t === 'pd' ? `P/D (${mode})` : 'colocated',
-          r: await onStarted(t, started, env, (u) => run(u, t, preset)),
+          ...(await onStarted(t, started, env, (u) => run(u, t, preset))),
         });
       print(o, rows);
     });
 }
 
+/** Decode's KV READ latency (post → all landed, per request; its /metrics histogram): mean and count. */
+async function kvReadStats(decodeUrl: string): Promise<KvRead | null> {
+  // catch-ok: a metrics scrape that fails leaves the row out; the load's own result stands
+  const text = await fetch(`${decodeUrl}/metrics`).then(
+    (r) => (r.ok ? r.text() : ''),
+    () => '',
+  );
+  const value = (name: string): number | null => {
+    const m = new RegExp(`^${name}(?:\\{[^}]*\\})? ([0-9.eE+-]+)$`, 'm').exec(text);
+    return m ? Number(m[1]) : null;
+  };
+  const sum = value('handoff_kv_read_seconds_sum');
+  const count = value('handoff_kv_read_seconds_count');
+  return sum !== null && count !== null && count > 0 ? { meanMs: (sum / count) * 1000, count } : null;
+}
+
+interface KvRead {
+  meanMs: number;
+  count: number;
+}
+
 async function onStarted<T>(
   t: Target,
-  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null },
+  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; maxModelLen: string; apiKey: string | null },
   env: Env,
   fn: (url: string) => Promise<T>,
-): Promise<T> {
+): Promise<{ r: T; kvRead: KvRead | null }> {
   const common = {
     preset: s.preset,
     mode: s.mode,
     host: '127.0.0.1',
-    serveArgs: ['--num-blocks', s.numBlocks],
+    serveArgs: ['--num-blocks', s.numBlocks, '--max-model-len', s.maxModelLen],
     apiKey: s.apiKey,
   };
   const logLevel = process.env['HANDOFF_LOG_LEVEL'] ?? 'warn';
@@ -103,14 +134,15 @@ async function onStarted<T>(
       env,
     );
     try {
-      return await fn(cluster.proxyUrl);
+      const r = await fn(cluster.proxyUrl);
+      return { r, kvRead: await kvReadStats(cluster.decode.url) };
     } finally {
       await cluster.stop();
     }
   }
   const server = await spawnHandoff(serveArgs('both', common), env, { env: { HANDOFF_LOG_LEVEL: logLevel } });
   try {
-    return await fn(server.url);
+    return { r: await fn(server.url), kvRead: null };
   } finally {
     await server.stop();
   }
@@ -137,7 +169,9 @@ async function withProgress<T>(
   }
 }
 
-function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): void {
+type Row = { label: string; r: BenchServeResult; kvRead?: KvRead | null };
+
+function print(o: Opts, rows: Row[]): void {
   const out = (s: string): void => void process.stdout.write(`${s}\n`);
   if (o['json']) {
     const { requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors } = (
@@ -158,4 +192,9 @@ function print(o: Opts, rows: Array<{ label: string; r: BenchServeResult }>): vo
   const w = Math.max(14, ...rows.map((x) => x.label.length + 2));
   out(`${''.padEnd(18)}${rows.map((x) => x.label.padStart(w)).join('')}`);
   for (const [name, f] of fields) out(`${name.padEnd(18)}${rows.map((x) => f(x.r).padStart(w)).join('')}`);
+  // Decode's own measure of the KV handoff (P/D only): the part of TTFT the transfer engine owns.
+  if (rows.some((x) => x.kvRead))
+    out(
+      `${'KV READ mean (ms)'.padEnd(18)}${rows.map((x) => (x.kvRead ? x.kvRead.meanMs.toFixed(2) : '-').padStart(w)).join('')}`,
+    );
 }

@@ -1,5 +1,6 @@
 /**
- * `handoff ab` and `handoff bench transfer|model|sched`: the core measurements, human output or --json.
+ * `handoff ab` and `handoff bench transfer|model|sched` (transfer in bench_transfer.ts): the core measurements,
+ * human output or --json.
  * `handoff ab` exits 1 when a variant with the fix mismatches or races (ab_gate.ts), so it can gate CI.
  */
 import type { Command } from 'commander';
@@ -8,7 +9,7 @@ import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { anyPresetFlag, blockSizeFlag, pdTensorParallelFlags, presetFlag, tensorParallelFlag } from './flags.ts';
-import { benchTransfer } from '../transfer/bench.ts';
+import { registerBenchTransfer } from './bench_transfer.ts';
 import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
@@ -189,32 +190,6 @@ function printAbTable(report: AbReport, verdict: AbVerdict): void {
     );
   }
   out(verdict.summary);
-}
-
-function registerBenchTransfer(bench: Command): void {
-  bench
-    .command('transfer')
-    .description('move pages through the transfer engine vs memcpy (inproc) or a raw socket (tcp)')
-    .option('--backend <b>', 'inproc | tcp', 'inproc')
-    .option('--page-bytes <n>', 'page size', String(32 * 1024))
-    .option('--pages <n>', 'pages per slab', '2048')
-    .option('--json', 'print one JSON object')
-    .action(async (o: Record<string, string | boolean>) => {
-      const backend = String(o['backend']);
-      if (backend !== 'inproc' && backend !== 'tcp')
-        throw new HandoffError('BAD_CONFIG', `--backend must be inproc or tcp, got '${backend}'`);
-      const r = await benchTransfer({
-        backend,
-        env: new RealEnv(),
-        pageBytes: int('page-bytes', String(o['pageBytes']), 64, 1 << 24),
-        pages: int('pages', String(o['pages']), 1, 1 << 16),
-      });
-      if (o['json']) out(JSON.stringify(r));
-      else
-        out(
-          `transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`,
-        );
-    });
 }
 
 function registerBenchModel(bench: Command): void {

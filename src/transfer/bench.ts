@@ -1,9 +1,14 @@
 /**
  * `handoff bench transfer`: move `pages` pages of `pageBytes` (in each of 2 slabs) from a producer to
- * a consumer with one READ, and compare with a baseline measured in the same run between the same
- * endpoints: inproc against a memcpy (TypedArray.set) of the same ranges, tcp against a raw socket
- * stream between the same two NIC threads (1 MiB writes). Median of `repeats` runs after a warm-up;
- * the received bytes are verified after every run. Compare ratios, not absolute GB/s.
+ * a consumer with one READ, and compare with the limit measured in the same run between the same
+ * endpoints:
+ *   - inproc: a memcpy (TypedArray.set) of the same page list (contiguous pages merged first, as the
+ *     transfer engine merges them) on one thread;
+ *   - tcp: plain sockets between the same two NIC threads (tcp/nic_tcp_raw.ts): every configuration in
+ *     RAW_CONFIGS is run on this READ's bytes first, and the fastest is the baseline.
+ * Then rounds alternate the backend and the baseline (one warm-up round, then `repeats`), so a slow
+ * patch of a shared machine hits both; each keeps its median. The backend's received bytes are verified
+ * after every run, each baseline's once. Compare ratios, not absolute GB/s.
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
@@ -11,6 +16,7 @@ import { hexId } from '../util/ids.ts';
 import { createTransferEngine } from './factory.ts';
 import { coalesceRanges } from './core/ranges.ts';
 import { TcpTransferEngine } from './tcp/tcp.ts';
+import type { RawConfig } from './tcp/nic_tcp_raw.ts';
 import type { TransferBackend, TransferEngine, TransferRange } from './core/types.ts';
 
 export interface BenchOptions {
@@ -18,12 +24,13 @@ export interface BenchOptions {
   env: Env;
   pageBytes: number;
   pages: number;
-  /** Timed runs (after one warm-up). Default 5. */
+  /** Timed rounds at least (after one warm-up); short READs get more within a time budget. Default 5. */
   repeats?: number;
-  /** Map remote page i to a shuffled local page (no coalescing). Default false: page i -> page i. */
+  /** Every other page, shuffled: nothing merges (benchRanges). Default false: page i -> page i. */
   scatter?: boolean;
 }
 
+/** The `bench transfer --json` contract (DESIGN.md §10). */
 export interface BenchResult {
   backend: TransferBackend;
   pageBytes: number;
@@ -33,32 +40,66 @@ export interface BenchResult {
   ratio: number;
 }
 
-const NUM_SLABS = 2;
-const RAW_CHUNK_BYTES = 1 << 20;
+/** A result with what the sweep prints besides: the layout and which baseline won. */
+export interface BenchPoint extends BenchResult {
+  pages: number;
+  scatter: boolean;
+  /** Descriptors after coalescing (what the NIC moves). */
+  descriptors: number;
+  baseline: string;
+}
+
+export const NUM_SLABS = 2;
+const CALIBRATION_ROUNDS = 2;
+const ROUNDS_BUDGET_MS = 300;
+
+interface Baseline {
+  label: string;
+  run: () => Promise<void> | void;
+}
+
+/**
+ * Raw-socket configurations the tcp baseline tries in every run (the fastest wins). Chosen from a wider
+ * search on the dev machine (README, Measurements): 64 KiB-4 MiB writes, 1-4 connections, corked or
+ * not, waiting for 'drain' after every write or keeping 8 MiB queued; these four were the best of it.
+ */
+export const RAW_CONFIGS: readonly RawConfig[] = [
+  { conns: 1, writeBytes: 1 << 20, queueBytes: 8 << 20, cork: false },
+  { conns: 1, writeBytes: 4 << 20, queueBytes: 0, cork: false },
+  { conns: 2, writeBytes: 1 << 20, queueBytes: 8 << 20, cork: false },
+  { conns: 4, writeBytes: 1 << 20, queueBytes: 8 << 20, cork: true },
+];
+
+export function rawConfigLabel(c: RawConfig): string {
+  const w = c.writeBytes >= 1 << 20 ? `${c.writeBytes >> 20} MiB` : `${c.writeBytes >> 10} KiB`;
+  const q = c.queueBytes > 0 ? `${c.queueBytes >> 20} MiB queued` : 'drain per write';
+  return `raw socket x${c.conns}, ${w} writes, ${q}${c.cork ? ', corked' : ''}`;
+}
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)] as number;
 }
 
-/** Median ms of `fn` over `runs` runs after a warm-up; `prepare` and `check` run untimed around each. */
-async function timed(
-  env: Env,
-  runs: number,
-  fn: () => Promise<void> | void,
-  prepare = (): void => {},
-  check = (): void => {},
-): Promise<number> {
-  const ms: number[] = [];
-  for (let i = 0; i <= runs; i++) {
-    prepare();
-    const t0 = env.nowMs();
-    await fn();
-    const dt = env.nowMs() - t0;
-    check();
-    if (i > 0) ms.push(dt);
+async function timeMs(env: Env, fn: () => Promise<void> | void): Promise<number> {
+  const t0 = env.nowMs();
+  await fn();
+  return Math.max(env.nowMs() - t0, 1e-3);
+}
+
+/**
+ * Slab contents: a byte pattern with a prime period (65521) seeded by the slab index, so a page that
+ * lands in the wrong place, or shifted inside its page, does not compare equal. Filled by doubling
+ * copies: the fill costs a few memcpys, not a callback per word.
+ */
+function fillPattern(slab: Uint8Array, seed: number): void {
+  const period = Math.min(65521, slab.length);
+  let x = (seed * 2654435761 + 1) >>> 0;
+  for (let i = 0; i < period; i++) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    slab[i] = x >>> 24;
   }
-  return Math.max(median(ms), 1e-3);
+  for (let n = period; n < slab.length; n *= 2) slab.copyWithin(n, 0, Math.min(n, slab.length - n));
 }
 
 interface BenchSide {
@@ -66,13 +107,16 @@ interface BenchSide {
   slabs: Uint8Array[];
 }
 
-/** One side of the bench: an engine over fresh slabs (the producer's filled with a pattern). */
-async function benchSide(o: BenchOptions, side: string, fill: boolean): Promise<BenchSide> {
-  const layout = { numSlabs: NUM_SLABS, numBlocks: o.pages + 1, pageBytes: o.pageBytes };
+/** One side of the bench: an engine over fresh slabs (the producer's filled with the pattern). */
+async function benchSide(
+  o: { backend: TransferBackend; env: Env; pageBytes: number; numBlocks: number },
+  side: string,
+  fill: boolean,
+): Promise<BenchSide> {
+  const layout = { numSlabs: NUM_SLABS, numBlocks: o.numBlocks, pageBytes: o.pageBytes };
   const buffers = Array.from({ length: NUM_SLABS }, () => new SharedArrayBuffer(layout.numBlocks * o.pageBytes));
-  if (fill)
-    for (const [i, b] of buffers.entries())
-      new Uint32Array(b).forEach((_, j, a) => (a[j] = (j * 2654435761 + i) >>> 0));
+  const slabs = buffers.map((b) => new Uint8Array(b));
+  if (fill) slabs.forEach((s, i) => fillPattern(s, i + 1));
   const engine = await createTransferEngine({
     backend: o.backend,
     env: o.env,
@@ -83,103 +127,195 @@ async function benchSide(o: BenchOptions, side: string, fill: boolean): Promise<
     blockSizes: [16],
     slabs: buffers,
   });
-  return { engine, slabs: buffers.map((b) => new Uint8Array(b)) };
+  return { engine, slabs };
 }
 
-/** Page i of every slab → page i (or a shuffled page with `scatter`) on the reader. */
-function benchRanges(o: BenchOptions, blocks: number[]): TransferRange[] {
-  const local = [...blocks];
-  if (o.scatter) {
-    for (let i = local.length - 1; i > 0; i--) {
-      const j = o.env.rng.int(i + 1);
-      [local[i], local[j]] = [local[j] as number, local[i] as number];
-    }
-  }
+/**
+ * The READ's ranges, per slab. Contiguous: remote page i -> local page i (i = 1..pages): the engine merges
+ * them into one range per slab. Scattered: remote pages 1, 3, 5, ... -> the same odd pages shuffled: no
+ * two pages are neighbours on either side, so nothing merges, on the wire or at the receiver.
+ */
+function benchRanges(env: Env, pageBytes: number, pages: number, scatter: boolean): TransferRange[] {
+  const blocks = Array.from({ length: pages }, (_, i) => (scatter ? 2 * i + 1 : i + 1));
   const ranges: TransferRange[] = [];
   for (let slab = 0; slab < NUM_SLABS; slab++) {
+    const local = [...blocks];
+    if (scatter) {
+      for (let i = local.length - 1; i > 0; i--) {
+        const j = env.rng.int(i + 1);
+        [local[i], local[j]] = [local[j] as number, local[i] as number];
+      }
+    }
     blocks.forEach((b, i) =>
       ranges.push({
         slab,
-        remoteOffset: b * o.pageBytes,
-        localOffset: (local[i] as number) * o.pageBytes,
-        length: o.pageBytes,
+        remoteOffset: b * pageBytes,
+        localOffset: (local[i] as number) * pageBytes,
+        length: pageBytes,
       }),
     );
   }
   return ranges;
 }
 
-/** The baseline measured in the same run: memcpy of the same ranges (inproc) or a raw socket stream (tcp). */
-async function baselineMs(
-  o: BenchOptions,
-  P: BenchSide,
-  D: BenchSide,
-  ranges: TransferRange[],
-  bytes: number,
-  repeats: number,
-): Promise<number> {
-  if (o.backend === 'inproc') {
-    const merged = coalesceRanges(ranges);
-    return timed(o.env, repeats, () => {
-      for (const r of merged) {
-        const src = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
-        (D.slabs[r.slab] as Uint8Array).set(src, r.localOffset);
+/** Two engines of one backend and page size, handshaken, reused for every measurement of a sweep row. */
+export class BenchRig {
+  private grants = 0;
+
+  private constructor(
+    readonly backend: TransferBackend,
+    private readonly env: Env,
+    readonly pageBytes: number,
+    readonly pagesMax: number,
+    private readonly P: BenchSide,
+    private readonly D: BenchSide,
+  ) {}
+
+  static async create(backend: TransferBackend, env: Env, pageBytes: number, pagesMax: number): Promise<BenchRig> {
+    assert(Number.isInteger(pagesMax) && pagesMax > 0, 'pages must be a positive integer');
+    assert(Number.isInteger(pageBytes) && pageBytes > 0, 'pageBytes must be a positive integer');
+    const o = { backend, env, pageBytes, numBlocks: 2 * pagesMax + 1 }; // room for every other page
+    const [P, D] = await Promise.all([benchSide(o, 'P', true), benchSide(o, 'D', false)]);
+    await D.engine.handshake(P.engine.address());
+    return new BenchRig(backend, env, pageBytes, pagesMax, P, D);
+  }
+
+  close(): Promise<void> {
+    return Promise.all([this.P.engine.close(), this.D.engine.close()]).then(() => undefined);
+  }
+
+  /** One READ of `pages` pages per slab, against the baselines, interleaved over `repeats` rounds. */
+  async measure(pages: number, scatter: boolean, repeats = 5): Promise<BenchPoint> {
+    assert(Number.isInteger(pages) && pages > 0 && pages <= this.pagesMax, `pages must be 1..${this.pagesMax}`);
+    assert(Number.isInteger(repeats) && repeats > 0, 'repeats must be a positive integer');
+    const { P, D, env } = this;
+    const ranges = benchRanges(env, this.pageBytes, pages, scatter);
+    const bytes = ranges.length * this.pageBytes;
+    const transferId = `bench-${++this.grants}`;
+    const { token } = P.engine.issueGrant({
+      transferId,
+      peerEngineId: D.engine.engineId,
+      blockIds: [...new Set(ranges.map((r) => r.remoteOffset / this.pageBytes))],
+      ttlMs: 3_600_000,
+    });
+    const read = async (): Promise<void> => {
+      const h = D.engine.postRead({
+        peerEngineId: P.engine.engineId,
+        transferId,
+        grantToken: token,
+        ranges,
+        label: { what: 'bench' },
+        footprint: [],
+      });
+      await D.engine.wait([h], 120_000);
+    };
+    const baseline = await this.pickBaseline(this.baselines(ranges, bytes), ranges, bytes);
+    // The backend's runs (verified) and memcpy's start from zeroed destination slabs; the raw stream
+    // overwrites whatever is there.
+    const series = [{ label: this.backend, run: read }, baseline];
+    const ms: number[][] = [[], []];
+    // At least `repeats` timed rounds; short READs get more (up to 5x) while the timed runs stay under
+    // ROUNDS_BUDGET_MS: more samples where they are cheap, for a steadier median on a noisy machine.
+    let spent = 0;
+    for (let round = 0; round <= repeats || (round <= 5 * repeats && spent < ROUNDS_BUDGET_MS); round++) {
+      for (let k = 0; k < series.length; k++) {
+        const i = (k + round) % series.length; // alternate who goes first
+        if (i === 0 || this.backend === 'inproc') D.slabs.forEach((s) => s.fill(0));
+        const t = await timeMs(env, (series[i] as Baseline).run);
+        if (i === 0) this.verify(ranges);
+        else if (round === 0) this.verifyBaseline(ranges, bytes);
+        if (round > 0) ms[i]?.push(t);
+        if (round > 0) spent += t;
       }
+    }
+    P.engine.revokeGrant(transferId);
+    const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;
+    const baselineGbps = bytes / (median(ms[1] as number[]) / 1000) / 1e9;
+    return {
+      backend: this.backend,
+      pageBytes: this.pageBytes,
+      bytes,
+      gbps,
+      baselineGbps,
+      ratio: gbps / baselineGbps,
+      pages,
+      scatter,
+      descriptors: coalesceRanges(ranges).length,
+      baseline: baseline.label,
+    };
+  }
+
+  /**
+   * The fastest of the candidate baselines on this READ: CALIBRATION_ROUNDS rounds of every candidate,
+   * the best run wins. Choosing on separate runs keeps the measured baseline unbiased (the best of noisy
+   * medians would be luckier than the configuration is). Each candidate's bytes are verified once.
+   */
+  private async pickBaseline(candidates: Baseline[], ranges: TransferRange[], bytes: number): Promise<Baseline> {
+    if (candidates.length === 1) return candidates[0] as Baseline;
+    const best = candidates.map(() => Infinity);
+    for (let round = 0; round < CALIBRATION_ROUNDS; round++) {
+      for (const [i, c] of candidates.entries()) {
+        const t = await timeMs(this.env, c.run);
+        if (round === 0) this.verifyBaseline(ranges, bytes);
+        best[i] = Math.min(best[i] as number, t);
+      }
+    }
+    return candidates[best.indexOf(Math.min(...best))] as Baseline;
+  }
+
+  /** The limits to compare with: memcpy of the same page list (inproc), raw sockets (tcp). */
+  private baselines(ranges: TransferRange[], bytes: number): Baseline[] {
+    const { P, D } = this;
+    if (this.backend === 'inproc') {
+      const merged = coalesceRanges(ranges);
+      const run = (): void => {
+        for (const r of merged) {
+          const src = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
+          (D.slabs[r.slab] as Uint8Array).set(src, r.localOffset);
+        }
+      };
+      return [{ label: 'memcpy of the same page list', run }];
+    }
+    const [from, to] = [P.engine, D.engine];
+    assert(from instanceof TcpTransferEngine && to instanceof TcpTransferEngine, 'tcp bench needs tcp engines');
+    return RAW_CONFIGS.map((cfg) => ({
+      label: rawConfigLabel(cfg),
+      run: async () => void (await to.rawStreamMs(from, bytes, cfg)),
+    }));
+  }
+
+  private verify(ranges: TransferRange[]): void {
+    const { P, D } = this;
+    for (const r of ranges) {
+      const a = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
+      const b = (D.slabs[r.slab] as Uint8Array).subarray(r.localOffset, r.localOffset + r.length);
+      assert(Buffer.compare(a, b) === 0, `bench: slab ${r.slab} page at ${r.remoteOffset} arrived corrupted`);
+    }
+  }
+
+  /** memcpy: the same pages; raw stream: the first `bytes` of the consumer's slabs (in order) are the producer's. */
+  private verifyBaseline(ranges: TransferRange[], bytes: number): void {
+    if (this.backend !== 'tcp') return this.verify(ranges);
+    let left = bytes;
+    this.D.slabs.forEach((d, i) => {
+      const n = Math.min(left, d.length);
+      const p = this.P.slabs[i] as Uint8Array;
+      assert(Buffer.compare(p.subarray(0, n), d.subarray(0, n)) === 0, `bench: raw baseline corrupted slab ${i}`);
+      left -= n;
     });
   }
-  assert(D.engine instanceof TcpTransferEngine && P.engine instanceof TcpTransferEngine, 'tcp bench needs tcp engines');
-  const [from, to] = [P.engine, D.engine];
-  return timed(o.env, repeats, async () => {
-    await to.rawStreamMs(from, bytes, RAW_CHUNK_BYTES);
-  });
+}
+
+export async function benchTransferPoint(o: BenchOptions): Promise<BenchPoint> {
+  const rig = await BenchRig.create(o.backend, o.env, o.pageBytes, o.pages);
+  try {
+    return await rig.measure(o.pages, o.scatter ?? false, o.repeats ?? 5);
+  } finally {
+    await rig.close();
+  }
 }
 
 export async function benchTransfer(o: BenchOptions): Promise<BenchResult> {
-  assert(Number.isInteger(o.pages) && o.pages > 0, 'pages must be a positive integer');
-  assert(Number.isInteger(o.pageBytes) && o.pageBytes > 0, 'pageBytes must be a positive integer');
-  const repeats = o.repeats ?? 5;
-  const [P, D] = await Promise.all([benchSide(o, 'P', true), benchSide(o, 'D', false)]);
-  try {
-    await D.engine.handshake(P.engine.address());
-    const blocks = Array.from({ length: o.pages }, (_, i) => i + 1);
-    const ranges = benchRanges(o, blocks);
-    const bytes = ranges.length * o.pageBytes;
-    const { token } = P.engine.issueGrant({
-      transferId: 'bench',
-      peerEngineId: D.engine.engineId,
-      blockIds: blocks,
-      ttlMs: 3_600_000,
-    });
-    const verify = (): void => {
-      for (const r of ranges) {
-        const a = (P.slabs[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length);
-        const b = (D.slabs[r.slab] as Uint8Array).subarray(r.localOffset, r.localOffset + r.length);
-        assert(Buffer.compare(a, b) === 0, `bench: slab ${r.slab} page at ${r.remoteOffset} arrived corrupted`);
-      }
-    };
-    const label = { what: 'bench' };
-    const readMs = await timed(
-      o.env,
-      repeats,
-      async () => {
-        const h = D.engine.postRead({
-          peerEngineId: P.engine.engineId,
-          transferId: 'bench',
-          grantToken: token,
-          ranges,
-          label,
-          footprint: [],
-        });
-        await D.engine.wait([h], 120_000);
-      },
-      () => D.slabs.forEach((s) => s.fill(0)),
-      verify,
-    );
-    const base = await baselineMs(o, P, D, ranges, bytes, repeats);
-    const gbps = bytes / (readMs / 1000) / 1e9;
-    const baselineGbps = bytes / (base / 1000) / 1e9;
-    return { backend: o.backend, pageBytes: o.pageBytes, bytes, gbps, baselineGbps, ratio: gbps / baselineGbps };
-  } finally {
-    await Promise.all([P.engine.close(), D.engine.close()]);
-  }
+  const { backend, pageBytes, bytes, gbps, baselineGbps, ratio } = await benchTransferPoint(o);
+  return { backend, pageBytes, bytes, gbps, baselineGbps, ratio };
 }

@@ -29,6 +29,11 @@ export async function createTransferEngine(opts: TransferEngineOptions): Promise
     opts.dataFrameBytes === undefined || (opts.dataFrameBytes >= 4096 && opts.dataFrameBytes <= 16 << 20),
     'dataFrameBytes in [4 KiB, 16 MiB]',
   );
+  assert(
+    opts.recvDirectMinBytes === undefined ||
+      (Number.isSafeInteger(opts.recvDirectMinBytes) && opts.recvDirectMinBytes >= 1),
+    'recvDirectMinBytes must be a positive integer',
+  );
   switch (opts.backend) {
     case 'inproc':
       return InprocTransferEngine.create(opts);

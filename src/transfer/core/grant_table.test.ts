@@ -2,13 +2,22 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { GrantTable } from './grant_table.ts';
+import { GrantTable, type GrantDecision, type GrantQuery } from './grant_table.ts';
+import { sideOfWire, type SideRanges, type WireRange } from './ranges.ts';
+
+/** The table queried with ranges as objects (their packing is proved in ranges.test.ts). */
+class WireTable extends GrantTable {
+  override check(query: Omit<GrantQuery, 'ranges'> & { ranges: SideRanges | readonly WireRange[] }): GrantDecision {
+    const r = query.ranges;
+    return super.check({ ...query, ranges: 'p' in r ? r : sideOfWire(r) });
+  }
+}
 
 const layout = { numSlabs: 2, numBlocks: 16, pageBytes: 64 };
 const TOKEN = 'ab'.repeat(16);
 
-function table(blockIds = [2, 3, 7], peer: string | null = 'D', expiresAtMs = 1000): GrantTable {
-  const t = new GrantTable(layout);
+function table(blockIds = [2, 3, 7], peer: string | null = 'D', expiresAtMs = 1000): WireTable {
+  const t = new WireTable(layout);
   t.add({ transferId: 'x', token: TOKEN, peerEngineId: peer, blockIds, expiresAtMs });
   return t;
 }

@@ -7,7 +7,7 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
-import { pagesOutside, rangeProblem, type WireRange } from './ranges.ts';
+import { rangeProblemAt, type SideRanges } from './ranges.ts';
 import type { SlabLayout } from './types.ts';
 
 export interface GrantEntry {
@@ -22,7 +22,8 @@ export interface GrantQuery {
   peerEngineId: string;
   transferId: string;
   token: string;
-  ranges: readonly WireRange[];
+  /** The ranges in the granting engine's slabs. */
+  ranges: SideRanges;
   nowMs: number;
 }
 
@@ -112,13 +113,17 @@ export class GrantTable {
     if (g.peerEngineId !== null && g.peerEngineId !== q.peerEngineId) {
       return { ok: false, reason: `grant for transfer ${q.transferId} is not for engine ${q.peerEngineId}` };
     }
-    if (q.ranges.length === 0) return { ok: false, reason: 'no ranges' };
-    for (const r of q.ranges) {
-      const problem = rangeProblem(r, this.layout);
+    const { p, stride, at } = q.ranges;
+    if (p.length === 0) return { ok: false, reason: 'no ranges' };
+    const { pageBytes } = this.layout;
+    for (let j = 0; j < p.length; j += stride) {
+      const [slab, offset, length] = [p[j] as number, p[j + at] as number, p[j + stride - 1] as number];
+      const problem = rangeProblemAt(slab, offset, length, this.layout);
       if (problem !== null) return { ok: false, reason: problem };
-      const outside = pagesOutside(r, this.layout.pageBytes, g.blocks);
-      if (outside !== null)
-        return { ok: false, reason: `slab ${r.slab} page ${outside} is not granted for transfer ${q.transferId}` };
+      const last = Math.floor((offset + length - 1) / pageBytes);
+      for (let b = Math.floor(offset / pageBytes); b <= last; b++)
+        if (!g.blocks.has(b))
+          return { ok: false, reason: `slab ${slab} page ${b} is not granted for transfer ${q.transferId}` };
     }
     // Single peer: a grant issued before the reader was known (READ mode) binds to its first valid user.
     if (g.peerEngineId === null) g.peerEngineId = q.peerEngineId;

@@ -7,7 +7,7 @@ import { assert, rethrowIfAssertion } from '../../util/assert.ts';
 import type { Env, TimerHandle } from '../../util/env.ts';
 import { HandoffError, type ErrorCode } from '../../util/errors.ts';
 import { isTokenFormat, type ReleaseOutcome } from './grant_table.ts';
-import { rangeProblem, remoteSide } from './ranges.ts';
+import { PACKED_STRIDE, sideOf, sideProblem } from './ranges.ts';
 import type {
   Notification,
   NotificationHandler,
@@ -24,13 +24,17 @@ export interface WaitableHandle {
   waiters: Set<() => void>;
 }
 
-/** Programmer errors in a work request's local side (the remote side is checked by the peer's grant). */
-export function checkLocalRanges(req: TransferRequest, layout: SlabLayout): void {
-  assert(req.ranges.length > 0, 'a work request needs at least one range');
-  for (const r of req.ranges) {
-    const problem = rangeProblem({ slab: r.slab, offset: r.localOffset, length: r.length }, layout);
-    assert(problem === null, () => `local range: ${problem}`);
-    assert(Number.isSafeInteger(r.remoteOffset) && r.remoteOffset >= 0, `bad remote offset ${r.remoteOffset}`);
+/**
+ * Programmer errors in a work request's local side (the remote side is checked by the peer's grant).
+ * `packed`: the request's ranges as packRanges lays them out.
+ */
+export function checkLocalRanges(packed: Float64Array, layout: SlabLayout): void {
+  assert(packed.length > 0, 'a work request needs at least one range');
+  const problem = sideProblem(sideOf(packed, 'local'), layout);
+  assert(problem === null, () => `local range: ${problem}`);
+  for (let j = 2; j < packed.length; j += PACKED_STRIDE) {
+    const remote = packed[j] as number;
+    assert(Number.isSafeInteger(remote) && remote >= 0, () => `bad remote offset ${remote}`);
   }
 }
 
@@ -92,7 +96,7 @@ export const DESCRIPTORS_MAX = 65_536;
  */
 export function workRequestProblem(
   req: TransferRequest,
-  ranges: readonly TransferRange[],
+  packed: Float64Array,
   peerLayout: SlabLayout | undefined,
 ): { code: ErrorCode; message: string } | null {
   if (peerLayout === undefined)
@@ -100,11 +104,11 @@ export function workRequestProblem(
   if (!isTokenFormat(req.grantToken)) return { code: 'BAD_TRANSFER_PARAMS', message: 'malformed grant token' };
   if (req.transferId.length === 0 || req.transferId.length > 256)
     return { code: 'BAD_TRANSFER_PARAMS', message: 'transferId must be 1..256 chars' };
-  if (ranges.length > DESCRIPTORS_MAX)
-    return { code: 'BAD_TRANSFER_PARAMS', message: `${ranges.length} descriptors exceed ${DESCRIPTORS_MAX}` };
-  const outside = remoteSide(ranges).find((r) => rangeProblem(r, peerLayout) !== null);
-  if (outside !== undefined)
-    return { code: 'BAD_TRANSFER_PARAMS', message: `remote range: ${rangeProblem(outside, peerLayout)}` };
+  const descriptors = packed.length / PACKED_STRIDE;
+  if (descriptors > DESCRIPTORS_MAX)
+    return { code: 'BAD_TRANSFER_PARAMS', message: `${descriptors} descriptors exceed ${DESCRIPTORS_MAX}` };
+  const outside = sideProblem(sideOf(packed, 'remote'), peerLayout);
+  if (outside !== null) return { code: 'BAD_TRANSFER_PARAMS', message: `remote range: ${outside}` };
   return null;
 }
 

@@ -16,7 +16,6 @@
  */
 import type { OpLabel } from '../../device/types.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-import type { TransferRange } from './types.ts';
 
 /** Completion-queue slot states (the thread NIC keeps them in a SharedArrayBuffer read with Atomics). */
 export const CQ_FREE = 0;
@@ -28,7 +27,7 @@ export const CQ_FAILED = 3;
 export type NicCompletionEvent =
   { t: 'cq'; wrId: number; code: ErrorCode | null; message: string } | { t: 'aborted'; wrId: number };
 
-/** One posted READ or WRITE, ranges coalesced. */
+/** One posted READ or WRITE. */
 export interface NicWorkRequest {
   wrId: number;
   /** Its completion-queue slot (allocSlot). */
@@ -37,7 +36,11 @@ export interface NicWorkRequest {
   peerEngineId: string;
   transferId: string;
   grantToken: string;
-  ranges: readonly TransferRange[];
+  /**
+   * Coalesced, packed as packRanges lays them out ([slab, localOffset, remoteOffset, length] * n). Valid
+   * only during post(): the poster reuses the buffer, so a NIC copies what it keeps.
+   */
+  ranges: Float64Array;
   label: OpLabel;
   /** The race checker's id for it, or null without a checker. */
   checkerWrId: number | null;

@@ -1,8 +1,30 @@
-/** Proves range coalescing keeps every byte's local<->remote mapping, and the stream-to-slab mapping. */
+/**
+ * Proves range coalescing keeps every byte's local<->remote mapping (on both sort paths of the packed
+ * form), the overlap check, the packed and wire forms, and the stream-to-slab mapping.
+ */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
-import { RangeStream, coalesceRanges, disjoint, pagesOutside, rangeProblem, totalBytes } from './ranges.ts';
+import {
+  RangeStream,
+  coalescePacked,
+  coalesceRanges,
+  disjoint,
+  disjointSide,
+  packRanges,
+  pagesOutside,
+  rangeProblem,
+  remoteSide,
+  sideBytes,
+  sideOf,
+  sideOfWire,
+  sortedBy,
+  toWire,
+  totalBytes,
+  unpackRanges,
+  wireOfSide,
+  wireSide,
+} from './ranges.ts';
 import type { TransferRange } from './types.ts';
 
 /** Every (slab, local byte) -> remote byte of a set of ranges. */
@@ -69,7 +91,7 @@ test('RangeStream: any split of the stream visits exactly the bytes of the range
       }),
       fc.array(fc.integer({ min: 1, max: 60 }), { maxLength: 30 }),
       (ranges, steps) => {
-        const s = new RangeStream(ranges);
+        const s = new RangeStream(sideOfWire(ranges));
         const seen: string[] = [];
         let left = s.total;
         for (const step of [...steps, s.total]) {
@@ -113,5 +135,104 @@ test('range checks: slab and bounds, granted pages, overlap', () => {
       { slab: 0, offset: 0, length: 10 },
       { slab: 0, offset: 9, length: 5 },
     ]),
+  );
+});
+
+/** Ranges whose offsets are small (key-sort path) or near 2^50 (too big to pack into one key: comparator path). */
+const anyRanges = fc.oneof(fc.constant(64), fc.constant(2 ** 50)).chain((scale) =>
+  fc.array(
+    fc.record({
+      slab: fc.nat(3),
+      localOffset: fc.nat(40).map((x) => x * 16 + (scale > 64 ? scale : 0)),
+      remoteOffset: fc.nat(40).map((x) => x * 16 + (scale > 64 ? scale : 0)),
+      length: fc.constantFrom(8, 16, 32),
+    }),
+    { maxLength: 40 },
+  ),
+);
+
+test('coalescePacked: equals sorting by (slab, remote) and merging neighbours, on either sort path', () => {
+  fc.assert(
+    fc.property(anyRanges, (ranges) => {
+      fc.pre(ranges.length > 0);
+      const sorted = [...ranges].sort((a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset);
+      const merged = coalesceRanges(ranges);
+      assert.equal(totalBytes(merged), totalBytes(ranges));
+      // Ties on (slab, remote) may order either way; the multiset of bytes' mappings is what matters.
+      assert.deepEqual(byteMap(merged), byteMap(sorted));
+      for (let i = 1; i < merged.length; i++) {
+        const [a, b] = [merged[i - 1] as TransferRange, merged[i] as TransferRange];
+        assert.ok(
+          a.slab < b.slab || (a.slab === b.slab && a.remoteOffset <= b.remoteOffset),
+          'in (slab, remote) order',
+        );
+      }
+      assert.deepEqual(unpackRanges(coalescePacked(packRanges(ranges))), merged);
+    }),
+  );
+});
+
+test('disjointSide: agrees with comparing every pair, on either sort path, the page bitmap, and either side', () => {
+  fc.assert(
+    fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {
+      const key = side === 'local' ? 'localOffset' : 'remoteOffset';
+      let naive = true;
+      for (let i = 0; i < ranges.length; i++)
+        for (let j = i + 1; j < ranges.length; j++) {
+          const [a, b] = [ranges[i] as TransferRange, ranges[j] as TransferRange];
+          if (a.slab === b.slab && a[key] < b[key] + b.length && b[key] < a[key] + a.length) naive = false;
+        }
+      assert.equal(disjointSide(sideOf(packRanges(ranges), side)), naive);
+      // With a layout of 8-byte pages every range here is whole pages: the bitmap path (or, past the
+      // layout's end, the sort) must agree too.
+      const layout = { numSlabs: 4, numBlocks: 100, pageBytes: 8 };
+      assert.equal(disjointSide(sideOf(packRanges(ranges), side), layout), naive);
+    }),
+  );
+});
+
+test('packed sides: wire ranges round-trip; RangeStream.segment() is the longest run of one slab advance() visits next', () => {
+  fc.assert(
+    fc.property(anyRanges, (ranges) => {
+      fc.pre(ranges.length > 0);
+      const remote = sideOf(packRanges(ranges), 'remote');
+      const wire = wireOfSide(remote);
+      assert.deepEqual(wire, remoteSide(ranges));
+      assert.deepEqual(toWire(remote), sideOfWire(wire).p);
+      assert.equal(sideBytes(remote), totalBytes(ranges));
+      const s = new RangeStream(wireSide(toWire(remote)));
+      let prevEnd: [number, number] | null = null;
+      while (!s.complete) {
+        const seg = s.segment();
+        assert.ok(
+          prevEnd === null || prevEnd[0] !== seg.slab || prevEnd[1] !== seg.offset,
+          'a run stops only where the next bytes do not continue it',
+        );
+        // The run is one stretch of one slab: advancing over it visits exactly that stretch.
+        let at: number = seg.offset;
+        s.advance(seg.length, (slab, offset, _piece, n) => {
+          assert.deepEqual([slab, offset], [seg.slab, at]);
+          at += n;
+        });
+        prevEnd = [seg.slab, at];
+        assert.ok(s.segment(1).length <= s.segment().length, 'a capped look is never longer');
+      }
+      assert.equal(s.segment().length, 0);
+    }),
+  );
+});
+
+test('sortedBy: the same ranges, in (slab, offset) order of the chosen side', () => {
+  fc.assert(
+    fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {
+      const key = side === 'local' ? 'localOffset' : 'remoteOffset';
+      const got = unpackRanges(sortedBy(packRanges(ranges), side));
+      const str = (rs: TransferRange[]): string[] => rs.map((r) => JSON.stringify(r)).sort();
+      assert.deepEqual(str(got), str(ranges), 'a permutation');
+      for (let i = 1; i < got.length; i++) {
+        const [a, b] = [got[i - 1] as TransferRange, got[i] as TransferRange];
+        assert.ok(a.slab < b.slab || (a.slab === b.slab && a[key] <= b[key]), 'in order');
+      }
+    }),
   );
 });

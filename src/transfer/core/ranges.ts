@@ -22,29 +22,261 @@ export function totalBytes(ranges: readonly { length: number }[]): number {
 }
 
 /**
- * Merge ranges that are contiguous on both sides (same slab, remote and local both continue), after
- * sorting by (slab, remoteOffset). Bytes and their local<->remote mapping are preserved.
+ * Work requests carry their ranges packed as [slab, localOffset, remoteOffset, length] * n in one
+ * Float64Array: thousands of small objects cost more to sort, check, clone and walk than the bytes they
+ * describe cost to copy (a 32 KiB page copies in ~3 us). Wire frames carry one side, [slab, offset, length] * n.
  */
-export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
-  const sorted = [...ranges].sort(
-    (a, b) => a.slab - b.slab || a.remoteOffset - b.remoteOffset || a.localOffset - b.localOffset,
-  );
+export const PACKED_STRIDE = 4;
+export const WIRE_STRIDE = 3;
+
+/** One side of packed ranges: range i is slab p[i*stride], offset p[i*stride + at], length p[i*stride + stride - 1]. */
+export interface SideRanges {
+  readonly p: Float64Array;
+  readonly stride: number;
+  readonly at: number;
+}
+
+/** `into`: a buffer to reuse when it is long enough (the result is then a view of it). */
+export function packRanges(ranges: readonly TransferRange[], into?: Float64Array): Float64Array {
+  const need = ranges.length * PACKED_STRIDE;
+  const p = into !== undefined && into.length >= need ? into.subarray(0, need) : new Float64Array(need);
+  let k = 0;
+  for (const r of ranges) {
+    p[k++] = r.slab;
+    p[k++] = r.localOffset;
+    p[k++] = r.remoteOffset;
+    p[k++] = r.length;
+  }
+  return p;
+}
+
+export function unpackRanges(p: Float64Array): TransferRange[] {
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
   const out: TransferRange[] = [];
-  for (const r of sorted) {
-    assert(r.length > 0, 'coalesceRanges: zero-length range');
-    const last = out[out.length - 1];
-    if (
-      last !== undefined &&
-      last.slab === r.slab &&
-      last.remoteOffset + last.length === r.remoteOffset &&
-      last.localOffset + last.length === r.localOffset
-    ) {
-      last.length += r.length;
-    } else {
-      out.push({ ...r });
-    }
+  for (let i = 0; i < p.length; i += PACKED_STRIDE) {
+    out.push({
+      slab: p[i] as number,
+      localOffset: p[i + 1] as number,
+      remoteOffset: p[i + 2] as number,
+      length: p[i + 3] as number,
+    });
   }
   return out;
+}
+
+export function sideOf(p: Float64Array, side: 'local' | 'remote'): SideRanges {
+  return { p, stride: PACKED_STRIDE, at: side === 'local' ? 1 : 2 };
+}
+
+export function wireSide(p: Float64Array): SideRanges {
+  assert(p.length % WIRE_STRIDE === 0, 'wire ranges come in threes');
+  return { p, stride: WIRE_STRIDE, at: 1 };
+}
+
+/** One side as wire ranges [slab, offset, length] * n (what a READ/WRITE frame names). */
+export function toWire(side: SideRanges): Float64Array {
+  const n = sideCount(side);
+  const out = new Float64Array(n * WIRE_STRIDE);
+  const { p, stride, at } = side;
+  for (let i = 0, j = 0, k = 0; i < n; i++, j += stride, k += WIRE_STRIDE) {
+    out[k] = p[j] as number;
+    out[k + 1] = p[j + at] as number;
+    out[k + 2] = p[j + stride - 1] as number;
+  }
+  return out;
+}
+
+export function sideOfWire(ranges: readonly WireRange[]): SideRanges {
+  const p = new Float64Array(ranges.length * WIRE_STRIDE);
+  ranges.forEach((r, i) => p.set([r.slab, r.offset, r.length], i * WIRE_STRIDE));
+  return wireSide(p);
+}
+
+export function wireOfSide(side: SideRanges): WireRange[] {
+  const out: WireRange[] = [];
+  const { p, stride, at } = side;
+  for (let j = 0; j < p.length; j += stride)
+    out.push({ slab: p[j] as number, offset: p[j + at] as number, length: p[j + stride - 1] as number });
+  return out;
+}
+
+export function sideCount(side: SideRanges): number {
+  return side.p.length / side.stride;
+}
+
+export function sideBytes(side: SideRanges): number {
+  let n = 0;
+  const { p, stride } = side;
+  for (let j = stride - 1; j < p.length; j += stride) n += p[j] as number;
+  return n;
+}
+
+/**
+ * The order of the ranges by (slab, offset at `at`): null when they already are in that order (one pass),
+ * else a permutation. Sorting doubles that pack key and index is native and fast; when the product would
+ * exceed 2^53 a comparator sort does it.
+ */
+export function orderBy(side: SideRanges): Uint32Array | null {
+  const { p, stride, at } = side;
+  const n = sideCount(side);
+  let sorted = true;
+  let span = 1;
+  let slabs = 1;
+  for (let j = 0; j < p.length; j += stride) {
+    span = Math.max(span, (p[j + at] as number) + 1);
+    slabs = Math.max(slabs, (p[j] as number) + 1);
+    if (j === 0) continue;
+    const slabStep = (p[j] as number) - (p[j - stride] as number);
+    if (slabStep < 0 || (slabStep === 0 && (p[j - stride + at] as number) > (p[j + at] as number))) sorted = false;
+  }
+  if (sorted) return null;
+  const order = new Uint32Array(n);
+  if (slabs * span * n < Number.MAX_SAFE_INTEGER) {
+    const keys = new Float64Array(n);
+    for (let i = 0; i < n; i++) keys[i] = ((p[i * stride] as number) * span + (p[i * stride + at] as number)) * n + i;
+    keys.sort();
+    for (let i = 0; i < n; i++) order[i] = (keys[i] as number) % n;
+    return order;
+  }
+  const idx = Array.from({ length: n }, (_, i) => i);
+  idx.sort(
+    (a, b) =>
+      (p[a * stride] as number) - (p[b * stride] as number) ||
+      (p[a * stride + at] as number) - (p[b * stride + at] as number) ||
+      a - b,
+  );
+  order.set(idx);
+  return order;
+}
+
+/** True when range j+1 continues range j on both sides (packed, j and j+1 as indexes of ranges). */
+function continues(p: Float64Array, a: number, b: number): boolean {
+  return (
+    p[a] === p[b] &&
+    (p[a + 2] as number) + (p[a + 3] as number) === p[b + 2] &&
+    (p[a + 1] as number) + (p[a + 3] as number) === p[b + 1]
+  );
+}
+
+/**
+ * Merge packed ranges that are contiguous on both sides (same slab, remote and local both continue),
+ * in (slab, remoteOffset) order. Bytes and their local<->remote mapping are preserved. Ranges already in
+ * order with nothing to merge come back as `p` itself (scattered pages: no second array to allocate).
+ */
+export function coalescePacked(p: Float64Array, into?: Float64Array): Float64Array {
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
+  const order = orderBy(sideOf(p, 'remote'));
+  const n = p.length / PACKED_STRIDE;
+  if (order === null) {
+    let merges = 0;
+    for (let j = PACKED_STRIDE; j < p.length; j += PACKED_STRIDE) if (continues(p, j - PACKED_STRIDE, j)) merges++;
+    for (let j = 3; j < p.length; j += PACKED_STRIDE) assert((p[j] as number) > 0, 'coalesceRanges: zero-length range');
+    if (merges === 0) return p;
+  }
+  const reuse = into !== undefined && into.length >= p.length && into.buffer !== p.buffer;
+  const out = reuse ? into : new Float64Array(p.length);
+  let k = -PACKED_STRIDE;
+  for (let i = 0; i < n; i++) {
+    const j = (order === null ? i : (order[i] as number)) * PACKED_STRIDE;
+    const slab = p[j] as number;
+    const local = p[j + 1] as number;
+    const remote = p[j + 2] as number;
+    const length = p[j + 3] as number;
+    assert(length > 0, 'coalesceRanges: zero-length range');
+    if (
+      k >= 0 &&
+      out[k] === slab &&
+      (out[k + 2] as number) + (out[k + 3] as number) === remote &&
+      (out[k + 1] as number) + (out[k + 3] as number) === local
+    ) {
+      out[k + 3] = (out[k + 3] as number) + length;
+      continue;
+    }
+    k += PACKED_STRIDE;
+    out[k] = slab;
+    out[k + 1] = local;
+    out[k + 2] = remote;
+    out[k + 3] = length;
+  }
+  return reuse ? out.subarray(0, k + PACKED_STRIDE) : out.slice(0, k + PACKED_STRIDE);
+}
+
+/** `p` (packed ranges) in (slab, offset) order of one side: the order a receiver wants its stream in. */
+export function sortedBy(p: Float64Array, side: 'local' | 'remote'): Float64Array {
+  const order = orderBy(sideOf(p, side));
+  if (order === null) return p;
+  const out = new Float64Array(p.length);
+  order.forEach((i, k) => out.set(p.subarray(i * PACKED_STRIDE, (i + 1) * PACKED_STRIDE), k * PACKED_STRIDE));
+  return out;
+}
+
+/** coalescePacked over objects (same order and result). */
+export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[] {
+  return unpackRanges(coalescePacked(packRanges(ranges)));
+}
+
+/** True when no two ranges of one side overlap (same slab, intersecting bytes). */
+/** `bitmap`: a zeroed buffer of at least numSlabs * numBlocks bytes to reuse (left zeroed). */
+export function disjointSide(side: SideRanges, layout?: SlabLayout, bitmap?: Uint8Array): boolean {
+  const { p, stride, at } = side;
+  if (layout !== undefined) {
+    const pages = disjointPages(side, layout, bitmap);
+    if (pages !== null) return pages;
+  }
+  const order = orderBy(side);
+  const n = sideCount(side);
+  let prev = -1;
+  for (let i = 0; i < n; i++) {
+    const j = (order === null ? i : (order[i] as number)) * stride;
+    if (
+      prev >= 0 &&
+      p[prev] === p[j] &&
+      (p[prev + at] as number) + (p[prev + stride - 1] as number) > (p[j + at] as number)
+    )
+      return false;
+    prev = j;
+  }
+  return true;
+}
+
+/**
+ * Whole-page ranges (the common case: KV pages) are checked with a bitmap of the layout's pages instead
+ * of a sort: true/false, or null when some range is not whole pages inside the layout.
+ */
+function disjointPages(side: SideRanges, layout: SlabLayout, bitmap?: Uint8Array): boolean | null {
+  const { p, stride, at } = side;
+  const { pageBytes, numBlocks, numSlabs } = layout;
+  for (let j = 0; j < p.length; j += stride) {
+    const offset = p[j + at] as number;
+    const length = p[j + stride - 1] as number;
+    if (offset % pageBytes !== 0 || length % pageBytes !== 0 || !((p[j] as number) < numSlabs)) return null;
+    if (offset + length > numBlocks * pageBytes) return null;
+  }
+  const seen =
+    bitmap !== undefined && bitmap.length >= numSlabs * numBlocks ? bitmap : new Uint8Array(numSlabs * numBlocks);
+  let ok = true;
+  let j = 0;
+  for (; j < p.length && ok; j += stride) {
+    const first = (p[j] as number) * numBlocks + (p[j + at] as number) / pageBytes;
+    const end = first + (p[j + stride - 1] as number) / pageBytes;
+    for (let b = first; b < end; b++) {
+      if (seen[b] === 1) ok = false;
+      seen[b] = 1;
+    }
+  }
+  // Leave a reused bitmap zeroed: clear exactly the pages marked.
+  if (seen === bitmap) {
+    for (let k = 0; k < j; k += stride) {
+      const first = (p[k] as number) * numBlocks + (p[k + at] as number) / pageBytes;
+      seen.fill(0, first, first + (p[k + stride - 1] as number) / pageBytes);
+    }
+  }
+  return ok;
+}
+
+/** disjointSide over objects. */
+export function disjoint(ranges: readonly WireRange[]): boolean {
+  return disjointSide(sideOfWire(ranges));
 }
 
 function isNonNegInt(x: number): boolean {
@@ -52,14 +284,26 @@ function isNonNegInt(x: number): boolean {
 }
 
 /** Why a range does not fit the layout, or null. */
-export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
+export function rangeProblemAt(slab: number, offset: number, length: number, layout: SlabLayout): string | null {
+  if (!isNonNegInt(slab) || slab >= layout.numSlabs) return `slab ${slab} out of range (numSlabs ${layout.numSlabs})`;
+  if (!isNonNegInt(offset) || !isNonNegInt(length) || length === 0)
+    return `bad range offset ${offset} length ${length}`;
   const slabBytes = layout.numBlocks * layout.pageBytes;
-  if (!isNonNegInt(r.slab) || r.slab >= layout.numSlabs)
-    return `slab ${r.slab} out of range (numSlabs ${layout.numSlabs})`;
-  if (!isNonNegInt(r.offset) || !isNonNegInt(r.length) || r.length === 0)
-    return `bad range offset ${r.offset} length ${r.length}`;
-  if (r.offset + r.length > slabBytes)
-    return `range [${r.offset}, ${r.offset + r.length}) beyond slab end ${slabBytes}`;
+  if (offset + length > slabBytes) return `range [${offset}, ${offset + length}) beyond slab end ${slabBytes}`;
+  return null;
+}
+
+export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
+  return rangeProblemAt(r.slab, r.offset, r.length, layout);
+}
+
+/** The first range of `side` that does not fit the layout, as its problem, or null. */
+export function sideProblem(side: SideRanges, layout: SlabLayout): string | null {
+  const { p, stride, at } = side;
+  for (let j = 0; j < p.length; j += stride) {
+    const problem = rangeProblemAt(p[j] as number, p[j + at] as number, p[j + stride - 1] as number, layout);
+    if (problem !== null) return problem;
+  }
   return null;
 }
 
@@ -80,56 +324,44 @@ export function remoteSide(ranges: readonly TransferRange[]): WireRange[] {
 }
 
 /**
- * Work requests cross thread boundaries with their ranges packed as [slab, local, remote, length]*n
- * in a Float64Array: structured-cloning thousands of small objects costs more than the copy itself.
- */
-export function packRanges(ranges: readonly TransferRange[]): Float64Array {
-  const p = new Float64Array(ranges.length * 4);
-  ranges.forEach((r, i) => p.set([r.slab, r.localOffset, r.remoteOffset, r.length], i * 4));
-  return p;
-}
-
-export function unpackRanges(p: Float64Array): TransferRange[] {
-  assert(p.length % 4 === 0, 'packed ranges come in fours');
-  const out: TransferRange[] = [];
-  for (let i = 0; i < p.length; i += 4) {
-    out.push({
-      slab: p[i] as number,
-      localOffset: p[i + 1] as number,
-      remoteOffset: p[i + 2] as number,
-      length: p[i + 3] as number,
-    });
-  }
-  return out;
-}
-
-/** True when no two ranges overlap (same slab, intersecting bytes). */
-export function disjoint(ranges: readonly WireRange[]): boolean {
-  const sorted = [...ranges].sort((a, b) => a.slab - b.slab || a.offset - b.offset);
-  for (let i = 1; i < sorted.length; i++) {
-    const a = sorted[i - 1];
-    const b = sorted[i];
-    if (a && b && a.slab === b.slab && a.offset + a.length > b.offset) return false;
-  }
-  return true;
-}
-
-/**
  * Maps positions of a transfer's byte stream to (range, offset). Pieces must arrive in order
  * (`expected` is the next stream offset), as they do over one ordered connection.
  */
 export class RangeStream {
   readonly total: number;
-  private index = 0;
+  private readonly p: Float64Array;
+  private readonly stride: number;
+  private readonly at: number;
+  /** Index into p of the current range. */
+  private j = 0;
   private inRange = 0;
   expected = 0;
 
-  constructor(readonly ranges: readonly WireRange[]) {
-    this.total = totalBytes(ranges);
+  constructor(readonly side: SideRanges) {
+    this.total = sideBytes(side);
+    ({ p: this.p, stride: this.stride, at: this.at } = side);
   }
 
   get complete(): boolean {
     return this.expected === this.total;
+  }
+
+  /**
+   * Where the next stream bytes go: slab, offset, and how many bytes from there are one run of that slab
+   * (the current range's rest, extended over the following ranges while they continue it on this side),
+   * looked at up to `max` bytes. Length 0 at the end.
+   */
+  segment(max = Number.MAX_SAFE_INTEGER): { slab: number; offset: number; length: number } {
+    if (this.complete) return { slab: 0, offset: 0, length: 0 };
+    const { p, j, stride, at } = this;
+    const slab = p[j] as number;
+    const offset = (p[j + at] as number) + this.inRange;
+    let length = (p[j + stride - 1] as number) - this.inRange;
+    for (let k = j + stride; k < p.length && length < max; k += stride) {
+      if (p[k] !== slab || p[k + at] !== offset + length) break;
+      length += p[k + stride - 1] as number;
+    }
+    return { slab, offset, length };
   }
 
   /** Visit the slab segments of the next `length` stream bytes: fn(slab, slabOffset, pieceOffset, segLength). */
@@ -138,16 +370,17 @@ export class RangeStream {
     fn: (slab: number, slabOffset: number, pieceOffset: number, segLength: number) => void,
   ): void {
     assert(this.expected + length <= this.total, 'RangeStream: advance past the end');
+    const { p, stride, at } = this;
     let done = 0;
     while (done < length) {
-      const r = this.ranges[this.index];
-      assert(r !== undefined, 'RangeStream: ran out of ranges');
-      const seg = Math.min(r.length - this.inRange, length - done);
-      fn(r.slab, r.offset + this.inRange, done, seg);
+      assert(this.j < p.length, 'RangeStream: ran out of ranges');
+      const rangeLength = p[this.j + stride - 1] as number;
+      const seg = Math.min(rangeLength - this.inRange, length - done);
+      fn(p[this.j] as number, (p[this.j + at] as number) + this.inRange, done, seg);
       done += seg;
       this.inRange += seg;
-      if (this.inRange === r.length) {
-        this.index++;
+      if (this.inRange === rangeLength) {
+        this.j += stride;
         this.inRange = 0;
       }
     }

@@ -24,7 +24,8 @@ import { GrantIssuer } from './grant_issuer.ts';
 import { buildMetadata } from './metadata.ts';
 import { CQ_DONE, CQ_FAILED, type Nic, type NicCompletionEvent } from './nic.ts';
 import { WorkRequestLog, type WorkRequestRecord } from './work_log.ts';
-import { coalesceRanges, disjoint, localSide, totalBytes } from './ranges.ts';
+import { PACKED_STRIDE, sideBytes, sideOf } from './ranges.ts';
+import { RangeScratch } from './range_scratch.ts';
 import {
   NOTIFICATION_TYPES,
   type EngineMetadata,
@@ -98,6 +99,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
   private closed = false;
   private closing: Promise<void> | null = null;
   private workLog: WorkRequestLog | null = null;
+  private readonly scratch = new RangeScratch();
 
   protected constructor(
     opts: TransferEngineCoreOptions,
@@ -192,18 +194,28 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     return this.post('write', req);
   }
 
+  /** The request's ranges checked (programmer errors), packed and coalesced: a view of the scratch. */
+  private prepare(kind: 'read' | 'write', req: TransferRequest): Float64Array {
+    const packed = this.scratch.pack(req.ranges);
+    checkLocalRanges(packed, this.layout);
+    assert(
+      kind === 'write' || this.scratch.disjoint(sideOf(packed, 'local'), this.layout),
+      'READ destinations overlap',
+    );
+    return this.scratch.coalesce(packed); // the NIC copies what it keeps
+  }
+
   private post(kind: 'read' | 'write', req: TransferRequest): TransferHandle {
-    checkLocalRanges(req, this.layout);
-    assert(kind === 'write' || disjoint(localSide(req.ranges)), 'READ destinations overlap');
-    const ranges = coalesceRanges(req.ranges);
+    const ranges = this.prepare(kind, req);
+    const descriptors = ranges.length / PACKED_STRIDE;
     const rc = this.rc;
     const handle: TransferHandle = Object.freeze({
       id: this.nextWrId++,
       kind,
       peerEngineId: req.peerEngineId,
       transferId: req.transferId,
-      bytes: totalBytes(ranges),
-      descriptors: ranges.length,
+      bytes: sideBytes(sideOf(ranges, 'local')),
+      descriptors,
     });
     const st: HandleState = {
       handle,
@@ -233,7 +245,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     this.states.set(handle, st);
     if (kind === 'read') this.counters.readsPosted++;
     else this.counters.writesPosted++;
-    this.counters.descriptorsPosted += ranges.length;
+    this.counters.descriptorsPosted += descriptors;
 
     if (this.isClosed) return this.failNow(st, 'TRANSFER_FAILED', 'engine is closed');
     const problem = workRequestProblem(req, ranges, this.peers.get(req.peerEngineId)?.layout);

@@ -176,8 +176,13 @@ export interface TransferEngineOptions {
   notifyTimeoutMs?: number;
   /** handshake() rejects with PEER_UNAVAILABLE when it has not completed by then. Default 5000. */
   handshakeTimeoutMs?: number;
-  /** tcp: payload bytes per DATA frame. Default 1 MiB. */
+  /** tcp: payload bytes per DATA frame. Default 4 MiB. */
   dataFrameBytes?: number;
+  /**
+   * tcp: a READ's destination segments at least this long are read by the kernel straight into the slab;
+   * shorter ones arrive in a reused buffer and are copied. Default 64 KiB.
+   */
+  recvDirectMinBytes?: number;
 }
 
 export interface TransferEngine {

@@ -35,7 +35,8 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
       slotsMax: opts.inflightMax ?? 1024,
       listenHost: '',
       dataPort: 0,
-      dataFrameBytes: opts.dataFrameBytes ?? 1 << 20,
+      dataFrameBytes: 0,
+      recvDirectMinBytes: 0,
     });
     if (registry.has(opts.engineId)) {
       await nic.close();

@@ -10,7 +10,7 @@
 import type { MessagePort } from 'node:worker_threads';
 import { COUNTER, asErrorCode, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
-import { remoteSide, unpackRanges } from '../core/ranges.ts';
+import { PACKED_STRIDE, sideOf } from '../core/ranges.ts';
 
 type LinkMessage =
   /** ranges packed as [slab, requester's offset, server's offset, length]*n (packRanges). */
@@ -48,6 +48,7 @@ export class InprocLink {
       return;
     }
     this.outstanding.add(wr.wrId);
+    // A view of the host's shared ring (nic_host.ts): the peer reads it while the request is pending.
     this.send({ t: wr.kind, reqId: wr.wrId, transferId: wr.transferId, token: wr.grantToken, ranges: wr.ranges });
   }
 
@@ -101,41 +102,35 @@ export class InprocLink {
 
   /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy. */
   private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): void {
-    const ranges = unpackRanges(m.ranges);
-    const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, remoteSide(ranges));
-    if (!d.ok) {
-      this.send({
-        t: 'error',
-        reqId: m.reqId,
-        code: 'GRANT_DENIED',
-        message: `grant denied by ${this.ctx.engineId}: ${d.reason}`,
-      });
-      return;
+    const p = m.ranges;
+    const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, sideOf(p, 'remote'));
+    if (!d.ok) return this.fail(m.reqId, 'GRANT_DENIED', `grant denied by ${this.ctx.engineId}: ${d.reason}`);
+    const theirs = this.peerSlabs;
+    for (let j = 0; j < p.length; j += PACKED_STRIDE) {
+      const [slab, offset, length] = [p[j] as number, p[j + 1] as number, p[j + 3] as number];
+      const slabLength = theirs[slab]?.length ?? -1;
+      if (!Number.isSafeInteger(offset) || offset < 0 || offset + length > slabLength)
+        return this.fail(m.reqId, 'BAD_TRANSFER_PARAMS', `peer range outside its own slab ${slab}`);
     }
-    for (const r of ranges) {
-      const theirs = this.peerSlabs[r.slab];
-      if (
-        theirs === undefined ||
-        !Number.isSafeInteger(r.localOffset) ||
-        r.localOffset < 0 ||
-        r.localOffset + r.length > theirs.length
-      ) {
-        this.send({
-          t: 'error',
-          reqId: m.reqId,
-          code: 'BAD_TRANSFER_PARAMS',
-          message: `peer range outside its own slab ${r.slab}`,
-        });
-        return;
-      }
+    const ours = this.ctx.slabs;
+    const read = m.t === 'read';
+    // One copy per (coalesced) range, straight between the two engines' slabs.
+    for (let j = 0; j < p.length; j += PACKED_STRIDE) {
+      const [slab, theirOffset, ourOffset, length] = [
+        p[j] as number,
+        p[j + 1] as number,
+        p[j + 2] as number,
+        p[j + 3] as number,
+      ];
+      const [o, t] = [ours[slab] as Uint8Array, theirs[slab] as Uint8Array];
+      if (read) t.set(o.subarray(ourOffset, ourOffset + length), theirOffset);
+      else o.set(t.subarray(theirOffset, theirOffset + length), ourOffset);
     }
-    for (const r of ranges) {
-      const ours = this.ctx.slabs[r.slab] as Uint8Array;
-      const theirs = this.peerSlabs[r.slab] as Uint8Array;
-      if (m.t === 'read') theirs.set(ours.subarray(r.remoteOffset, r.remoteOffset + r.length), r.localOffset);
-      else ours.set(theirs.subarray(r.localOffset, r.localOffset + r.length), r.remoteOffset);
-    }
-    this.ctx.count(m.t === 'read' ? COUNTER.readsServed : COUNTER.writesAccepted);
+    this.ctx.count(read ? COUNTER.readsServed : COUNTER.writesAccepted);
     this.send({ t: 'done', reqId: m.reqId });
+  }
+
+  private fail(reqId: number, code: 'GRANT_DENIED' | 'BAD_TRANSFER_PARAMS', message: string): void {
+    this.send({ t: 'error', reqId, code, message });
   }
 }

@@ -20,8 +20,8 @@ import {
   type NicInit,
 } from './nic_messages.ts';
 import type { GrantEnd, Nic, NicCompletionEvent, NicStats, NicWorkRequest } from '../core/nic.ts';
-import { packRanges } from '../core/ranges.ts';
 import type { SlabLayout } from '../core/types.ts';
+import { RangeRing, type RingRegion } from './range_ring.ts';
 
 export interface NicHostOptions {
   kind: 'inproc' | 'tcp';
@@ -32,9 +32,12 @@ export interface NicHostOptions {
   listenHost: string;
   dataPort: number;
   dataFrameBytes: number;
+  recvDirectMinBytes: number;
 }
 
 const CLOSE_GRACE_MS = 2000;
+/** 2 MiB of ranges in flight through the ring (65536 descriptors), then copies. */
+const RING_DOUBLES = 1 << 18;
 
 export class NicHost implements Nic {
   private readonly cq: Int32Array;
@@ -42,6 +45,9 @@ export class NicHost implements Nic {
   private readonly freeSlots: number[] = [];
   private readonly listeners = new Set<(ev: NicEvent) => void>();
   private closing: Promise<void> | null = null;
+  private readonly ring = new RangeRing(RING_DOUBLES);
+  /** The ring region of each completion slot's work request. */
+  private readonly regions: Array<RingRegion | undefined> = [];
 
   private constructor(
     private readonly worker: Worker,
@@ -75,6 +81,7 @@ export class NicHost implements Nic {
       listenHost: o.listenHost,
       dataPort: o.dataPort,
       dataFrameBytes: o.dataFrameBytes,
+      recvDirectMinBytes: o.recvDirectMinBytes,
     };
     const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), {
       workerData: init,
@@ -108,7 +115,10 @@ export class NicHost implements Nic {
 
   post(wr: NicWorkRequest): void {
     const { label: _label, checkerWrId: _checkerWrId, ranges, ...rest } = wr;
-    this.send({ t: 'post', wr: { ...rest, ranges: packRanges(ranges) } });
+    // The ranges go through the shared ring (a view costs a small message); a full ring: a copy.
+    const slot = this.ring.alloc(ranges);
+    if (slot !== null) this.regions[wr.slot] = slot.region;
+    this.send({ t: 'post', wr: { ...rest, ranges: slot?.view ?? ranges.slice() } });
   }
 
   abort(wrId: number): void {
@@ -170,6 +180,12 @@ export class NicHost implements Nic {
 
   freeSlot(slot: number): void {
     assert(Atomics.load(this.cq, slot * CQ_INTS_PER_SLOT) !== CQ_FREE, `slot ${slot} freed twice`);
+    // The work request ended: its NIC no longer reads its ranges.
+    const region = this.regions[slot];
+    if (region !== undefined) {
+      this.ring.release(region);
+      delete this.regions[slot];
+    }
     Atomics.store(this.cq, slot * CQ_INTS_PER_SLOT, CQ_FREE);
     this.freeSlots.push(slot);
   }

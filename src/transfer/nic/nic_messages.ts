@@ -10,6 +10,7 @@ import type { MessagePort } from 'node:worker_threads';
 import { ERROR_CODES, type ErrorCode } from '../../util/errors.ts';
 import type { NicCompletionEvent } from '../core/nic.ts';
 import type { SlabLayout } from '../core/types.ts';
+import type { RawConfig } from '../tcp/nic_tcp_raw.ts';
 
 export { CQ_DONE, CQ_FAILED, CQ_FREE, CQ_PENDING } from '../core/nic.ts';
 
@@ -42,6 +43,7 @@ export interface NicInit {
   listenHost: string;
   dataPort: number;
   dataFrameBytes: number;
+  recvDirectMinBytes: number;
 }
 
 export interface WorkRequest {
@@ -79,7 +81,7 @@ export type NicCommand =
   | { t: 'post'; wr: WorkRequest }
   | { t: 'abort'; wrId: number }
   | { t: 'rawServe' }
-  | { t: 'rawRecv'; host: string; port: number; bytes: number; chunkBytes: number }
+  | { t: 'rawRecv'; host: string; port: number; bytes: number; cfg: RawConfig }
   | { t: 'close' };
 
 export type NicEvent =

@@ -24,7 +24,7 @@ import {
   type WorkRequest,
 } from './nic_messages.ts';
 import { TcpPlane } from '../tcp/nic_tcp.ts';
-import type { WireRange } from '../core/ranges.ts';
+import type { SideRanges } from '../core/ranges.ts';
 import type { SlabLayout } from '../core/types.ts';
 
 /** What links and the tcp plane need from the NIC. */
@@ -33,10 +33,12 @@ export interface NicContext {
   readonly layout: SlabLayout;
   readonly slabs: Uint8Array[];
   readonly dataFrameBytes: number;
+  /** tcp: READ segments at least this long are received straight into the slab. */
+  readonly recvDirectMinBytes: number;
   /** The engine that may use `session` on our data port (after applying queued host commands). */
   sessionPeer(session: string): string | undefined;
   /** Check a peer's request against the grant table; refusals are counted. */
-  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: readonly WireRange[]): GrantDecision;
+  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: SideRanges): GrantDecision;
   /** Finish a work request (no-op when it already finished). */
   complete(wrId: number, code: ErrorCode | null, message: string): void;
   count(counter: number, n?: number): void;
@@ -59,6 +61,7 @@ class Nic implements NicContext {
   readonly layout: SlabLayout;
   readonly slabs: Uint8Array[];
   readonly dataFrameBytes: number;
+  readonly recvDirectMinBytes: number;
   private readonly cq: Int32Array;
   private readonly counters: Int32Array;
   private readonly control: MessagePort;
@@ -74,6 +77,7 @@ class Nic implements NicContext {
     this.layout = init.layout;
     this.slabs = init.slabs.map((b) => new Uint8Array(b));
     this.dataFrameBytes = init.dataFrameBytes;
+    this.recvDirectMinBytes = init.recvDirectMinBytes;
     this.cq = new Int32Array(init.cq);
     this.counters = new Int32Array(init.counters);
     this.control = init.control;
@@ -109,7 +113,7 @@ class Nic implements NicContext {
     return this.sessions.get(session);
   }
 
-  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: readonly WireRange[]): GrantDecision {
+  checkGrant(peerEngineId: string, transferId: string, token: string, ranges: SideRanges): GrantDecision {
     this.drain();
     const d = this.grants.check({ peerEngineId, transferId, token, ranges, nowMs: nowEpochMs() });
     if (!d.ok) this.count(COUNTER.grantsRefused);
@@ -163,7 +167,7 @@ class Nic implements NicContext {
       case 'rawRecv':
         assert(this.tcp !== null, 'rawRecv needs the tcp backend');
         void this.tcp
-          .rawRecv(cmd.host, cmd.port, cmd.bytes, cmd.chunkBytes)
+          .rawRecv(cmd.host, cmd.port, cmd.bytes, cmd.cfg)
           .then((bytes) => this.emit({ t: 'rawDone', bytes }));
         return;
       case 'close':
@@ -221,10 +225,8 @@ class Nic implements NicContext {
     if (p === undefined || p.timer !== null) return ack();
     const link = this.links.get(p.wr.peerEngineId);
     if (link) link.abort(wrId, ack);
-    else {
-      this.tcp?.abort(wrId);
-      ack();
-    }
+    else if (this.tcp) this.tcp.abort(wrId, ack);
+    else ack();
   }
 
   private async close(): Promise<void> {

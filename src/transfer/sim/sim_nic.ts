@@ -23,7 +23,7 @@ import {
   type NicStats,
   type NicWorkRequest,
 } from '../core/nic.ts';
-import { localSide, remoteSide, totalBytes } from '../core/ranges.ts';
+import { localSide, remoteSide, sideBytes, sideOf, unpackRanges } from '../core/ranges.ts';
 import type { FabricFault, FabricItem, SimFabric } from './sim_fabric.ts';
 import type { SlabLayout } from '../core/types.ts';
 
@@ -85,14 +85,15 @@ export class SimNic implements Nic {
     return { state: CQ_PENDING, code: 'TRANSFER_FAILED' };
   }
 
-  post(wr: NicWorkRequest): void {
+  post(posted: NicWorkRequest): void {
+    const wr = { ...posted, ranges: posted.ranges.slice() }; // the poster reuses its buffer
     const item: FabricItem = {
       id: this.fabric.newItemId(),
       kind: wr.kind,
       from: this.engineId,
       to: wr.peerEngineId,
       label: wr.label,
-      bytes: totalBytes(wr.ranges),
+      bytes: sideBytes(sideOf(wr.ranges, 'local')),
       transferId: wr.transferId,
       notBeforeMs: this.env.nowMs() + wr.delayMs,
       run: (fault) => this.execute(wr, item, wr.failWith !== null ? 'fail' : fault),
@@ -104,8 +105,8 @@ export class SimNic implements Nic {
       t: 'post',
       item,
       rcId: wr.checkerWrId,
-      local: localSide(wr.ranges),
-      remote: remoteSide(wr.ranges),
+      local: localSide(unpackRanges(wr.ranges)),
+      remote: remoteSide(unpackRanges(wr.ranges)),
     });
     if (this.fabric.autoRun && wr.delayMs > 0) {
       this.env.setTimer(wr.delayMs, () => this.pending.has(wr.wrId) && this.fabric.enqueue(item));
@@ -130,11 +131,11 @@ export class SimNic implements Nic {
       peerEngineId: this.engineId,
       transferId: wr.transferId,
       token: wr.grantToken,
-      ranges: remoteSide(wr.ranges),
+      ranges: sideOf(wr.ranges, 'remote'),
       nowMs: remote.env.nowMs(),
     });
     if (!decision.ok) return this.failItem(wr.wrId, item, 'GRANT_DENIED', decision.reason);
-    for (const r of wr.ranges) {
+    for (const r of unpackRanges(wr.ranges)) {
       const local = this.slabs[r.slab] as Uint8Array;
       const far = remote.slabs[r.slab] as Uint8Array;
       if (item.kind === 'read') local.set(far.subarray(r.remoteOffset, r.remoteOffset + r.length), r.localOffset);

@@ -17,6 +17,7 @@ import {
   type DataHead,
   type FrameLimits,
 } from './frame.ts';
+import { WIRE_STRIDE, sideOfWire } from '../core/ranges.ts';
 
 type Event = { kind: 'frame'; f: ControlFrame } | { kind: 'data'; head: DataHead; bytes: number[] };
 
@@ -55,7 +56,7 @@ const controlFrame: fc.Arbitrary<ControlFrame> = fc.oneof(
     reqId: u32,
     transferId: str,
     grantToken: hex(0, 64),
-    ranges: fc.array(range, { maxLength: 12 }),
+    ranges: fc.array(range, { maxLength: 12 }).map((rs) => sideOfWire(rs).p),
   }),
   fc.record({ type: fc.constant('done' as const), reqId: u32 }),
   fc.record({ type: fc.constant('error' as const), reqId: u32, code: str, message: str }),
@@ -363,12 +364,12 @@ test('frame limits: exactly rangesMax ranges in a READ/WRITE is accepted; ranges
       reqId: 9,
       transferId: 't',
       grantToken: 'ab',
-      ranges: Array.from({ length: n }, (_, i) => ({ slab: i, offset: i * 64, length: 64 })),
+      ranges: sideOfWire(Array.from({ length: n }, (_, i) => ({ slab: i, offset: i * 64, length: 64 }))).p,
     });
   const ok = counter();
   new FrameDecoder(ok.sink, small).push(rw(small.rangesMax));
   assert.equal(ok.frames.length, 1);
-  assert.equal((ok.frames[0] as { ranges: unknown[] }).ranges.length, small.rangesMax);
+  assert.equal((ok.frames[0] as { ranges: Float64Array }).ranges.length, small.rangesMax * WIRE_STRIDE);
   assert.throws(
     () => new FrameDecoder(counter().sink, small).push(rw(small.rangesMax + 1)),
     (e: unknown) => e instanceof FrameError && /ranges exceed/.test(e.message),
@@ -389,11 +390,11 @@ test('frame limits: u64 fields (range offset, DATA stream offset) accept 2^53 - 
     reqId: 1,
     transferId: '',
     grantToken: '',
-    ranges: [{ slab: 0, offset: top, length: 1 }],
+    ranges: new Float64Array([0, top, 1]),
   });
   const ok = counter();
   new FrameDecoder(ok.sink).push(read);
-  assert.equal((ok.frames[0] as { ranges: Array<{ offset: number }> }).ranges[0]?.offset, top);
+  assert.equal((ok.frames[0] as { ranges: Float64Array }).ranges[1], top);
   assert.throws(
     () => new FrameDecoder(counter().sink).push(set2p53(read, 18)),
     (e: unknown) => e instanceof FrameError && /beyond 2\^53/.test(e.message),

@@ -6,6 +6,7 @@
  *   hello  = | engineId str | session bytes8 |                      client -> server, first frame
  *   helloOk= (empty)
  *   read   = | reqId u32 | transferId str | grantToken bytes8 | n u32 | n x (slab u16, offset u64, length u32) |
+ *            (ranges travel packed: a Float64Array of [slab, offset, length] * n, ranges.ts WIRE_STRIDE)
  *   write  = same as read; the DATA frames of the WRITE follow on the same connection
  *   data   = | reqId u32 | streamOffset u64 | payload ... |          bytes of a READ reply or a WRITE
  *   done   = | reqId u32 |                                          WRITE landed in the destination
@@ -17,7 +18,7 @@
  * Anything malformed throws FrameError and the owner closes the connection. Sizes bounded by FrameLimits.
  */
 import { assert } from '../../util/assert.ts';
-import type { WireRange } from '../core/ranges.ts';
+import { WIRE_STRIDE } from '../core/ranges.ts';
 
 export const FRAME_HEADER_BYTES = 5;
 export const DATA_HEAD_BYTES = 12;
@@ -28,7 +29,7 @@ const TYPE = { hello: 1, helloOk: 2, read: 3, write: 4, data: 5, done: 6, error:
 export type ControlFrame =
   | { type: 'hello'; engineId: string; session: string }
   | { type: 'helloOk' }
-  | { type: 'read' | 'write'; reqId: number; transferId: string; grantToken: string; ranges: WireRange[] }
+  | { type: 'read' | 'write'; reqId: number; transferId: string; grantToken: string; ranges: Float64Array }
   | { type: 'done'; reqId: number }
   | { type: 'error'; reqId: number; code: string; message: string }
   | { type: 'side'; body: unknown };
@@ -116,6 +117,30 @@ class Writer {
     this.u8(b.length);
     this.raw(b);
   }
+  /** n u32, then n x (slab u16, offset u64, length u32) from wire-packed ranges. */
+  ranges(p: Float64Array): void {
+    assert(p.length % WIRE_STRIDE === 0, 'wire ranges come in threes');
+    const n = p.length / WIRE_STRIDE;
+    this.u32(n);
+    this.ensure(n * RANGE_BYTES);
+    const v = this.view;
+    for (let j = 0, at = this.len; j < p.length; j += WIRE_STRIDE, at += RANGE_BYTES) {
+      const slab = p[j] as number;
+      const offset = p[j + 1] as number;
+      const length = p[j + 2] as number;
+      assert(slab >= 0 && slab < 0x10000 && Number.isInteger(slab), `range slab must be a u16, got ${slab}`);
+      assert(
+        Number.isSafeInteger(offset) && offset >= 0,
+        `range offset must be a safe non-negative integer, got ${offset}`,
+      );
+      assert(length >= 0 && length < U32 && Number.isInteger(length), `range length must be a u32, got ${length}`);
+      v.setUint16(at, slab);
+      v.setUint32(at + 2, Math.floor(offset / U32));
+      v.setUint32(at + 6, offset % U32);
+      v.setUint32(at + 10, length);
+    }
+    this.len += n * RANGE_BYTES;
+  }
   bytes(): Uint8Array {
     return this.buf.subarray(0, this.len);
   }
@@ -180,6 +205,21 @@ class Reader {
   remaining(): number {
     return this.b.length - this.pos;
   }
+  /** `n` ranges of RANGE_BYTES each, wire-packed. */
+  ranges(n: number): Float64Array {
+    this.need(n * RANGE_BYTES);
+    const out = new Float64Array(n * WIRE_STRIDE);
+    const v = this.view;
+    for (let i = 0, at = this.pos; i < out.length; i += WIRE_STRIDE, at += RANGE_BYTES) {
+      const hi = v.getUint32(at + 2);
+      if (hi >= 1 << 21) throw new FrameError('u64 field beyond 2^53');
+      out[i] = v.getUint16(at);
+      out[i + 1] = hi * U32 + v.getUint32(at + 6);
+      out[i + 2] = v.getUint32(at + 10);
+    }
+    this.pos += n * RANGE_BYTES;
+    return out;
+  }
   end(): void {
     if (this.pos !== this.b.length) throw new FrameError(`${this.b.length - this.pos} trailing bytes in frame body`);
   }
@@ -213,12 +253,7 @@ export function encodeFrame(f: ControlFrame): Uint8Array {
       w.u32(f.reqId);
       w.str(f.transferId);
       w.bytes8(hexBytes(f.grantToken));
-      w.u32(f.ranges.length);
-      for (const r of f.ranges) {
-        w.u16(r.slab);
-        w.u64(r.offset);
-        w.u32(r.length);
-      }
+      w.ranges(f.ranges);
       return withHeader(f.type === 'read' ? TYPE.read : TYPE.write, w.bytes());
     case 'done':
       w.u32(f.reqId);
@@ -262,8 +297,7 @@ function parseControl(type: number, body: Uint8Array, limits: FrameLimits): Cont
       const n = r.u32();
       if (n > limits.rangesMax) throw new FrameError(`${n} ranges exceed ${limits.rangesMax}`);
       if (n * RANGE_BYTES !== r.remaining()) throw new FrameError(`range count ${n} does not match the body`);
-      const ranges: WireRange[] = [];
-      for (let i = 0; i < n; i++) ranges.push({ slab: r.u16(), offset: r.u64(), length: r.u32() });
+      const ranges = r.ranges(n);
       f = { type: type === TYPE.read ? 'read' : 'write', reqId, transferId, grantToken, ranges };
       break;
     }
@@ -317,6 +351,22 @@ export class FrameDecoder {
   /** Bytes of a partial frame held (header, control body); DATA payloads are never held. */
   get bufferedBytes(): number {
     return this.state === 'control' ? this.bodyGot : this.headLen;
+  }
+
+  /** Inside a DATA payload: its request and the payload bytes still to come; else null. */
+  get payloadPending(): { reqId: number; left: number } | null {
+    return this.state === 'payload' ? { reqId: this.data.reqId, left: this.data.length - this.payloadGot } : null;
+  }
+
+  /**
+   * Bytes that complete the frame header in progress if the frame is DATA (header and DATA head):
+   * a reader that expects bulk data reads exactly these, so the payload can go straight to its
+   * destination. 0 inside a control body or a payload.
+   */
+  get dataHeaderLeft(): number {
+    return this.state === 'header' || this.state === 'dataHead'
+      ? FRAME_HEADER_BYTES + DATA_HEAD_BYTES - this.headLen
+      : 0;
   }
 
   /** True between frames (nothing partial). */

@@ -4,7 +4,9 @@
  * Also the raw-socket baseline of `handoff bench transfer`, run between the same two NIC threads.
  */
 import net from 'node:net';
-import { ClientConn, RECV_BUFFER_BYTES, SEND_HIGH_WATER, ServerConn } from './nic_tcp_conn.ts';
+import { ServerConn } from './nic_tcp_conn.ts';
+import { ClientConn } from './nic_tcp_client.ts';
+import { RawBaseline, type RawConfig } from './nic_tcp_raw.ts';
 import type { TcpPeer, WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 
@@ -15,14 +17,14 @@ export class TcpPlane {
   private readonly peers = new Map<string, TcpPeer>();
   private readonly clients = new Map<string, ClientConn>();
   private readonly serverConns = new Set<ServerConn>();
-  private readonly rawSockets = new Set<net.Socket>();
-  private rawServer: net.Server | null = null;
+  private readonly raw: RawBaseline;
 
   constructor(
     private readonly ctx: NicContext,
     private readonly host: string,
     private readonly port: number,
   ) {
+    this.raw = new RawBaseline(ctx.slabs, host);
     this.server = net.createServer((socket) => {
       if (this.serverConns.size >= SERVER_CONNECTIONS_MAX) {
         socket.destroy();
@@ -71,107 +73,43 @@ export class TcpPlane {
   }
 
   /**
-   * Stop writing local memory for `wrId` (whichever connection carries it). A connection on which
+   * Stop writing local memory for `wrId` (whichever connection carries it); `ack` runs once nothing more
+   * is written for it (at once, unless the socket's next read is already aimed at its pages). A connection on which
    * nothing arrived since that READ was posted is dropped: after a link cut TCP can sit in
    * retransmission backoff for tens of seconds once the link is back, and every later request would
    * wait behind it; the next work request opens a fresh connection instead.
    */
-  abort(wrId: number): void {
+  abort(wrId: number, ack: () => void): void {
+    let waiting = 1;
+    const settle = (): void => {
+      if (--waiting === 0) ack();
+    };
     for (const [peerEngineId, c] of [...this.clients]) {
-      if (!c.abort(wrId)) continue;
-      this.clients.delete(peerEngineId);
-      c.destroy('PEER_UNAVAILABLE', `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`);
+      const state = c.abort(wrId);
+      if (state === 'armed') {
+        waiting++;
+        c.whenDisarmed(settle);
+      } else if (state === 'stalled') {
+        this.clients.delete(peerEngineId);
+        c.destroy('PEER_UNAVAILABLE', `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`);
+      }
     }
+    settle();
   }
 
   async close(): Promise<void> {
     for (const c of this.clients.values()) c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
     for (const c of this.serverConns) c.socket.destroy();
-    for (const s of this.rawSockets) s.destroy();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
-    if (this.rawServer) await new Promise<void>((resolve) => this.rawServer?.close(() => resolve()));
+    await Promise.all([new Promise<void>((resolve) => this.server.close(() => resolve())), this.raw.close()]);
   }
 
-  /** Baseline server: on each connection read `count u64 | chunk u32`, then stream count bytes of slab 0. */
+  /** The raw-socket baseline (nic_tcp_raw.ts): listen for its receivers. */
   rawServe(): Promise<number> {
-    const existing = this.rawServer?.address();
-    if (existing && typeof existing === 'object') return Promise.resolve(existing.port);
-    const server = net.createServer((socket) => {
-      this.rawSockets.add(socket);
-      socket.on('close', () => this.rawSockets.delete(socket));
-      socket.on('error', () => {});
-      socket.once('data', (req: Buffer) => {
-        if (req.length < 12) return void socket.destroy();
-        const count = req.readUInt32BE(0) * 0x1_0000_0000 + req.readUInt32BE(4);
-        const chunk = req.readUInt32BE(8);
-        this.rawSend(socket, count, chunk);
-      });
-    });
-    this.rawServer = server;
-    return new Promise((resolve) =>
-      server.listen(0, this.host, () => resolve((server.address() as net.AddressInfo).port)),
-    );
+    return this.raw.serve();
   }
 
-  private rawSend(socket: net.Socket, count: number, chunk: number): void {
-    const slab = this.ctx.slabs[0] as Uint8Array;
-    let sent = 0;
-    const pump = (): void => {
-      while (sent < count) {
-        if (socket.writableLength >= SEND_HIGH_WATER) {
-          socket.once('drain', pump);
-          return;
-        }
-        const at = sent % slab.length;
-        const n = Math.min(chunk, count - sent, slab.length - at);
-        socket.write(Buffer.from(slab.buffer, slab.byteOffset + at, n));
-        sent += n;
-      }
-    };
-    pump();
-  }
-
-  /** Baseline client: receive `bytes` from a rawServe port, copying every piece into slab 0. */
-  rawRecv(host: string, port: number, bytes: number, chunkBytes: number): Promise<number> {
-    const slab = this.ctx.slabs[0] as Uint8Array;
-    return new Promise((resolve, reject) => {
-      let got = 0;
-      // Same receive path as ClientConn: onread into a reused 1 MiB buffer, then a copy into the slab.
-      const socket = net.connect({
-        host,
-        port,
-        onread: {
-          buffer: Buffer.alloc(RECV_BUFFER_BYTES),
-          callback: (n, buf) => {
-            onData(buf.subarray(0, n));
-            return true;
-          },
-        },
-      });
-      this.rawSockets.add(socket);
-      socket.on('connect', () => {
-        const req = Buffer.alloc(12);
-        req.writeUInt32BE(Math.floor(bytes / 0x1_0000_0000), 0);
-        req.writeUInt32BE(bytes % 0x1_0000_0000, 4);
-        req.writeUInt32BE(chunkBytes, 8);
-        socket.write(req);
-      });
-      const onData = (d: Uint8Array): void => {
-        let pos = 0;
-        while (pos < d.length) {
-          const at = got % slab.length;
-          const n = Math.min(d.length - pos, slab.length - at);
-          slab.set(d.subarray(pos, pos + n), at);
-          pos += n;
-          got += n;
-        }
-        if (got >= bytes) {
-          socket.destroy();
-          this.rawSockets.delete(socket);
-          resolve(got);
-        }
-      };
-      socket.on('error', reject);
-    });
+  /** The raw-socket baseline: receive `bytes` from a rawServe port into our slabs. */
+  rawRecv(host: string, port: number, bytes: number, cfg: RawConfig): Promise<number> {
+    return this.raw.recv(host, port, bytes, cfg);
   }
 }

@@ -1,92 +1,30 @@
 /**
- * tcp data-plane connections inside the NIC thread (frame layouts in frame.ts).
+ * tcp data-plane connections inside the NIC thread (frame layouts in frame.ts): the shared plumbing and
+ * the serving side (ServerConn); the requesting side is nic_tcp_client.ts.
  *
  *   consumer NIC (ClientConn) --hello, read--> producer NIC (ServerConn): grant check, then DATA frames
- *   straight from its slabs (zero-copy views, ~1 MiB each) --> ClientConn copies each piece into its slab.
+ *   straight from its slabs (zero-copy views, tcp_sender.ts) --> ClientConn: the kernel reads each
+ *   payload segment of at least recvDirectMinBytes straight into its destination in our slab (no copy in
+ *   JS); smaller segments arrive in a reused buffer and are copied (nic_tcp_client.ts).
  *   producer NIC (ClientConn) --hello, write, DATA...--> consumer NIC (ServerConn): grant check, writes
  *   into its slabs, then `done`: a WRITE completes only when the destination says the bytes are there.
  *
  * A malformed or unexpected frame closes the connection; every work request on it fails with a
  * typed error. Nothing is written for a denied request.
  */
-import net from 'node:net';
-import {
-  FrameDecoder,
-  FrameError,
-  encodeDataHeader,
-  encodeFrame,
-  type ControlFrame,
-  type DataHead,
-  type FrameSink,
-} from './frame.ts';
-import { COUNTER, asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages.ts';
+import type net from 'node:net';
+import { FrameDecoder, FrameError, encodeFrame, type ControlFrame, type DataHead, type FrameSink } from './frame.ts';
+import { COUNTER } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
-import { RangeStream, localSide, remoteSide, unpackRanges, type WireRange } from '../core/ranges.ts';
+import { RangeStream, wireSide } from '../core/ranges.ts';
+import { Sender } from './tcp_sender.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 
-/** Bytes handed to a socket but not yet flushed before the sender waits for 'drain'. */
-export const SEND_HIGH_WATER = 8 << 20;
 const WRITES_MAX = 4096;
 const HELLO_TIMEOUT_MS = 5000;
-export const RECV_BUFFER_BYTES = 1 << 20;
-
-/** Streams transfers' bytes from our slabs as DATA frames, with backpressure. */
-class Sender {
-  private readonly queue: Array<{ reqId: number; stream: RangeStream; onSent: () => void }> = [];
-  private waiting = false;
-
-  constructor(
-    private readonly socket: net.Socket,
-    private readonly ctx: NicContext,
-  ) {}
-
-  has(reqId: number): boolean {
-    return this.queue.some((q) => q.reqId === reqId);
-  }
-
-  enqueue(reqId: number, ranges: WireRange[], onSent: () => void): void {
-    this.queue.push({ reqId, stream: new RangeStream(ranges), onSent });
-    this.pump();
-  }
-
-  cancel(reqId: number): void {
-    const i = this.queue.findIndex((q) => q.reqId === reqId);
-    if (i >= 0) this.queue.splice(i, 1);
-  }
-
-  private pump(): void {
-    while (this.queue.length > 0 && !this.socket.destroyed) {
-      if (this.socket.writableLength >= SEND_HIGH_WATER) {
-        if (!this.waiting) {
-          this.waiting = true;
-          this.socket.once('drain', () => {
-            this.waiting = false;
-            this.pump();
-          });
-        }
-        return;
-      }
-      const item = this.queue[0];
-      if (item === undefined) return;
-      const { stream } = item;
-      const len = Math.min(this.ctx.dataFrameBytes, stream.total - stream.expected);
-      this.socket.cork();
-      this.socket.write(encodeDataHeader(item.reqId, stream.expected, len));
-      stream.advance(len, (slab, offset, _piece, seg) => {
-        const s = this.ctx.slabs[slab] as Uint8Array;
-        this.socket.write(Buffer.from(s.buffer, s.byteOffset + offset, seg));
-      });
-      this.socket.uncork();
-      if (stream.complete) {
-        this.queue.shift();
-        item.onSent();
-      }
-    }
-  }
-}
 
 /** Shared plumbing: decoder, close on bad frames, typed failure. */
-abstract class Conn implements FrameSink {
+export abstract class Conn implements FrameSink {
   protected readonly decoder = new FrameDecoder(this);
   protected readonly sender: Sender;
   protected closedWith: { code: ErrorCode; message: string } | null = null;
@@ -97,7 +35,7 @@ abstract class Conn implements FrameSink {
     readonly socket: net.Socket,
     protected readonly ctx: NicContext,
   ) {
-    this.sender = new Sender(socket, ctx);
+    this.sender = new Sender(socket, ctx.slabs, ctx.dataFrameBytes);
     socket.setNoDelay(true);
     socket.on('data', (chunk: Buffer) => this.onChunk(chunk));
     socket.on('error', () => {});
@@ -135,7 +73,7 @@ abstract class Conn implements FrameSink {
 }
 
 /** Checks that a DATA piece continues `stream` exactly. */
-function expectPiece(stream: RangeStream, head: DataHead, piece: Uint8Array, pieceOffset: number): void {
+export function expectPiece(stream: RangeStream, head: DataHead, piece: Uint8Array, pieceOffset: number): void {
   if (head.streamOffset + pieceOffset !== stream.expected)
     throw new FrameError(`DATA out of order for request ${head.reqId}`);
   if (head.streamOffset + head.length > stream.total)
@@ -171,16 +109,18 @@ export class ServerConn extends Conn {
     const peer = this.peer;
     switch (f.type) {
       case 'read': {
-        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, f.ranges);
+        const ranges = wireSide(f.ranges);
+        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges);
         if (!d.ok) return this.deny(f.reqId, d.reason);
-        this.sender.enqueue(f.reqId, f.ranges, () => this.ctx.count(COUNTER.readsServed));
+        this.sender.enqueue(f.reqId, ranges, () => this.ctx.count(COUNTER.readsServed));
         return;
       }
       case 'write': {
         if (this.writes.has(f.reqId)) throw new FrameError(`write ${f.reqId} announced twice`);
         if (this.writes.size >= WRITES_MAX) throw new FrameError('too many writes in flight');
-        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, f.ranges);
-        this.writes.set(f.reqId, { stream: new RangeStream(f.ranges), denied: !d.ok });
+        const ranges = wireSide(f.ranges);
+        const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges);
+        this.writes.set(f.reqId, { stream: new RangeStream(ranges), denied: !d.ok });
         if (!d.ok) this.deny(f.reqId, d.reason);
         return;
       }
@@ -221,136 +161,5 @@ export class ServerConn extends Conn {
 
   protected onClosed(): void {
     this.writes.clear();
-  }
-}
-
-/** Our connection to a peer's data port: we post READs and WRITEs on it. */
-export class ClientConn extends Conn {
-  private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
-  /** Aborted READs whose bytes may still arrive: skipped, never written. */
-  private readonly discard = new Map<number, RangeStream>();
-  private readonly writes = new Set<number>();
-  private readonly ignore = new Set<number>();
-
-  private constructor(
-    socket: net.Socket,
-    ctx: NicContext,
-    readonly peerEngineId: string,
-    readonly peer: TcpPeer,
-    private readonly onGone: (c: ClientConn) => void,
-  ) {
-    super(socket, ctx);
-    this.send({ type: 'hello', engineId: ctx.engineId, session: peer.session });
-  }
-
-  /** Reads land in one reused 1 MiB buffer (onread): fewer, larger reads than 'data' events. */
-  static connect(ctx: NicContext, peerEngineId: string, peer: TcpPeer, onGone: (c: ClientConn) => void): ClientConn {
-    const holder: { conn: ClientConn | null } = { conn: null };
-    const socket = net.connect({
-      host: peer.host,
-      port: peer.port,
-      onread: {
-        buffer: Buffer.alloc(RECV_BUFFER_BYTES),
-        callback: (n, buf) => {
-          holder.conn?.onChunk(buf.subarray(0, n));
-          return true;
-        },
-      },
-    });
-    holder.conn = new ClientConn(socket, ctx, peerEngineId, peer, onGone);
-    return holder.conn;
-  }
-
-  get idle(): boolean {
-    return this.reads.size === 0 && this.writes.size === 0;
-  }
-
-  post(wr: WorkRequest): void {
-    const ranges = unpackRanges(wr.ranges);
-    const frame = { reqId: wr.wrId, transferId: wr.transferId, grantToken: wr.grantToken, ranges: remoteSide(ranges) };
-    if (wr.kind === 'read') {
-      this.reads.set(wr.wrId, { stream: new RangeStream(localSide(ranges)), bytesInAtPost: this.bytesIn });
-      this.send({ type: 'read', ...frame });
-    } else {
-      this.writes.add(wr.wrId);
-      this.send({ type: 'write', ...frame });
-      this.sender.enqueue(wr.wrId, localSide(ranges), () => {});
-    }
-  }
-
-  /**
-   * After this returns, no byte for `wrId` is written into our slabs. Returns true when `wrId` was a
-   * READ and not one byte arrived on this connection since it was posted: the connection is stalled.
-   */
-  abort(wrId: number): boolean {
-    const r = this.reads.get(wrId);
-    if (r !== undefined) {
-      this.reads.delete(wrId);
-      this.discard.set(wrId, r.stream);
-    }
-    if (this.writes.delete(wrId)) this.cancelWrite(wrId);
-    return r !== undefined && this.bytesIn === r.bytesInAtPost;
-  }
-
-  private cancelWrite(wrId: number): void {
-    this.sender.cancel(wrId);
-    this.ignore.add(wrId);
-    this.send({ type: 'error', reqId: wrId, code: 'REQUEST_ABORTED', message: 'write cancelled' });
-  }
-
-  frame(f: ControlFrame): void {
-    switch (f.type) {
-      case 'helloOk':
-        return;
-      case 'done':
-        if (this.ignore.delete(f.reqId)) return;
-        if (!this.writes.has(f.reqId) || this.sender.has(f.reqId))
-          throw new FrameError(`unexpected done for ${f.reqId}`);
-        this.writes.delete(f.reqId);
-        this.ctx.complete(f.reqId, null, '');
-        return;
-      case 'error': {
-        const code = asErrorCode(f.code);
-        if (this.ignore.delete(f.reqId) || this.discard.delete(f.reqId)) return;
-        if (this.reads.delete(f.reqId)) return this.ctx.complete(f.reqId, code, f.message);
-        if (this.writes.delete(f.reqId)) {
-          this.sender.cancel(f.reqId);
-          this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'write refused' });
-          return this.ctx.complete(f.reqId, code, f.message);
-        }
-        throw new FrameError(`error for unknown request ${f.reqId}`);
-      }
-      default:
-        throw new FrameError(`unexpected ${f.type} frame from a server`);
-    }
-  }
-
-  data(head: DataHead, piece: Uint8Array, pieceOffset: number): void {
-    const r = this.reads.get(head.reqId);
-    const stream = r?.stream ?? this.discard.get(head.reqId);
-    if (stream === undefined) throw new FrameError(`DATA for unknown read ${head.reqId}`);
-    expectPiece(stream, head, piece, pieceOffset);
-    if (r === undefined) stream.skip(piece.length);
-    else {
-      stream.advance(piece.length, (slab, offset, at, seg) => {
-        (this.ctx.slabs[slab] as Uint8Array).set(piece.subarray(at, at + seg), offset);
-      });
-    }
-    if (!stream.complete) return;
-    if (r === undefined) this.discard.delete(head.reqId);
-    else {
-      this.reads.delete(head.reqId);
-      this.ctx.complete(head.reqId, null, '');
-    }
-  }
-
-  protected onClosed(code: ErrorCode, message: string): void {
-    const why = `${message} (peer ${this.peerEngineId})`;
-    for (const wrId of this.reads.keys()) this.ctx.complete(wrId, code, why);
-    for (const wrId of this.writes) this.ctx.complete(wrId, code, why);
-    this.reads.clear();
-    this.writes.clear();
-    this.discard.clear();
-    this.onGone(this);
   }
 }

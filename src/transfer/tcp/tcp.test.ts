@@ -66,7 +66,7 @@ describe('tcp backend: ports and hostile connections', () => {
     reqId: 1,
     transferId: 'live',
     grantToken: token,
-    ranges: [{ slab: 0, offset: 1024, length: 1024 }],
+    ranges: new Float64Array([0, 1024, 1024]), // slab 0, offset 1024, length 1024
     ...f,
   });
 

@@ -16,6 +16,7 @@ import { NicHost } from '../nic/nic_host.ts';
 import { SideConn, proof, proofMatches, type SideMessage } from './tcp_side_channel.ts';
 import { TransferEngineCore } from '../core/transfer_engine.ts';
 import type { EngineMetadata, Notification, PeerAddress, TransferEngineOptions } from '../core/types.ts';
+import type { RawConfig } from './nic_tcp_raw.ts';
 
 const SIDE_CONNECTIONS_MAX = 256;
 
@@ -48,7 +49,8 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       slotsMax: opts.inflightMax ?? 1024,
       listenHost: host,
       dataPort: opts.dataPort ?? 0,
-      dataFrameBytes: opts.dataFrameBytes ?? 1 << 20,
+      dataFrameBytes: opts.dataFrameBytes ?? 4 << 20,
+      recvDirectMinBytes: opts.recvDirectMinBytes ?? 64 << 10,
     });
     const engine = new TcpTransferEngine(opts, nic);
     try {
@@ -317,13 +319,17 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     await closed;
   }
 
-  /** Bench baseline: ms to stream `bytes` over a raw socket from `from`'s NIC thread to ours. */
-  async rawStreamMs(from: TcpTransferEngine, bytes: number, chunkBytes: number): Promise<number> {
+  /**
+   * Bench baseline: ms to stream `bytes` over plain sockets from `from`'s NIC thread into our slabs
+   * (nic_tcp_raw.ts). Its connections stay open between runs, as the backend's data connection does.
+   */
+  async rawStreamMs(from: TcpTransferEngine, bytes: number, cfg: RawConfig): Promise<number> {
     const port = await from.nic.request({ t: 'rawServe' }, (ev) => (ev.t === 'rawPort' ? ev.port : undefined));
     const t0 = this.env.nowMs();
-    await this.nic.request({ t: 'rawRecv', host: from.address().host, port, bytes, chunkBytes }, (ev) =>
+    const got = await this.nic.request({ t: 'rawRecv', host: from.address().host, port, bytes, cfg }, (ev) =>
       ev.t === 'rawDone' ? ev.bytes : undefined,
     );
+    assert(got === bytes, `raw baseline moved ${got} of ${bytes} bytes`);
     return this.env.nowMs() - t0;
   }
 }

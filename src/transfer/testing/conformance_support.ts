@@ -42,6 +42,8 @@ export async function makeNode(
     preset: 'dsv4-mini',
     blockSizes: [16, 16],
     dataFrameBytes: 4096,
+    // tcp: every 1 KiB page is received straight into the slab, so the suite runs the direct path.
+    recvDirectMinBytes: 1024,
     ...opts,
     layout,
     slabs: buffers,

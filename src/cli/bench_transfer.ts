@@ -1,0 +1,85 @@
+/**
+ * `handoff bench transfer`: one point (backend, page size, pages) against its baseline measured in the
+ * same run, or `--sweep`: page sizes x READ sizes x layouts x both backends, a table, the targets and an
+ * SVG plot (written to `--svg PATH`, default ./bench-transfer.svg).
+ */
+import { writeFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import type { Command } from 'commander';
+import { RealEnv } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { benchTransfer } from '../transfer/bench.ts';
+import { benchSweep, sweepHeader, sweepRow, targetLines } from '../transfer/bench_sweep.ts';
+import { sweepSvg } from '../transfer/bench_svg.ts';
+import type { TransferBackend } from '../transfer/core/types.ts';
+
+type Opts = Record<string, string | boolean | undefined>;
+
+const out = (s: string): void => void process.stdout.write(`${s}\n`);
+
+function int(name: string, v: unknown, min: number, max: number): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min || n > max)
+    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
+  return n;
+}
+
+function backendFlag(v: unknown): TransferBackend {
+  if (v !== 'inproc' && v !== 'tcp')
+    throw new HandoffError('BAD_CONFIG', `--backend must be inproc or tcp, got '${String(v)}'`);
+  return v;
+}
+
+export function registerBenchTransfer(bench: Command): void {
+  bench
+    .command('transfer')
+    .description('move pages through the transfer engine vs memcpy (inproc) or tuned raw sockets (tcp), same run')
+    .option('--backend <b>', 'inproc | tcp (--sweep: only this one; default both)', 'inproc')
+    .option('--page-bytes <n>', 'page size', String(32 * 1024))
+    .option('--pages <n>', 'pages per slab (2 slabs)', '2048')
+    .option('--scatter', 'map each remote page to a shuffled local page (nothing coalesces)')
+    .option('--repeats <n>', 'timed rounds after a warm-up (default 5, --sweep 3)')
+    .option('--sweep', 'page sizes 4 KiB-4 MiB x READ sizes 8/64 MiB x scattered/contiguous: table, targets, SVG')
+    .option('--svg <path>', 'where --sweep writes its plot', 'bench-transfer.svg')
+    .option('--json', 'print one JSON object (--sweep: {points, targets})')
+    .action(async (o: Opts, cmd: Command) => {
+      const env = new RealEnv();
+      const repeats = o['repeats'] === undefined ? undefined : int('repeats', o['repeats'], 1, 100);
+      if (o['sweep']) {
+        const explicit = cmd.getOptionValueSource('backend') === 'cli';
+        const backends: TransferBackend[] = explicit ? [backendFlag(o['backend'])] : ['tcp', 'inproc'];
+        return sweep(o, backends, env, repeats);
+      }
+      const r = await benchTransfer({
+        backend: backendFlag(o['backend']),
+        env,
+        pageBytes: int('page-bytes', o['pageBytes'], 64, 1 << 24),
+        pages: int('pages', o['pages'], 1, 1 << 16),
+        scatter: o['scatter'] === true,
+        ...(repeats !== undefined ? { repeats } : {}),
+      });
+      if (o['json']) out(JSON.stringify(r));
+      else
+        out(
+          `transfer ${r.backend}: ${r.gbps.toFixed(2)} GB/s vs baseline ${r.baselineGbps.toFixed(2)} GB/s = ratio ${r.ratio.toFixed(2)} (${r.bytes} bytes, ${r.pageBytes} B pages)`,
+        );
+    });
+}
+
+async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats: number | undefined): Promise<void> {
+  const json = o['json'] === true;
+  if (!json) out(sweepHeader());
+  const points = await benchSweep({
+    env,
+    backends,
+    ...(repeats !== undefined ? { repeats } : {}),
+    onPoint: (p) => void (json ? undefined : out(sweepRow(p))),
+  });
+  const targets = targetLines(points);
+  const svgPath = resolve(String(o['svg']));
+  writeFileSync(svgPath, sweepSvg(points, 'handoff bench transfer --sweep: GB/s vs page size, baseline dashed'));
+  if (json) return out(JSON.stringify({ points, targets, svg: svgPath }));
+  out('');
+  for (const t of targets) out(t);
+  out(`plot: ${svgPath}`);
+}

@@ -1,0 +1,255 @@
+/**
+ * Proves the READ receive path of a tcp data connection (nic_tcp_client.ts) against a scripted peer:
+ * whatever the page mapping, frame size, chunking and direct-receive threshold, every byte lands at its
+ * destination, nothing else changes, and the READ completes exactly once; segments at or above the
+ * threshold are read in place (never copied in JS), shorter ones never are. Aborting a READ whose slab
+ * view is armed acknowledges only after the next read replaced the view, and no byte lands after the
+ * acknowledgement; when the peer goes silent instead, the connection is dropped and the abort acknowledged.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import fc from 'fast-check';
+import { ClientConn } from './nic_tcp_client.ts';
+import { FrameDecoder, encodeDataHeader, encodeFrame, type ControlFrame } from './frame.ts';
+import { packRanges, coalescePacked } from '../core/ranges.ts';
+import type { NicContext } from '../nic/nic_worker.ts';
+import type { WorkRequest } from '../nic/nic_messages.ts';
+import type { TransferRange } from '../core/types.ts';
+import type { ErrorCode } from '../../util/errors.ts';
+
+const PAGE = 4096;
+const SENTINEL = 0xee;
+
+interface Fake {
+  ctx: NicContext;
+  completions: Array<{ wrId: number; code: ErrorCode | null }>;
+}
+
+function fakeCtx(slabs: Uint8Array[], recvDirectMinBytes: number): Fake {
+  const completions: Fake['completions'] = [];
+  const ctx: NicContext = {
+    engineId: 'D',
+    layout: { numSlabs: slabs.length, numBlocks: (slabs[0] as Uint8Array).length / PAGE, pageBytes: PAGE },
+    slabs,
+    dataFrameBytes: 1 << 20,
+    recvDirectMinBytes,
+    sessionPeer: () => undefined,
+    checkGrant: () => ({ ok: true }),
+    complete: (wrId, code) => void completions.push({ wrId, code }),
+    count: () => {},
+    emit: () => {},
+  };
+  return { ctx, completions };
+}
+
+/** A data port that answers the hello and hands every READ frame to `onRead` with its socket. */
+async function scriptedPeer(
+  onRead: (socket: net.Socket, f: Extract<ControlFrame, { ranges: Float64Array }>) => void,
+): Promise<{ port: number; close: () => Promise<void> }> {
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('error', () => {});
+    const dec = new FrameDecoder({
+      frame: (f) => {
+        if (f.type === 'hello') socket.write(encodeFrame({ type: 'helloOk' }));
+        if (f.type === 'read') onRead(socket, f);
+      },
+      data: () => assert.fail('a client sends no DATA for a READ'),
+    });
+    socket.on('data', (d: Buffer) => dec.push(d));
+  });
+  const port = await new Promise<number>((resolve) =>
+    server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)),
+  );
+  const close = (): Promise<void> => {
+    for (const s of sockets) s.destroy();
+    return new Promise((resolve) => server.close(() => resolve()));
+  };
+  return { port, close };
+}
+
+function workRequest(wrId: number, ranges: TransferRange[]): WorkRequest {
+  return {
+    wrId,
+    slot: 0,
+    kind: 'read',
+    peerEngineId: 'P',
+    transferId: 't',
+    grantToken: 'ab'.repeat(16),
+    ranges: coalescePacked(packRanges(ranges)),
+    delayMs: 0,
+    failWith: null,
+  };
+}
+
+/** The bytes of a READ frame's ranges, in stream order, from the producer's `source` slabs. */
+function streamOf(f: Extract<ControlFrame, { ranges: Float64Array }>, source: Uint8Array[]): Uint8Array {
+  const parts: Uint8Array[] = [];
+  for (let j = 0; j < f.ranges.length; j += 3) {
+    const [slab, offset, length] = [f.ranges[j] as number, f.ranges[j + 1] as number, f.ranges[j + 2] as number];
+    parts.push((source[slab] as Uint8Array).subarray(offset, offset + length));
+  }
+  return Buffer.concat(parts);
+}
+
+const until = async (cond: () => boolean, ms = 5000): Promise<void> => {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    assert.ok(Date.now() < end, 'condition not met in time');
+    await new Promise((r) => setTimeout(r, 2));
+  }
+};
+
+const mapping = fc
+  .record({
+    pages: fc.integer({ min: 1, max: 24 }),
+    seed: fc.integer(),
+    runMax: fc.integer({ min: 1, max: 8 }),
+  })
+  .map(({ pages, seed, runMax }) => {
+    // Remote page i+1 -> a local page; runs of up to runMax pages stay contiguous (coalescable).
+    const local = Array.from({ length: pages }, (_, i) => i + 1);
+    let x = seed >>> 0;
+    for (let i = local.length - 1; i > 0; i -= 1 + (x % runMax)) {
+      x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+      const j = x % (i + 1);
+      [local[i], local[j]] = [local[j] as number, local[i] as number];
+    }
+    return local.map((l, i) => ({ slab: i % 2, remoteOffset: (i + 1) * PAGE, localOffset: l * PAGE, length: PAGE }));
+  });
+
+test('READ receive: any mapping, frame size, chunking and threshold lands every byte once; big segments in place', async () => {
+  const source = [0, 1].map((s) =>
+    Uint8Array.from({ length: 26 * PAGE }, (_, i) => (i * 7 + s * 13 + (i >> 12)) & 0xff),
+  );
+  await fc.assert(
+    fc.asyncProperty(
+      mapping,
+      fc.constantFrom(1, PAGE, 2 * PAGE, 1 << 30),
+      fc.integer({ min: 1000, max: 40_000 }),
+      fc.array(fc.integer({ min: 1, max: 9000 }), { minLength: 1, maxLength: 8 }),
+      async (ranges, threshold, frameBytes, cuts) => {
+        const slabs = [0, 1].map(() => new Uint8Array(new SharedArrayBuffer(26 * PAGE)).fill(SENTINEL));
+        const { ctx, completions } = fakeCtx(slabs, threshold);
+        const peer = await scriptedPeer((socket, f) => {
+          const bytes = streamOf(f, source);
+          const wire: Uint8Array[] = [];
+          for (let at = 0; at < bytes.length; at += frameBytes) {
+            const n = Math.min(frameBytes, bytes.length - at);
+            wire.push(encodeDataHeader(f.reqId, at, n), bytes.subarray(at, at + n));
+          }
+          const all = Buffer.concat(wire);
+          // Written in pieces with a pause between: the client sees many reads of every size.
+          let at = 0;
+          const next = (k: number): void => {
+            if (at >= all.length || socket.destroyed) return;
+            // The first 200 writes are cut as drawn, the rest goes at once (bounded time under load).
+            const n = k < 200 ? (cuts[k % cuts.length] as number) : all.length - at;
+            socket.write(all.subarray(at, at + n));
+            at += n;
+            setImmediate(() => next(k + 1));
+          };
+          next(0);
+        });
+        const conn = ClientConn.connect(
+          ctx,
+          'P',
+          { host: '127.0.0.1', port: peer.port, session: 'ab'.repeat(16) },
+          () => {},
+        );
+        try {
+          conn.post(workRequest(7, ranges));
+          await until(() => completions.length > 0, 30_000);
+          assert.deepEqual(completions, [{ wrId: 7, code: null }]);
+          const want = [0, 1].map(() => new Uint8Array(26 * PAGE).fill(SENTINEL));
+          for (const r of ranges)
+            (want[r.slab] as Uint8Array).set(
+              (source[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length),
+              r.localOffset,
+            );
+          slabs.forEach((s, i) => assert.ok(Buffer.compare(s, want[i] as Uint8Array) === 0, `slab ${i} differs`));
+          const total = ranges.length * PAGE;
+          if (threshold === 1) assert.equal(conn.bytesInPlace, total, 'every byte read in place');
+          if (threshold === 1 << 30) assert.equal(conn.bytesInPlace, 0, 'no segment reaches the threshold');
+          assert.ok(conn.bytesInPlace <= total);
+        } finally {
+          conn.destroy('PEER_UNAVAILABLE', 'test over');
+          await peer.close();
+        }
+      },
+    ),
+    { numRuns: 25 },
+  );
+});
+
+/** One 512 KiB READ into an empty 1 MiB slab, every byte received direct; the peer sends what the test says. */
+async function armedRead(): Promise<{
+  conn: ClientConn;
+  slab: Uint8Array;
+  completions: Fake['completions'];
+  send: (from: number, to: number) => void;
+  close: () => Promise<void>;
+}> {
+  const slab = new Uint8Array(new SharedArrayBuffer(256 * PAGE)).fill(SENTINEL);
+  const { ctx, completions } = fakeCtx([slab], 1);
+  const payload = Uint8Array.from({ length: 128 * PAGE }, (_, i) => (i % 251) + 1);
+  let socket: net.Socket | null = null;
+  const peer = await scriptedPeer((s, f) => {
+    if (f.reqId !== 1) return; // later READs stay unanswered
+    socket = s;
+    s.write(encodeDataHeader(f.reqId, 0, payload.length));
+  });
+  const conn = ClientConn.connect(ctx, 'P', { host: '127.0.0.1', port: peer.port, session: 'ab'.repeat(16) }, () => {});
+  conn.post(workRequest(1, [{ slab: 0, remoteOffset: 0, localOffset: 0, length: payload.length }]));
+  await until(() => socket !== null);
+  const send = (from: number, to: number): void => void socket?.write(payload.subarray(from, to));
+  return { conn, slab, completions, send, close: peer.close };
+}
+
+test('READ receive: aborting a READ whose slab view is armed acknowledges after the next read, and nothing lands after', async () => {
+  const { conn, slab, completions, send, close } = await armedRead();
+  try {
+    send(0, 16 * PAGE);
+    await until(() => conn.bytesInPlace === 16 * PAGE);
+    assert.equal(conn.abort(1), 'armed', 'the rest of the payload is aimed at the pages');
+    let acked = false;
+    conn.whenDisarmed(() => (acked = true));
+    assert.equal(acked, false, 'not acknowledged while the view is armed');
+    send(16 * PAGE, 32 * PAGE);
+    await until(() => acked);
+    const landed = slab.slice();
+    send(32 * PAGE, 128 * PAGE);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(slab, landed, 'no byte lands after the acknowledgement');
+    assert.ok(
+      slab.subarray(32 * PAGE).every((x) => x === SENTINEL),
+      'the rest of the READ never landed',
+    );
+    assert.deepEqual(completions, [], 'an aborted READ is completed by the NIC, not by the connection');
+  } finally {
+    conn.destroy('PEER_UNAVAILABLE', 'test over');
+    await close();
+  }
+});
+
+test('READ receive: aborting an armed READ on a silent peer drops the connection and acknowledges', async () => {
+  const { conn, completions, send, close } = await armedRead();
+  try {
+    send(0, 16 * PAGE);
+    await until(() => conn.bytesInPlace === 16 * PAGE);
+    conn.post(workRequest(2, [{ slab: 0, remoteOffset: 0, localOffset: 200 * PAGE, length: PAGE }]));
+    assert.equal(conn.abort(1), 'armed');
+    const t0 = Date.now();
+    let acked = false;
+    conn.whenDisarmed(() => (acked = true));
+    await until(() => acked);
+    assert.ok(Date.now() - t0 < 2000, 'acknowledged soon after the peer went silent');
+    await until(() => completions.length > 0);
+    assert.deepEqual(completions, [{ wrId: 2, code: 'PEER_UNAVAILABLE' }], 'the READ behind it fails, typed');
+  } finally {
+    conn.destroy('PEER_UNAVAILABLE', 'test over');
+    await close();
+  }
+});

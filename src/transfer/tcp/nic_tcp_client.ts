@@ -1,0 +1,234 @@
+/**
+ * Our connection to a peer's data port (inside the NIC thread): we post READs and WRITEs on it.
+ *
+ * Receive path of a READ reply: the socket reads into whatever nextBuffer() chose after the previous
+ * read (Node's onread with a buffer per read):
+ *   - inside a DATA payload whose current destination segment is >= recvDirectMinBytes: a view of
+ *     exactly that segment of our slab — the kernel copies the bytes to their destination, JS does not;
+ *   - at a frame boundary while a READ with such segments is next: exactly the 17 header bytes, so the
+ *     payload after them can go direct;
+ *   - otherwise a reused 1 MiB buffer, and its DATA pieces are copied to their destinations.
+ *
+ * Invariant: a slab view is armed only for a READ still in `reads`. Aborting that READ while its view is
+ * armed acknowledges only once the next read has disarmed it (or the connection closed): until then the
+ * kernel may still write the pages, as an RDMA NIC may until it acknowledges.
+ */
+import net from 'node:net';
+import { FRAME_HEADER_BYTES, FrameError, type ControlFrame, type DataHead } from './frame.ts';
+import { Conn, expectPiece } from './nic_tcp_conn.ts';
+import { asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages.ts';
+import type { NicContext } from '../nic/nic_worker.ts';
+import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
+import type { ErrorCode } from '../../util/errors.ts';
+
+export const RECV_BUFFER_BYTES = 1 << 20;
+/** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
+const ARMED_ABORT_MS = 200;
+
+export class ClientConn extends Conn {
+  private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
+  /** Aborted READs whose bytes may still arrive: skipped, never written. */
+  private readonly discard = new Map<number, RangeStream>();
+  private readonly writes = new Set<number>();
+  private readonly ignore = new Set<number>();
+  private readonly recvBuffer = Buffer.alloc(RECV_BUFFER_BYTES);
+  /** The READ whose slab segment the socket reads into next, or null. */
+  private armed: number | null = null;
+  /** Abort acknowledgements waiting for the armed view to be replaced. */
+  private disarmWaiters: Array<() => void> = [];
+  /** READ payload bytes the kernel wrote straight into their destination (never copied in JS). */
+  bytesInPlace = 0;
+
+  private constructor(
+    socket: net.Socket,
+    ctx: NicContext,
+    readonly peerEngineId: string,
+    readonly peer: TcpPeer,
+    private readonly onGone: (c: ClientConn) => void,
+  ) {
+    super(socket, ctx);
+    this.send({ type: 'hello', engineId: ctx.engineId, session: peer.session });
+  }
+
+  static connect(ctx: NicContext, peerEngineId: string, peer: TcpPeer, onGone: (c: ClientConn) => void): ClientConn {
+    const holder: { conn: ClientConn | null } = { conn: null };
+    const socket = net.connect({
+      host: peer.host,
+      port: peer.port,
+      onread: {
+        // Before the connection object exists: the first read takes the peer's helloOk (a bare header).
+        buffer: () => holder.conn?.nextBuffer() ?? Buffer.alloc(FRAME_HEADER_BYTES),
+        callback: (n, buf) => {
+          holder.conn?.onChunk(buf.subarray(0, n));
+          return true;
+        },
+      },
+    });
+    holder.conn = new ClientConn(socket, ctx, peerEngineId, peer, onGone);
+    return holder.conn;
+  }
+
+  get idle(): boolean {
+    return this.reads.size === 0 && this.writes.size === 0;
+  }
+
+  /** The buffer the socket reads into next (module comment). Runs after every read. */
+  private nextBuffer(): Uint8Array {
+    this.armed = null;
+    const buffer = this.chooseBuffer();
+    if (this.disarmWaiters.length > 0 && this.armed === null) this.flushDisarmWaiters();
+    return buffer;
+  }
+
+  private chooseBuffer(): Uint8Array {
+    if (this.closedWith !== null) return this.recvBuffer;
+    const pending = this.decoder.payloadPending;
+    if (pending !== null) {
+      const stream = this.reads.get(pending.reqId)?.stream;
+      if (stream === undefined) return this.recvBuffer;
+      const seg = stream.segment(pending.left);
+      const n = Math.min(pending.left, seg.length);
+      if (n < this.ctx.recvDirectMinBytes) return this.recvBuffer;
+      const slab = this.ctx.slabs[seg.slab] as Uint8Array;
+      this.armed = pending.reqId;
+      return new Uint8Array(slab.buffer, slab.byteOffset + seg.offset, n);
+    }
+    const headerLeft = this.decoder.dataHeaderLeft;
+    if (headerLeft > 0 && this.nextReadGoesDirect()) return this.recvBuffer.subarray(0, headerLeft);
+    return this.recvBuffer;
+  }
+
+  /** The oldest READ in flight (the one the peer answers next) continues with a segment worth reading direct. */
+  private nextReadGoesDirect(): boolean {
+    const min = this.ctx.recvDirectMinBytes;
+    for (const r of this.reads.values()) return r.stream.segment(min).length >= min;
+    return false;
+  }
+
+  private flushDisarmWaiters(): void {
+    const ws = this.disarmWaiters;
+    this.disarmWaiters = [];
+    for (const w of ws) w();
+  }
+
+  post(wr: WorkRequest): void {
+    // A READ's stream is ordered by destination: pages that are neighbours here arrive as one run, read
+    // in place in one go, however scattered they are at the peer (its sender gathers them, zero-copy).
+    // The posted ranges are a view of the host's ring, valid while pending: the connection keeps a copy.
+    const ranges = sortedBy(wr.ranges.slice(), wr.kind === 'read' ? 'local' : 'remote'); // ours to keep
+    const frame = {
+      reqId: wr.wrId,
+      transferId: wr.transferId,
+      grantToken: wr.grantToken,
+      ranges: toWire(sideOf(ranges, 'remote')),
+    };
+    if (wr.kind === 'read') {
+      this.reads.set(wr.wrId, { stream: new RangeStream(sideOf(ranges, 'local')), bytesInAtPost: this.bytesIn });
+      this.send({ type: 'read', ...frame });
+    } else {
+      this.writes.add(wr.wrId);
+      this.send({ type: 'write', ...frame });
+      this.sender.enqueue(wr.wrId, sideOf(wr.ranges, 'local'), () => {});
+    }
+  }
+
+  /**
+   * Stop writing our slabs for `wrId`. 'done': nothing more is written for it. 'stalled': it was a READ
+   * and not one byte arrived on this connection since it was posted (the caller drops the connection,
+   * which stops everything). 'armed': the socket's next read still lands in its pages; whenDisarmed()
+   * tells when it no longer does.
+   */
+  abort(wrId: number): 'done' | 'stalled' | 'armed' {
+    const r = this.reads.get(wrId);
+    if (r !== undefined) {
+      this.reads.delete(wrId);
+      this.discard.set(wrId, r.stream);
+    }
+    if (this.writes.delete(wrId)) this.cancelWrite(wrId);
+    if (r !== undefined && this.bytesIn === r.bytesInAtPost) return 'stalled';
+    return this.armed === wrId ? 'armed' : 'done';
+  }
+
+  /** `fn` runs once the armed slab view is replaced; a connection silent for ARMED_ABORT_MS is dropped first. */
+  whenDisarmed(fn: () => void): void {
+    if (this.armed === null) return fn();
+    const timer = setTimeout(
+      () => this.destroy('PEER_UNAVAILABLE', `no data from ${this.peerEngineId} while aborting a READ`),
+      ARMED_ABORT_MS,
+    );
+    this.disarmWaiters.push(() => {
+      clearTimeout(timer);
+      fn();
+    });
+  }
+
+  private cancelWrite(wrId: number): void {
+    this.sender.cancel(wrId);
+    this.ignore.add(wrId);
+    this.send({ type: 'error', reqId: wrId, code: 'REQUEST_ABORTED', message: 'write cancelled' });
+  }
+
+  frame(f: ControlFrame): void {
+    switch (f.type) {
+      case 'helloOk':
+        return;
+      case 'done':
+        if (this.ignore.delete(f.reqId)) return;
+        if (!this.writes.has(f.reqId) || this.sender.has(f.reqId))
+          throw new FrameError(`unexpected done for ${f.reqId}`);
+        this.writes.delete(f.reqId);
+        this.ctx.complete(f.reqId, null, '');
+        return;
+      case 'error': {
+        const code = asErrorCode(f.code);
+        if (this.ignore.delete(f.reqId) || this.discard.delete(f.reqId)) return;
+        if (this.reads.delete(f.reqId)) return this.ctx.complete(f.reqId, code, f.message);
+        if (this.writes.delete(f.reqId)) {
+          this.sender.cancel(f.reqId);
+          this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'write refused' });
+          return this.ctx.complete(f.reqId, code, f.message);
+        }
+        throw new FrameError(`error for unknown request ${f.reqId}`);
+      }
+      default:
+        throw new FrameError(`unexpected ${f.type} frame from a server`);
+    }
+  }
+
+  data(head: DataHead, piece: Uint8Array, pieceOffset: number): void {
+    const r = this.reads.get(head.reqId);
+    const stream = r?.stream ?? this.discard.get(head.reqId);
+    if (stream === undefined) throw new FrameError(`DATA for unknown read ${head.reqId}`);
+    expectPiece(stream, head, piece, pieceOffset);
+    if (r === undefined) stream.skip(piece.length);
+    else {
+      stream.advance(piece.length, (slab, offset, at, seg) => {
+        const s = this.ctx.slabs[slab] as Uint8Array;
+        // A piece the kernel read straight into its destination is already there.
+        if (piece.buffer === s.buffer && piece.byteOffset + at === s.byteOffset + offset) {
+          this.bytesInPlace += seg;
+          return;
+        }
+        s.set(piece.subarray(at, at + seg), offset);
+      });
+    }
+    if (!stream.complete) return;
+    if (r === undefined) this.discard.delete(head.reqId);
+    else {
+      this.reads.delete(head.reqId);
+      this.ctx.complete(head.reqId, null, '');
+    }
+  }
+
+  protected onClosed(code: ErrorCode, message: string): void {
+    const why = `${message} (peer ${this.peerEngineId})`;
+    for (const wrId of this.reads.keys()) this.ctx.complete(wrId, code, why);
+    for (const wrId of this.writes) this.ctx.complete(wrId, code, why);
+    this.reads.clear();
+    this.writes.clear();
+    this.discard.clear();
+    this.armed = null;
+    this.flushDisarmWaiters();
+    this.onGone(this);
+  }
+}
