@@ -241,6 +241,11 @@ export class KVCacheManager {
     return this.pool.resetPrefixCache();
   }
 
+  /** Groups whose pages are prefix-cached (and so named by KV events): none with caching off or Mamba. */
+  prefixCacheGroups(): number[] {
+    return this.cachingActive ? this.managers.map((m) => m.groupId) : [];
+  }
+
   /**
    * Publish the pool's KV events (kv_events.ts) to a new publisher; called once, before anything is
    * cached. Prefix caching off (or a Mamba group) means no event is ever emitted.

@@ -24,6 +24,7 @@ import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
 import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
 import type { InstanceStatsSnapshot } from './metrics.ts';
+import type { InstanceLoad } from './kv_event_stream.ts';
 
 export interface InstanceOptions {
   role: ServeRole;
@@ -142,6 +143,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,
+      kvEventsEpoch: engineId,
       makeDevice: deviceFactory(opts),
       connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },
@@ -154,7 +156,11 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
         log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`),
       )
     : null;
-  const info = instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen);
+  const info = {
+    ...instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen),
+    prefix_cache_groups: e.kv.prefixCacheGroups(),
+    kv_events_epoch: e.kvEvents.epoch,
+  };
   const readStats = (): InstanceStatsSnapshot => ({
     ...snapshot(e, connector),
     lifecycleViolations: lifecycle?.violations() ?? null,
@@ -163,6 +169,9 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     submit: e.submit.bind(e),
     abort: e.abort.bind(e),
     releaseUnused: e.releaseUnused.bind(e),
+    kvEvents: e.kvEvents,
+    load: () => loadOf(e),
+    resetPrefixCache: () => e.kv.resetPrefixCache(),
     get crashed() {
       return e.core.crashed;
     },
@@ -233,7 +242,7 @@ function instanceInfo(
   engineId: string | null,
   connector: OneSidedConnector | null,
   maxModelLen: number,
-): InstanceInfo {
+): Omit<InstanceInfo, 'prefix_cache_groups' | 'kv_events_epoch'> {
   const addr = connector?.transfer.address() ?? null;
   const ports = connector?.transfer.ports() ?? null;
   return {
@@ -248,6 +257,19 @@ function instanceInfo(
     data_port: ports?.data ?? null,
     max_model_len: maxModelLen,
     num_pages: opts.numBlocks - 1,
+    block_size: opts.blockSize,
+  };
+}
+
+/** What a router weighs: queued and running requests, pages held for a peer, free pages. */
+function loadOf(e: LLMEngine): InstanceLoad {
+  return {
+    running: e.scheduler.numRunning,
+    waiting: e.scheduler.numWaiting,
+    held_for_send: e.scheduler.numHeldForSend,
+    held_for_send_pages: e.scheduler.transfers.numHeldPages,
+    free_pages: e.kv.getNumFreeBlocks(),
+    total_pages: e.kvConfig.numBlocks - 1,
   };
 }
 

@@ -8,6 +8,9 @@
  *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
  *   POST /handoff/release                         decode: {kv_transfer_params} of a request it will never
  *                                                 get (client gone after prefill answered): release them
+ *   GET  /handoff/kv_events[?since=SEQ]           the KV events as an NDJSON stream (kv_event_stream.ts)
+ *   GET  /handoff/kv_events/dump                  every cached block hash at the current seq
+ *   POST /handoff/reset_prefix_cache              forget every cached prefix (refused while pages are in use)
  *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
@@ -26,6 +29,7 @@ import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
 import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind } from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
 import { jsonSink, streamSink } from './response_sinks.ts';
+import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
 import type { GenerationSink } from './generation.ts';
 
@@ -44,6 +48,12 @@ export interface InstanceInfo {
   data_port: number | null;
   max_model_len: number;
   num_pages: number;
+  /** Tokens per KV page: a router hashes prompts by it (kv/block_hash.ts). */
+  block_size: number;
+  /** KV cache groups whose pages are prefix-cached and named by KV events (empty: no prefix caching). */
+  prefix_cache_groups: number[];
+  /** This life of the instance in its KV events (a restart changes it). */
+  kv_events_epoch: string;
 }
 
 export interface InstanceServerOptions {
@@ -52,6 +62,8 @@ export interface InstanceServerOptions {
   maxModelLen: number;
   info: InstanceInfo;
   tokenizerThreads?: TokenizerThreadsOptions;
+  /** Period of the KV event stream's heartbeats. */
+  kvHeartbeatMs?: number;
 }
 
 /** What the server needs of an engine besides submit/abort. */
@@ -60,6 +72,10 @@ export interface ServedEngine extends EngineHandle {
   readonly crashed: Error | null;
   /** Decode: send prefill the release of a READ this instance will never load; true if queued. */
   releaseUnused(kvTransferParams: unknown): boolean;
+  readonly kvEvents: KvEventSource;
+  load(): InstanceLoad;
+  /** Forget every cached prefix; false (nothing changed) while any page is in use. */
+  resetPrefixCache(): boolean;
 }
 
 export class InstanceServer {
@@ -67,6 +83,7 @@ export class InstanceServer {
   private readonly server: Server;
   private readonly live = new Map<Generation, ServerResponse>();
   private readonly tokenizer: TokenizerThreads;
+  private readonly kvStreams: KvEventStreams;
   private closing = false;
 
   constructor(
@@ -78,6 +95,7 @@ export class InstanceServer {
   ) {
     this.metrics = new InstanceMetrics({ role: opts.info.role, model: opts.modelName }, readStats);
     this.tokenizer = new TokenizerThreads(opts.tokenizerThreads ?? DEFAULT_TOKENIZER_THREADS);
+    this.kvStreams = new KvEventStreams(engine.kvEvents, () => engine.load(), env, opts.kvHeartbeatMs);
     this.server = createServer((req, res) => void this.route(req, res));
     this.server.keepAliveTimeout = 30_000;
   }
@@ -103,6 +121,7 @@ export class InstanceServer {
       res.destroy();
     }
     this.live.clear();
+    this.kvStreams.closeAll();
     this.server.closeAllConnections();
     await Promise.all([closed, this.tokenizer.close()]);
   }
@@ -118,8 +137,13 @@ export class InstanceServer {
         return;
       }
       if (req.method === 'GET' && path === '/handoff/info') return sendJson(res, 200, this.opts.info);
-      if (path.startsWith('/v1/') || path === '/handoff/release') checkBearer(req, this.opts.apiKey);
+      if (path.startsWith('/v1/') || (path.startsWith('/handoff/') && path !== '/handoff/info'))
+        checkBearer(req, this.opts.apiKey);
       if (req.method === 'POST' && path === '/handoff/release') return await this.releaseUnused(req, res);
+      if (req.method === 'GET' && path === '/handoff/kv_events') return this.kvStreams.stream(req, res);
+      if (req.method === 'GET' && path === '/handoff/kv_events/dump') return this.kvStreams.dump(res);
+      if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
+        return sendJson(res, 200, { reset: this.engine.resetPrefixCache() });
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
       if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
       if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
