@@ -266,6 +266,7 @@ export class InstanceServer {
       firstToken: (ms) => this.metrics.observeTtftMs(ms),
       interToken: (ms) => this.metrics.observeItlMs(ms),
       finished: (reason, p, c) => this.metrics.observeFinished(reason, p, c, this.env.nowMs() - arrivedMs),
+      prefixCache: (p, c) => this.metrics.observePrefixCache(p, c),
     });
     gen.start(); // throws (PROMPT_TOO_LONG, BAD_TRANSFER_PARAMS, duplicate id, ...) before anything is allocated
     this.live.set(gen, res);

@@ -97,6 +97,8 @@ export interface KvEventFeedOptions {
   retryMs: number;
   /** Silence (no line) after which the connection is considered dead. */
   stallMs: number;
+  /** Each heartbeat's load. */
+  onLoad?: (load: InstanceLoad | null) => void;
 }
 
 export class KvEventFeed {
@@ -174,6 +176,7 @@ export class KvEventFeed {
     if (line.kind === 'batch') this.index.applyBatch(this.key, line.batch);
     else {
       this.load = line.load;
+      this.opts.onLoad?.(line.load);
       this.index.heartbeat(this.key, line.epoch, line.seq);
     }
     if (this.index.needsDump(this.key)) await this.fetchDump();
