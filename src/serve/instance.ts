@@ -22,7 +22,7 @@ import { buildInstance, type InstanceConnectorOptions } from '../engine/build_in
 import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
-import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
+import { InstanceServer, type InstanceInfo, type ServedEngine, type ServeRole } from './instance_server.ts';
 import type { InstanceStatsSnapshot } from './metrics.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 
@@ -111,6 +111,8 @@ export interface Instance {
   url: string;
   info: InstanceInfo;
   close(): Promise<void>;
+  /** Drain (no new requests; in-flight requests and held pages finish, bounded by timeoutMs), then close. */
+  drainAndClose(timeoutMs: number): Promise<boolean>;
 }
 
 function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
@@ -165,19 +167,8 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     ...snapshot(e, connector),
     lifecycleViolations: lifecycle?.violations() ?? null,
   });
-  const served = {
-    submit: e.submit.bind(e),
-    abort: e.abort.bind(e),
-    releaseUnused: e.releaseUnused.bind(e),
-    kvEvents: e.kvEvents,
-    load: () => loadOf(e),
-    resetPrefixCache: () => e.kv.resetPrefixCache(),
-    get crashed() {
-      return e.core.crashed;
-    },
-  };
   const server = new InstanceServer(
-    served,
+    servedEngine(e),
     { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info },
     env,
     readStats,
@@ -193,6 +184,27 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     close: async () => {
       await server.close();
       await e.close();
+    },
+    drainAndClose: async (timeoutMs) => {
+      const drained = await server.drain(timeoutMs);
+      await server.close();
+      await e.close();
+      return drained;
+    },
+  };
+}
+
+/** What the HTTP server drives: the engine's submit/abort/release, its KV events and load. */
+function servedEngine(e: LLMEngine): ServedEngine {
+  return {
+    submit: e.submit.bind(e),
+    abort: e.abort.bind(e),
+    releaseUnused: e.releaseUnused.bind(e),
+    kvEvents: e.kvEvents,
+    load: () => loadOf(e),
+    resetPrefixCache: () => e.kv.resetPrefixCache(),
+    get crashed() {
+      return e.core.crashed;
     },
   };
 }

@@ -12,6 +12,10 @@
  *   GET  /handoff/kv_events/dump                  every cached block hash at the current seq
  *   POST /handoff/reset_prefix_cache              forget every cached prefix (refused while pages are in use)
  *
+ * Draining (SIGTERM): `drain()` turns /health and new completions into 503s at once, then waits
+ * (bounded) until nothing runs, waits, or is held for a peer's READ, and only then closes: an instance
+ * being stopped finishes its in-flight requests and transfers first.
+ *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
  * the response is complete aborts its request, so its pages go back to the pool. Long prompts are
@@ -85,6 +89,7 @@ export class InstanceServer {
   private readonly tokenizer: TokenizerThreads;
   private readonly kvStreams: KvEventStreams;
   private closing = false;
+  private draining = false;
 
   constructor(
     private readonly engine: ServedEngine,
@@ -110,6 +115,29 @@ export class InstanceServer {
 
   get numLive(): number {
     return this.live.size;
+  }
+
+  /**
+   * Stop taking new requests (503 on /health and on new completions), then wait until every live request
+   * is answered and no page is held for a peer (bounded by `timeoutMs`). Resolves true when it drained,
+   * false when time ran out. close() still has to be called.
+   */
+  async drain(timeoutMs: number): Promise<boolean> {
+    this.draining = true;
+    const deadline = this.env.nowMs() + timeoutMs;
+    const busy = (): boolean => {
+      const l = this.engine.load();
+      return this.live.size > 0 || l.running + l.waiting + l.held_for_send > 0;
+    };
+    while (busy()) {
+      if (this.env.nowMs() >= deadline) return false;
+      await this.env.sleep(20);
+    }
+    return true;
+  }
+
+  get isDraining(): boolean {
+    return this.draining;
   }
 
   /** Stop accepting, end every live request (aborted in the engine), close all connections. */
@@ -158,12 +186,9 @@ export class InstanceServer {
 
   private health(res: ServerResponse): void {
     const crashed = this.engine.crashed;
-    if (crashed || this.closing) {
-      sendJson(
-        res,
-        503,
-        new HandoffError('INTERNAL', crashed ? `engine loop crashed: ${crashed.message}` : 'shutting down').toJSON(),
-      );
+    if (crashed || this.closing || this.draining) {
+      const why = crashed ? `engine loop crashed: ${crashed.message}` : this.closing ? 'shutting down' : 'draining';
+      sendJson(res, 503, new HandoffError(crashed ? 'INTERNAL' : 'OVERLOADED', why).toJSON());
       return;
     }
     sendJson(res, 200, { status: 'ok', role: this.opts.info.role });
@@ -237,12 +262,12 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed || this.closing) {
+    if (res.destroyed || this.closing || this.draining) {
       // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
       if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
       if (res.destroyed)
         throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
-      throw new HandoffError('OVERLOADED', 'the server is shutting down');
+      throw new HandoffError('OVERLOADED', this.draining ? 'the server is draining' : 'the server is shutting down');
     }
     const api = tokenizedApiRequest(v, promptTokenIds, limits);
     const ctx: ResponseContext = {

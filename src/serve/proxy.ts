@@ -452,6 +452,21 @@ function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<
 /** Stream the decode response back unchanged (status, content type, bytes). */
 async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Promise<void> {
   const contentType = r.headers.get('content-type') ?? 'application/json';
+  if (!contentType.startsWith('text/event-stream') && r.body) {
+    // A JSON answer is read whole before anything is sent: a decode that dies mid-answer (a broken
+    // connection, no details) fails this attempt, which may then be retried elsewhere.
+    let text: string;
+    try {
+      text = await r.text();
+    } catch (e) {
+      rethrowIfAssertion(e);
+      if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+      throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
+    }
+    res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
+    res.end(text);
+    return;
+  }
   res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
   if (!r.body) {
     res.end();

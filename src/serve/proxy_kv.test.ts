@@ -3,7 +3,9 @@
  * prefill, 2 decodes and a colocated reference. The proxy's index follows the instances' KV events;
  * a first request goes prefill → decode; a second one that extends its prompt goes to the decode that
  * holds the prefix, without a remote prefill (decode computes the rest like a colocated instance); both
- * answer exactly what the colocated instance answers, and a decode killed under the proxy is retried.
+ * answer exactly what the colocated instance answers. A decode dead under the proxy costs a retry, not
+ * the request (and prefill's held pages come back by another decode's release). A draining instance
+ * answers 503 to health and new requests while its request in flight finishes.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -117,4 +119,29 @@ test('a decode that died after its last health check: the request is retried onc
   } finally {
     await rr.close();
   }
+});
+
+test('drain: health and new requests answer 503 at once, the request in flight finishes, then the instance closes', async () => {
+  const inst = await startInstance(opts('both'), env);
+  const body = (n: number) => ({ prompt: [1, 2, 3, 4], max_tokens: n, temperature: 0, ignore_eos: true });
+  const post = (b: unknown) =>
+    fetch(`${inst.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(b),
+    });
+  const inFlight = post(body(48));
+  await until('the request runs', () => inst.engine.scheduler.numRunning > 0);
+  const drained = inst.drainAndClose(30_000);
+  const health = await fetch(`${inst.url}/health`);
+  assert.equal(health.status, 503);
+  assert.match(JSON.stringify(await health.json()), /draining/);
+  const refused = await post(body(2));
+  assert.equal(refused.status, 503);
+  assert.equal(((await refused.json()) as { error: { code: string } }).error.code, 'OVERLOADED');
+  const r = await inFlight;
+  assert.equal(r.status, 200);
+  assert.equal(((await r.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens, 48);
+  assert.equal(await drained, true, 'drained before the bound');
+  await assert.rejects(fetch(`${inst.url}/health`), 'closed after draining');
 });
