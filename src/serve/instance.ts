@@ -17,7 +17,7 @@ import type { TransferBackend } from '../transfer/core/types.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
 import type { OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';
-import type { PeerAllowList } from '../connector/peer_directory.ts';
+import { LOOPBACK_PEERS, type PeerAllowList } from '../connector/peer_directory.ts';
 import { buildInstance, type InstanceConnectorOptions } from '../engine/build_instance.ts';
 import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
@@ -169,7 +169,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
   });
   const server = new InstanceServer(
     servedEngine(e),
-    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info },
+    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info, prefillerPeers: opts.kvPeers ?? LOOPBACK_PEERS },
     env,
     readStats,
     log,

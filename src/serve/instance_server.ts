@@ -16,6 +16,9 @@
  * (bounded) until nothing runs, waits, or is held for a peer's READ, and only then closes: an instance
  * being stopped finishes its in-flight requests and transfers first.
  *
+ * A decode instance in READ mode also speaks llm-d's sidecar protocol (sidecar.ts): a completion with an
+ * `x-prefiller-host-port` header is prefilled there first, then decoded here.
+ *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
  * the response is complete aborts its request, so its pages go back to the pool. Long prompts are
@@ -34,6 +37,8 @@ import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind }
 import type { ResponseContext } from './openai_response.ts';
 import { jsonSink, streamSink } from './response_sinks.ts';
 import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
+import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
+import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
 import type { GenerationSink } from './generation.ts';
 
@@ -68,6 +73,10 @@ export interface InstanceServerOptions {
   tokenizerThreads?: TokenizerThreadsOptions;
   /** Period of the KV event stream's heartbeats. */
   kvHeartbeatMs?: number;
+  /** Prefillers an `x-prefiller-host-port` header may name (the --kv-peers allow-list). */
+  prefillerPeers: PeerAllowList;
+  /** Bound on the sidecar's prefill leg. */
+  sidecarTimeoutMs?: number;
 }
 
 /** What the server needs of an engine besides submit/abort. */
@@ -248,9 +257,45 @@ export class InstanceServer {
 
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
     const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
-    const headers = { 'x-request-id': requestId };
     res.setHeader('x-request-id', requestId);
+    const prefiller = prefillerOf(req, this.opts.prefillerPeers);
     const body = await readJsonBody(req);
+    if (prefiller === null) return this.generateFrom(kind, body, requestId, res);
+    const { kv_role: kvRole, transfer_mode: mode } = this.opts.info;
+    if (kvRole !== 'kv_consumer' || mode !== 'read')
+      throw new HandoffError('BAD_REQUEST', `${PREFILLER_HEADER} needs a READ-mode decode instance`, {
+        param: PREFILLER_HEADER,
+      });
+    // Refuse what this instance would refuse before the prefiller computes anything for nothing.
+    validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
+    if (this.closing || this.draining) throw new HandoffError('OVERLOADED', 'the server is draining');
+    const client = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) client.abort();
+    });
+    const auth = req.headers['authorization'];
+    const call = {
+      prefiller,
+      path: pathOf(req),
+      body,
+      headers: { 'x-request-id': requestId, ...(typeof auth === 'string' ? { authorization: auth } : {}) },
+      signal: client.signal,
+      timeoutMs: this.opts.sidecarTimeoutMs ?? 600_000,
+    };
+    await runSidecar(this.env, call, {
+      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res),
+      releaseUnused: (params) => void this.engine.releaseUnused(params),
+    });
+  }
+
+  /** Validate, tokenize and run one completion here; resolves once it is under way (or refused). */
+  private async generateFrom(
+    kind: ApiKind,
+    body: Record<string, unknown>,
+    requestId: string,
+    res: ServerResponse,
+  ): Promise<void> {
+    const headers = { 'x-request-id': requestId };
     const limits = { maxModelLen: this.opts.maxModelLen };
     const v = validateApiRequest(kind, body, limits);
     if (v.model !== null && v.model !== this.opts.modelName) {
