@@ -2,9 +2,10 @@
  * The load generator behind `handoff bench serve` (in the style of `vllm bench serve`): seeded random
  * prompts (token ids) and output lengths (or a shared-prefix workload: each prompt is one of K shared
  * prefixes followed by its own random suffix, like system prompts or few-shot templates), sent as
- * streaming /v1/completions with ignore_eos, either a fixed number in flight (--concurrency) or Poisson arrivals (--rate). Per request: TTFT = first
- * streamed token − send; ITL = gaps between streamed tokens. Reported: p50/p99 of both, output tokens
- * per second over the whole run, and the number of failed requests.
+ * streaming /v1/completions with ignore_eos, either a fixed number in flight (--concurrency) or Poisson
+ * arrivals (--rate). Per request: TTFT = first streamed token − send; ITL = gaps between streamed
+ * tokens. Reported: p50/p99 of both, output tokens per second over the whole run, and the number of
+ * failed requests.
  */
 import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import { SeededRng, type Env } from '../util/env.ts';
