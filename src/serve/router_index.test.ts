@@ -159,6 +159,10 @@ test('duplicates are ignored, a gap waits for the missing batch, a restart drops
   assert.equal(index.applyBatch('p', b(1, 'n', 'b')), 'applied', 'a new epoch starts over');
   assert.deepEqual([...index.hashesOf('p')], ['n']);
   assert.equal(index.holdersOf('x').size, 0, 'the old life is gone from the reverse map');
+  assert.equal(index.applyBatch('p', b(7, 'old', 'a')), 'duplicate', 'a late batch of the old life is stale');
+  index.applyDump('p', { epoch: 'a', seq: 9, block_hashes: ['old'] });
+  assert.deepEqual([...index.hashesOf('p')], ['n'], 'a late dump of the old life changes nothing');
+  assert.equal(index.heartbeat('p', 'a', 9), false, 'nor does its heartbeat');
   assert.equal(index.heartbeat('p', 'b', 1), false, 'caught up');
   assert.equal(index.heartbeat('p', 'b', 2), true, 'the instance is ahead of us: batch 2 was lost');
 });

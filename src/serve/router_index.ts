@@ -9,7 +9,8 @@
  * (dropped); one beyond seq + 1 waits in `pending` for the missing ones (a reorder); when more than
  * `maxPending` wait, or a heartbeat says the instance is further than anything received (lost tail),
  * the instance needs a dump, which replaces its set at the dump's seq. A new epoch (the instance
- * restarted) drops everything known about its old life. Invariant: once an instance's applied seq
+ * restarted) drops everything known about its old life, and that life's epoch is retired: a late batch,
+ * dump or heartbeat of it (still in flight when the new life spoke) is ignored, never resurrected. Invariant: once an instance's applied seq
  * equals the instance's own seq (nothing pending), its set here equals its pool's cached-hash set.
  */
 import { assert } from '../util/assert.ts';
@@ -26,7 +27,11 @@ interface InstanceState {
   pending: Map<number, KvEventBatch>;
   /** Batches were lost (a heartbeat ahead of us) or the feed broke a bound: only a dump helps. */
   forced: boolean;
+  /** Epochs this instance left (it restarted): anything still arriving from them is stale. Bounded. */
+  retired: string[];
 }
+
+const RETIRED_EPOCHS_MAX = 16;
 
 export interface RouterIndexOptions {
   /** Out-of-order batches held per instance before asking for a dump (0: any gap asks at once). */
@@ -49,7 +54,7 @@ export class RouterIndex {
   private state(key: string): InstanceState {
     let st = this.instances.get(key);
     if (st === undefined) {
-      st = { epoch: null, seq: 0, hashes: new Set(), pending: new Map(), forced: false };
+      st = { epoch: null, seq: 0, hashes: new Set(), pending: new Map(), forced: false, retired: [] };
       this.instances.set(key, st);
     }
     return st;
@@ -58,6 +63,7 @@ export class RouterIndex {
   /** Apply one batch of `key`'s events (any order, any number of times). */
   applyBatch(key: string, batch: KvEventBatch): ApplyResult {
     const st = this.state(key);
+    if (st.retired.includes(batch.epoch)) return this.stale();
     if (st.epoch !== batch.epoch) this.newEpoch(key, st, batch.epoch);
     if (batch.seq <= st.seq || st.pending.has(batch.seq)) {
       this.stats.duplicates++;
@@ -77,6 +83,7 @@ export class RouterIndex {
   /** Replace `key`'s set with a dump; pending batches after the dump's seq are applied on top. */
   applyDump(key: string, dump: KvEventDump): void {
     const st = this.state(key);
+    if (st.retired.includes(dump.epoch)) return void this.stale();
     if (st.epoch !== dump.epoch) this.newEpoch(key, st, dump.epoch);
     // An older dump than what is applied (a slow answer) changes nothing.
     if (dump.seq < st.seq) return;
@@ -95,6 +102,10 @@ export class RouterIndex {
    */
   heartbeat(key: string, epoch: string, seq: number): boolean {
     const st = this.state(key);
+    if (st.retired.includes(epoch)) {
+      this.stale();
+      return this.needsDump(key);
+    }
     if (st.epoch !== epoch) this.newEpoch(key, st, epoch);
     if (seq > st.seq) st.forced = true;
     return this.needsDump(key);
@@ -137,8 +148,18 @@ export class RouterIndex {
     return { epoch: st?.epoch ?? null, seq: st?.seq ?? 0, pending: st?.pending.size ?? 0 };
   }
 
+  /** Something from an instance's earlier life (a late batch, dump or heartbeat): ignored. */
+  private stale(): 'duplicate' {
+    this.stats.duplicates++;
+    return 'duplicate';
+  }
+
   private newEpoch(key: string, st: InstanceState, epoch: string): void {
-    if (st.epoch !== null) this.stats.epochs++;
+    if (st.epoch !== null) {
+      this.stats.epochs++;
+      st.retired.push(st.epoch);
+      if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
+    }
     this.clearHashes(key, st);
     st.epoch = epoch;
     st.seq = 0;
