@@ -14,6 +14,7 @@
  * equals the instance's own seq (nothing pending), its set here equals its pool's cached-hash set.
  */
 import { assert } from '../util/assert.ts';
+import { mutationsFor, type MutantName } from '../util/mutants.ts';
 import type { BlockHash } from '../kv/block_hash.ts';
 import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
 
@@ -34,6 +35,8 @@ interface InstanceState {
 const RETIRED_EPOCHS_MAX = 16;
 
 export interface RouterIndexOptions {
+  /** The bug zoo's switch (simulator only): `kv-index-ignores-seq` applies batches as they arrive. */
+  mutant?: MutantName;
   /** Out-of-order batches held per instance before asking for a dump (0: any gap asks at once). */
   maxPending: number;
   /** Bound on one instance's hashes (a hostile or broken feed cannot grow the index without end). */
@@ -46,9 +49,11 @@ export class RouterIndex {
   private readonly instances = new Map<string, InstanceState>();
   private readonly holders = new Map<BlockHash, Set<string>>();
   stats = { applied: 0, duplicates: 0, buffered: 0, dumps: 0, epochs: 0 };
+  private readonly bySeq: boolean;
 
   constructor(private readonly opts: RouterIndexOptions = DEFAULT_ROUTER_INDEX_OPTIONS) {
     assert(Number.isInteger(opts.maxPending) && opts.maxPending >= 0, 'maxPending is a count');
+    this.bySeq = mutationsFor(opts.mutant).orderKvEventsBySeq;
   }
 
   private state(key: string): InstanceState {
@@ -65,6 +70,11 @@ export class RouterIndex {
     const st = this.state(key);
     if (st.retired.includes(batch.epoch)) return this.stale();
     if (st.epoch !== batch.epoch) this.newEpoch(key, st, batch.epoch);
+    if (!this.bySeq) {
+      this.applyEvents(key, st, batch.events);
+      st.seq = Math.max(st.seq, batch.seq);
+      return 'applied';
+    }
     if (batch.seq <= st.seq || st.pending.has(batch.seq)) {
       this.stats.duplicates++;
       return 'duplicate';
@@ -107,7 +117,7 @@ export class RouterIndex {
       return this.needsDump(key);
     }
     if (st.epoch !== epoch) this.newEpoch(key, st, epoch);
-    if (seq > st.seq) st.forced = true;
+    if (seq > st.seq && this.bySeq) st.forced = true;
     return this.needsDump(key);
   }
 

@@ -93,6 +93,7 @@ export class SimInstance {
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,
+        kvEventsEpoch: inst.engineId,
         // The oracles watch the stream from its first op: instrument the device before anything uses it.
         makeDevice: async (kv) => {
           const device = await makeDevice(kv);

@@ -17,6 +17,10 @@
  *   cancel-everywhere-write  the same in WRITE mode (the transfer point is then its WRITE)
  *   tight-write      WRITE, 8 requests, a 16-page decode pool: landed loads hold most pages while the
  *                    head waits for more (vLLM #57841; deadlocked before page holders went first)
+ *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
+ *                    follows every instance's KV events through a channel that loses, duplicates and
+ *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
+ *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts)
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -40,6 +44,7 @@ export const SCENARIOS = [
   'cancel-everywhere',
   'cancel-everywhere-write',
   'tight-write',
+  'xpyd',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -72,6 +77,17 @@ export interface ScenarioConfig {
   answerHop: boolean;
   idlePollMs: number;
   notifyTimeoutMs: number;
+  /** xpyd: the extra instances and the router (null: one prefill and one decode, the proxy's flow). */
+  xpyd: XpydScenario | null;
+}
+
+export interface XpydScenario {
+  prefills: number;
+  decodes: number;
+  kvWeight: number;
+  skipPrefillMaxTokens: number;
+  /** The decode that restarts once idle (index into the decodes). */
+  restartDecode: number;
 }
 
 /** Where in a request's life its client may go away (cancel_points.ts offers each as an explorer action). */
@@ -108,6 +124,7 @@ function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
 function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
   const prefix = name === 'prefix-hit' ? prompt(rng, 32, vocab) : [];
+  const shared = name === 'xpyd' ? [prompt(rng, 32, vocab), prompt(rng, 32, vocab)] : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
@@ -117,8 +134,12 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
     const tokens =
-      name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)] : prompt(rng, len, vocab);
-    arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
+      name === 'prefix-hit'
+        ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
+        : name === 'xpyd'
+          ? [...(shared[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]
+          : prompt(rng, len, vocab);
+    arrivalMs += name === 'prefix-hit' || name === 'xpyd' ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
       promptTokenIds: tokens,
@@ -178,7 +199,9 @@ export function buildScenario(
     : 'read';
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
-  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : name === 'tight-write' ? 8 : 3);
+  const n =
+    opts.requests ??
+    (name === 'preempt' || name === 'prefix-hit' ? 4 : name === 'tight-write' ? 8 : name === 'xpyd' ? 6 : 3);
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
@@ -212,5 +235,10 @@ export function buildScenario(
     answerHop: isCancelScenario(name),
     idlePollMs: 2,
     notifyTimeoutMs: 50,
+    // Drawn last: the other scenarios' draws stay as they were.
+    xpyd:
+      name === 'xpyd'
+        ? { prefills: 2, decodes: 2, kvWeight: 4, skipPrefillMaxTokens: 24, restartDecode: rng.int(2) }
+        : null,
   };
 }

@@ -18,6 +18,8 @@ export const MUTANTS = {
     'READ mapping skips decode’s cached prefix on the local side only: remote page i lands in local skip+i',
   'leak-on-cancel':
     'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
+  'kv-index-ignores-seq':
+    'the router applies KV event batches as they arrive (no sequence order, no gap detection, no dump)',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -49,6 +51,8 @@ export interface Mutations {
   skipLocalPrefix(aligned: { local: number[]; remote: number[] }, skip: number): { local: number[]; remote: number[] };
   /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
   readonly releaseUnusedLoads: boolean;
+  /** Router index: batches apply in sequence order; a gap or a heartbeat ahead of it asks for a dump. */
+  readonly orderKvEventsBySeq: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -61,6 +65,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   readDoneWhenLanded: true,
   skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(skip) }),
   releaseUnusedLoads: true,
+  orderKvEventsBySeq: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -77,6 +82,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
     skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(0, a.remote.length - skip) }),
   },
   'leak-on-cancel': { releaseUnusedLoads: false },
+  'kv-index-ignores-seq': { orderKvEventsBySeq: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
