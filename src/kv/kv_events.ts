@@ -70,6 +70,21 @@ export type KvEventListener = (batch: KvEventBatch) => void;
 
 export const KV_EVENT_REPLAY_MAX = 4096;
 
+/**
+ * An epoch names one life of an instance and orders lives: `<start wall-clock ms>-<id>`. A router that
+ * hears of two lives of one instance keeps the later one, whatever order their messages arrive in.
+ */
+export function kvEventEpoch(startedWallMs: number, id: string): string {
+  assert(Number.isFinite(startedWallMs) && startedWallMs >= 0, 'an epoch starts at a wall-clock time');
+  return `${Math.floor(startedWallMs)}-${id}`;
+}
+
+/** The start time of an epoch made by kvEventEpoch; null for any other string (then lives are unordered). */
+export function epochStartMs(epoch: string): number | null {
+  const m = /^(\d{1,16})-/.exec(epoch);
+  return m === null ? null : Number(m[1]);
+}
+
 export interface KvEventPublisherOptions {
   epoch: string;
   /** Wall-clock milliseconds (the batch's ts). */

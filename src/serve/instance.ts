@@ -13,6 +13,7 @@ import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import { kvEventEpoch } from '../kv/kv_events.ts';
 import type { TransferBackend } from '../transfer/core/types.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
 import type { OneSidedConnector } from '../connector/factory.ts';
@@ -145,7 +146,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,
-      kvEventsEpoch: engineId,
+      kvEventsEpoch: kvEventEpoch(env.wallMs(), engineId),
       makeDevice: deviceFactory(opts),
       connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },

@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { KVCacheManager } from '../kv/kv_cache_manager.ts';
-import type { KvEventBatch, KvEventPublisher } from '../kv/kv_events.ts';
+import { kvEventEpoch, type KvEventBatch, type KvEventPublisher } from '../kv/kv_events.ts';
 import { presetKVGroups } from '../kv/presets.ts';
 import { makeKVCacheConfig } from '../kv/spec.ts';
 import { RouterIndex } from './router_index.ts';
@@ -56,7 +56,7 @@ class Instance {
 
   start(): void {
     this.m = new KVCacheManager(makeKVCacheConfig(presetKVGroups('dsv4-micro', BS), 24), { enableCaching: true });
-    this.pub = this.m.publishKvEvents({ epoch: `life-${++this.epoch}`, wallMs: () => 0 });
+    this.pub = this.m.publishKvEvents({ epoch: kvEventEpoch(++this.epoch, 'life'), wallMs: () => 0 });
     this.pub.subscribe((b) => this.out.push(b));
     this.live.clear();
   }
@@ -127,7 +127,7 @@ test('property: the index rebuilt from lossy, duplicated, reordered batches (plu
         for (const h of index.hashesOf('i')) assert.ok(index.holdersOf(h).has('i'), 'reverse map agrees');
       },
     ),
-    { numRuns: 150 },
+    { numRuns: 400 },
   );
 });
 
@@ -165,4 +165,10 @@ test('duplicates are ignored, a gap waits for the missing batch, a restart drops
   assert.equal(index.heartbeat('p', 'a', 9), false, 'nor does its heartbeat');
   assert.equal(index.heartbeat('p', 'b', 1), false, 'caught up');
   assert.equal(index.heartbeat('p', 'b', 2), true, 'the instance is ahead of us: batch 2 was lost');
+  // Ordered epochs: a life that started earlier, heard of only now (its batch was late), is stale.
+  assert.equal(index.applyBatch('q', b(1, 'new', kvEventEpoch(200, 'q'))), 'applied');
+  assert.equal(index.applyBatch('q', b(1, 'old', kvEventEpoch(100, 'q'))), 'duplicate');
+  assert.deepEqual([...index.hashesOf('q')], ['new']);
+  assert.equal(index.applyBatch('q', b(1, 'newer', kvEventEpoch(300, 'q'))), 'applied', 'a later life replaces it');
+  assert.deepEqual([...index.hashesOf('q')], ['newer']);
 });

@@ -9,14 +9,15 @@
  * (dropped); one beyond seq + 1 waits in `pending` for the missing ones (a reorder); when more than
  * `maxPending` wait, or a heartbeat says the instance is further than anything received (lost tail),
  * the instance needs a dump, which replaces its set at the dump's seq. A new epoch (the instance
- * restarted) drops everything known about its old life, and that life's epoch is retired: a late batch,
- * dump or heartbeat of it (still in flight when the new life spoke) is ignored, never resurrected. Invariant: once an instance's applied seq
- * equals the instance's own seq (nothing pending), its set here equals its pool's cached-hash set.
+ * restarted) drops everything known about its old life; epochs are ordered by their start time
+ * (kvEventEpoch), and a retired or older epoch's late batch, dump or heartbeat is ignored, never
+ * resurrected. Invariant: once an instance's applied seq equals the instance's own seq (nothing
+ * pending), its set here equals its pool's cached-hash set.
  */
 import { assert } from '../util/assert.ts';
 import { mutationsFor, type MutantName } from '../util/mutants.ts';
 import type { BlockHash } from '../kv/block_hash.ts';
-import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
+import { epochStartMs, type KvCacheEvent, type KvEventBatch, type KvEventDump } from '../kv/kv_events.ts';
 
 export type ApplyResult = 'applied' | 'duplicate' | 'buffered' | 'needs-dump';
 
@@ -68,8 +69,7 @@ export class RouterIndex {
   /** Apply one batch of `key`'s events (any order, any number of times). */
   applyBatch(key: string, batch: KvEventBatch): ApplyResult {
     const st = this.state(key);
-    if (st.retired.includes(batch.epoch)) return this.stale();
-    if (st.epoch !== batch.epoch) this.newEpoch(key, st, batch.epoch);
+    if (!this.admit(key, st, batch.epoch)) return this.stale();
     if (!this.bySeq) {
       this.applyEvents(key, st, batch.events);
       st.seq = Math.max(st.seq, batch.seq);
@@ -93,8 +93,7 @@ export class RouterIndex {
   /** Replace `key`'s set with a dump; pending batches after the dump's seq are applied on top. */
   applyDump(key: string, dump: KvEventDump): void {
     const st = this.state(key);
-    if (st.retired.includes(dump.epoch)) return void this.stale();
-    if (st.epoch !== dump.epoch) this.newEpoch(key, st, dump.epoch);
+    if (!this.admit(key, st, dump.epoch)) return void this.stale();
     // An older dump than what is applied (a slow answer) changes nothing.
     if (dump.seq < st.seq) return;
     this.clearHashes(key, st);
@@ -112,11 +111,10 @@ export class RouterIndex {
    */
   heartbeat(key: string, epoch: string, seq: number): boolean {
     const st = this.state(key);
-    if (st.retired.includes(epoch)) {
+    if (!this.admit(key, st, epoch)) {
       this.stale();
       return this.needsDump(key);
     }
-    if (st.epoch !== epoch) this.newEpoch(key, st, epoch);
     if (seq > st.seq && this.bySeq) st.forced = true;
     return this.needsDump(key);
   }
@@ -156,6 +154,20 @@ export class RouterIndex {
   position(key: string): { epoch: string | null; seq: number; pending: number } {
     const st = this.instances.get(key);
     return { epoch: st?.epoch ?? null, seq: st?.seq ?? 0, pending: st?.pending.size ?? 0 };
+  }
+
+  /** False for a message of an earlier life (retired, or started before the current one); a later life replaces it. */
+  private admit(key: string, st: InstanceState, epoch: string): boolean {
+    if (st.epoch === epoch) return true;
+    if (st.retired.includes(epoch)) return false;
+    const [mine, theirs] = [st.epoch === null ? null : epochStartMs(st.epoch), epochStartMs(epoch)];
+    if (mine !== null && theirs !== null && theirs < mine) {
+      st.retired.push(epoch);
+      if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
+      return false;
+    }
+    this.newEpoch(key, st, epoch);
+    return true;
   }
 
   /** Something from an instance's earlier life (a late batch, dump or heartbeat): ignored. */
