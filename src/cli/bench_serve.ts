@@ -50,7 +50,10 @@ export function registerBenchServe(program: Command): void {
     .option('--requests <n>', 'requests to send', '64')
     .option('--concurrency <n>', 'requests in flight at once (default 8 without --rate)')
     .option('--rate <r>', 'Poisson arrivals per second instead of a concurrency')
-    .option('--prompt-len <min:max>', 'prompt tokens, uniform in [min, max]', '32:256')
+    .option(
+      '--prompt-len <min:max>',
+      'prompt tokens, uniform in [min, max] (default 32:256; shared-prefix: the suffix after the prefix, 16:64)',
+    )
     .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
     .option('--seed <n>', 'workload seed', '0')
     .option('--num-blocks <n>', 'KV pages per started instance', '2048')
@@ -107,7 +110,7 @@ function loadSpecFrom(o: Opts, preset: ModelPreset, target: Target | null): Omit
     requests: intFlag('requests', o['requests'], 1, 100_000),
     concurrency: o['rate'] !== undefined ? null : intFlag('concurrency', o['concurrency'] ?? '8', 1, 4096),
     ratePerSec: o['rate'] !== undefined ? numberFlag('rate', o['rate'], 0.001, 100_000) : null,
-    promptLen: rangeFlag('prompt-len', o['promptLen'], 1, 1 << 16),
+    promptLen: rangeFlag('prompt-len', o['promptLen'] ?? (kind === 'random' ? '32:256' : '16:64'), 1, 1 << 16),
     outputLen: rangeFlag('output-len', o['outputLen'], 1, 1 << 16),
     seed: intFlag('seed', o['seed'], 0, 2 ** 32 - 1),
     apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
