@@ -15,12 +15,13 @@
  * retried once on other instances.
  *
  * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
- * ones are skipped. Errors of either side reach the client as one OpenAI error JSON with the upstream's
- * status; X-Request-Id is generated if absent and forwarded to both; a client that disconnects aborts
- * both upstream requests (the instances then abort theirs and free the pages). Long prompts are
- * tokenized (to refuse what decode would refuse) on a tokenizer thread, off the event loop.
+ * ones are skipped. A healthy instance whose check times out once (a busy machine) stays in; twice in a
+ * row, or refused, or answering 503, it is out. Errors of either side reach the client as one OpenAI
+ * error JSON with the upstream's status; X-Request-Id is generated if absent and forwarded to both; a
+ * client that disconnects aborts both upstream requests (the instances then abort theirs and free the
+ * pages). Long prompts are tokenized (to refuse what decode would refuse) on a tokenizer thread, off the
+ * event loop.
  */
-import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { rethrowIfAssertion } from '../util/assert.ts';
@@ -39,7 +40,7 @@ import { KvEventFeed } from './kv_event_feed.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
-import { SSE_DONE, sseEvent } from './sse.ts';
+import { relay } from './proxy_relay.ts';
 import { callUpstream, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
@@ -68,6 +69,9 @@ export const DEFAULT_PROXY_OPTIONS: Omit<ProxyOptions, 'prefillUrls' | 'decodeUr
 
 type Body = Record<string, unknown>;
 
+/** Health checks in a row that may time out before a healthy instance is marked down. */
+const SLOW_CHECKS_MAX = 2;
+
 /** An upstream failure answered with the upstream's own HTTP status. */
 function withStatus(err: HandoffError, status: number): HandoffError {
   return new HandoffError(err.code, err.message, {
@@ -84,6 +88,8 @@ export class Proxy {
   readonly index = new RouterIndex();
   readonly router: KvRouter;
   private readonly feeds: KvEventFeed[] = [];
+  /** Health checks in a row that timed out, per member still considered healthy. */
+  private readonly slowChecks = new Map<PoolMember, number>();
   private readonly server: Server;
   private readonly tokenizer = new TokenizerThreads(DEFAULT_TOKENIZER_THREADS);
   private timer: TimerHandle | null = null;
@@ -172,8 +178,15 @@ export class Proxy {
       const why = info ? this.incompatibility(pool, info) : null;
       if (why) return this.down(pool, m, why);
       pool.markUp(m, info ?? undefined);
+      this.slowChecks.delete(m);
     } catch (e) {
       rethrowIfAssertion(e);
+      // One slow answer from a healthy instance (a busy machine) is not death: two in a row are.
+      const slow = (this.slowChecks.get(m) ?? 0) + 1;
+      if (e instanceof HandoffError && e.code === 'TIMEOUT' && m.healthy && slow < SLOW_CHECKS_MAX) {
+        this.slowChecks.set(m, slow);
+        return;
+      }
       this.down(pool, m, e instanceof Error ? e.message : String(e));
     }
   }
@@ -447,42 +460,4 @@ function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<
   if (requestId !== null) h['x-request-id'] = requestId;
   if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
   return h;
-}
-
-/** Stream the decode response back unchanged (status, content type, bytes). */
-async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Promise<void> {
-  const contentType = r.headers.get('content-type') ?? 'application/json';
-  if (!contentType.startsWith('text/event-stream') && r.body) {
-    // A JSON answer is read whole before anything is sent: a decode that dies mid-answer (a broken
-    // connection, no details) fails this attempt, which may then be retried elsewhere.
-    let text: string;
-    try {
-      text = await r.text();
-    } catch (e) {
-      rethrowIfAssertion(e);
-      if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
-      throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
-    }
-    res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
-    res.end(text);
-    return;
-  }
-  res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
-  if (!r.body) {
-    res.end();
-    return;
-  }
-  try {
-    for await (const chunk of r.body) {
-      if (!res.write(chunk)) await once(res, 'drain', { signal });
-    }
-    res.end();
-  } catch (e) {
-    rethrowIfAssertion(e);
-    if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
-    // The decode instance died mid-response: say so in the stream's own format, then end it.
-    const err = new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
-    if (contentType.startsWith('text/event-stream')) res.end(sseEvent(err.toJSON()) + SSE_DONE);
-    else res.destroy();
-  }
 }
