@@ -64,6 +64,11 @@ export function registerServe(program: Command): void {
       'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated',
       'loopback',
     )
+    .option(
+      '--drain-timeout-ms <n>',
+      'on SIGTERM: at most this long for in-flight requests and held pages to finish before exiting',
+      '30000',
+    )
     .option('--json', 'print one JSON line when ready')
     .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
@@ -75,12 +80,19 @@ async function runServe(o: Opts): Promise<void> {
   const opts = serveOptionsFrom(o);
   const env = new RealEnv();
   const log = createLogger(`serve-${opts.role}`);
+  const drainMs = intFlag('drain-timeout-ms', o['drainTimeoutMs'] ?? '30000', 0, 3_600_000);
   const inst = await startInstance(opts, env, log);
   const managed = o['exitWithParent'] === true;
   // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
-  onShutdown(() => inst.close(), {
+  // SIGTERM drains: /health and new requests answer 503 while in-flight requests and transfers finish.
+  const stop = async (): Promise<void> => {
+    const drained = await inst.drainAndClose(drainMs);
+    if (!drained) log.warn({ drainMs }, 'drain timed out: closing with work in flight');
+  };
+  onShutdown(stop, {
     env,
     exitWithParent: managed,
+    stopTimeoutMs: drainMs + 10_000,
     log: (m) => (managed ? log.debug(m) : log.info(m)),
   });
   printReady(inst, opts, Boolean(o['json']));

@@ -34,4 +34,5 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   // gives decode the larger pages (a clipped tail each time, scenarios.ts); with --prefill-block-size 8
   // --decode-block-size 32 it fails at seed 1.
   'clip-tail-not-zeroed': { scenario: 'hetero-block', expect: 'lifecycle:I2', seedsBound: { random: 2, pct: 2 } },
+  'kv-index-ignores-seq': { scenario: 'xpyd', expect: 'router-index', seedsBound: { random: 2, pct: 2 } },
 };

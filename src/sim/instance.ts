@@ -12,6 +12,7 @@ import type { SimDevice } from '../device/sim.ts';
 import type { OpSubmission, PageAccess } from '../device/types.ts';
 import { watchPool, watchStream } from '../kv/lifecycle_watch.ts';
 import type { ModelPreset } from '../kv/presets.ts';
+import { kvEventEpoch } from '../kv/kv_events.ts';
 import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import type { SimFabric } from '../transfer/sim/sim_fabric.ts';
 import { SimTransferEngine } from '../transfer/sim/sim.ts';
@@ -95,6 +96,7 @@ export class SimInstance {
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,
+        kvEventsEpoch: kvEventEpoch(env.wallMs(), inst.engineId),
         // The oracles watch the stream from its first op: instrument the device before anything uses it.
         makeDevice: async (kv) => {
           const device = await makeDevice(kv);

@@ -28,6 +28,10 @@
  *
  * Block sizes: `blockSize` sets both sides, `prefillBlockSize` / `decodeBlockSize` one each (they win);
  * the pools keep their capacity in tokens (pagesFor).
+ *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
+ *                    follows every instance's KV events through a channel that loses, duplicates and
+ *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
+ *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts)
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
@@ -59,6 +63,7 @@ export const SCENARIOS = [
   'cancel-everywhere-write',
   'tight-write',
   'hetero-block',
+  'xpyd',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -93,6 +98,17 @@ export interface ScenarioConfig {
   answerHop: boolean;
   idlePollMs: number;
   notifyTimeoutMs: number;
+  /** xpyd: the extra instances and the router (null: one prefill and one decode, the proxy's flow). */
+  xpyd: XpydScenario | null;
+}
+
+export interface XpydScenario {
+  prefills: number;
+  decodes: number;
+  kvWeight: number;
+  skipPrefillMaxTokens: number;
+  /** The decode that restarts once idle (index into the decodes). */
+  restartDecode: number;
 }
 
 /** Where in a request's life its client may go away (cancel_points.ts offers each as an explorer action). */
@@ -130,6 +146,7 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
   const maxTokens = name === 'preempt' ? 10 : 3;
   const shared = name === 'prefix-hit' || name === 'hetero-block';
   const prefix = shared ? prompt(rng, 32, vocab) : [];
+  const xpydPrefixes = name === 'xpyd' ? [prompt(rng, 32, vocab), prompt(rng, 32, vocab)] : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
@@ -147,8 +164,10 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
         ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
         : name === 'hetero-block' && index > 0
           ? [...prefix, ...prompt(rng, heteroSuffix, vocab)]
-          : prompt(rng, len, vocab);
-    arrivalMs += shared ? 15 + rng.int(10) : rng.int(4);
+          : name === 'xpyd'
+            ? [...(xpydPrefixes[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]
+            : prompt(rng, len, vocab);
+    arrivalMs += shared || name === 'xpyd' ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
       promptTokenIds: tokens,
@@ -258,7 +277,13 @@ export function buildScenario(
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n =
     opts.requests ??
-    (name === 'preempt' || name === 'prefix-hit' || name === 'hetero-block' ? 4 : name === 'tight-write' ? 8 : 3);
+    (name === 'preempt' || name === 'prefix-hit' || name === 'hetero-block'
+      ? 4
+      : name === 'tight-write'
+        ? 8
+        : name === 'xpyd'
+          ? 6
+          : 3);
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
@@ -299,5 +324,10 @@ export function buildScenario(
     answerHop: isCancelScenario(name),
     idlePollMs: 2,
     notifyTimeoutMs: 50,
+    // Drawn last: the other scenarios' draws stay as they were.
+    xpyd:
+      name === 'xpyd'
+        ? { prefills: 2, decodes: 2, kvWeight: 4, skipPrefillMaxTokens: 24, restartDecode: rng.int(2) }
+        : null,
   };
 }

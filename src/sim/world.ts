@@ -29,9 +29,10 @@ import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
 import { CancelPoints } from './cancel_points.ts';
 import { CancelOracles } from './cancel_oracles.ts';
+import { XpydRouting } from './xpyd.ts';
 
 export type OracleName =
-  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel';
+  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel' | 'router-index';
 
 export interface Violation {
   oracle: OracleName;
@@ -105,6 +106,9 @@ export class SimWorld {
   ballast: { blocks: KVCacheBlock[]; releaseAtStep: number } | null = null;
   P!: SimInstance;
   D!: SimInstance;
+  /** xpyd: the other instances (and restarted ones) and the KV-aware router over all of them. */
+  readonly extra: SimInstance[] = [];
+  xpyd: XpydRouting | null = null;
   proxy!: SimProxy;
   coverage!: OrderCoverage;
   cancels!: CancelPoints;
@@ -143,20 +147,12 @@ export class SimWorld {
       idlePollMs: scenario.idlePollMs,
       notifyTimeoutMs: scenario.notifyTimeoutMs,
     };
-    w.P = await SimInstance.create(
-      { ...common, ...scenario.prefill, name: 'P', role: 'producer' },
-      w.env,
-      w.fabric,
-      observer,
-      onViolation('P'),
-    );
-    w.D = await SimInstance.create(
-      { ...common, ...scenario.decode, name: 'D', role: 'consumer' },
-      w.env,
-      w.fabric,
-      observer,
-      onViolation('D'),
-    );
+    const build = (name: string, role: 'producer' | 'consumer'): Promise<SimInstance> => {
+      const side = role === 'producer' ? scenario.prefill : scenario.decode;
+      return SimInstance.create({ ...common, ...side, name, role }, w.env, w.fabric, observer, onViolation(name));
+    };
+    w.P = await build('P', 'producer');
+    w.D = await build('D', 'consumer');
     w.proxy = new SimProxy(
       scenario.requests,
       w.P,
@@ -165,7 +161,9 @@ export class SimWorld {
       () => w.env.nowMs(),
       (r, what) => w.proxyEvent(r, what),
       scenario.answerHop ? (r, deliver) => w.cancels.hop(r, deliver) : null,
+      scenario.xpyd ? (r) => (w.xpyd as XpydRouting).route(r) : null,
     );
+    if (scenario.xpyd) w.xpyd = await XpydRouting.create(w, scenario.xpyd, build);
     w.cancels = new CancelPoints(w);
     w.cancels.install();
     w.cancelOracles = new CancelOracles(w, w.cancels);
@@ -176,11 +174,11 @@ export class SimWorld {
   }
 
   instanceOf(engineId: string): SimInstance | null {
-    return engineId === this.P.engineId ? this.P : engineId === this.D.engineId ? this.D : null;
+    return this.instances.find((i) => i.engineId === engineId) ?? null;
   }
 
   get instances(): SimInstance[] {
-    return [this.P, this.D];
+    return [this.P, this.D, ...this.extra];
   }
 
   violate(oracle: OracleName, message: string, invariant?: Invariant): void {
@@ -195,7 +193,7 @@ export class SimWorld {
   }
 
   private lifecycleViolation(instance: string, v: LifecycleViolation): void {
-    const inst = instance === 'P' ? this.P : this.D;
+    const inst = this.instances.find((i) => i.name === instance);
     if (inst !== undefined && !inst.alive) return; // a dead instance's memory no longer matters
     this.violate('lifecycle', `${v.invariant}: ${v.message}`, v.invariant);
     this.trace?.instant({
@@ -386,6 +384,7 @@ export class SimWorld {
       await settle();
       this.checkRacesAndCrashes();
       this.cancelOracles.afterStep();
+      this.xpyd?.afterStep();
       if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) {
         this.explorer.ended?.(this.choices().map((c) => c.key));
         break;

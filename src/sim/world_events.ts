@@ -184,7 +184,8 @@ export class WorldEvents {
   private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
     const r = this.requestOf(item);
     if (r === undefined || !dst.alive) return '';
-    const idOf = (q: ProxyRequest): string => (dst === this.w.D ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q));
+    const idOf = (q: ProxyRequest): string =>
+      dst.spec.role === 'consumer' ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q);
     const owner = idOf(r);
     const mine = new Set(dst.engine.kv.getBlockIds(owner).flat());
     for (const q of this.w.proxy.requests) {
@@ -230,16 +231,20 @@ export class WorldEvents {
     }
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
     if (abortHere) this.offerAbort(r, inFlight);
+    const peer = w.instanceOf(item.to); // a READ's producer (1P1D: P)
     const kill =
-      item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
-    if (kill && !w.actions.has('act:kill:P')) {
+      item.kind === 'read' &&
+      peer !== null &&
+      peer.alive &&
+      (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
+    if (kill && !w.actions.has(`act:kill:${peer.name}`)) {
       w.addAction({
-        key: 'act:kill:P',
+        key: `act:kill:${peer.name}`,
         name: 'kill prefill',
-        enabled: () => inFlight() && w.P.alive,
+        enabled: () => inFlight() && peer.alive,
         run: () => {
-          w.P.kill();
-          w.proxy.prefillDied();
+          peer.kill();
+          w.proxy.prefillDied(peer);
         },
       });
     }

@@ -20,6 +20,8 @@ export const MUTANTS = {
     'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
   'clip-tail-not-zeroed':
     'a decode page only partly filled by the transfer (larger than the prefill pages it receives) keeps the stale bytes past the transferred tokens: the zeroing after the load is forgotten',
+  'kv-index-ignores-seq':
+    'the router applies KV event batches as they arrive (no sequence order, no gap detection, no dump)',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -56,6 +58,8 @@ export interface Mutations {
   readonly zeroClippedTails: boolean;
   /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
   readonly releaseUnusedLoads: boolean;
+  /** Router index: batches apply in sequence order; a gap or a heartbeat ahead of it asks for a dump. */
+  readonly orderKvEventsBySeq: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -69,6 +73,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   readSources: (remote) => remote,
   zeroClippedTails: true,
   releaseUnusedLoads: true,
+  orderKvEventsBySeq: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -87,6 +92,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   },
   'leak-on-cancel': { releaseUnusedLoads: false },
   'clip-tail-not-zeroed': { zeroClippedTails: false },
+  'kv-index-ignores-seq': { orderKvEventsBySeq: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
