@@ -76,11 +76,7 @@ export function registerBenchServe(program: Command): void {
         throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
       const spec = loadSpecFrom(o, preset, target);
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
-      const maxModelLen = String(
-        o['maxModelLen'] !== undefined
-          ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
-          : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
-      );
+      const maxModelLen = maxModelLenFlag(o, spec);
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
           runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result),
@@ -119,6 +115,15 @@ async function kvReadStats(decodeUrl: string): Promise<KvRead | null> {
 interface KvRead {
   meanMs: number;
   count: number;
+}
+
+/** Started instances' max_model_len: the flag, or room for the longest prompt + output (at least the default). */
+function maxModelLenFlag(o: Opts, spec: Pick<LoadSpec, 'promptLen' | 'outputLen'>): string {
+  return String(
+    o['maxModelLen'] !== undefined
+      ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
+      : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
+  );
 }
 
 function loadSpecFrom(o: Opts, preset: ModelPreset, target: Target | null): Omit<LoadSpec, 'url'> {

@@ -258,32 +258,42 @@ function pagesFor(pages16: number, blockSize: number): number {
   return 1 + Math.ceil(((pages16 - 1) * BLOCK_SIZE) / blockSize);
 }
 
-export function buildScenario(
-  name: ScenarioName,
+/** Requests per world where a scenario wants other than 3. */
+const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
+  preempt: 4,
+  'prefix-hit': 4,
+  'hetero-block': 4,
+  'tight-write': 8,
+  xpyd: 6,
+};
+
+/** Tensor parallel degrees [prefill, decode] (equal, each dividing the shards) and block sizes, or BAD_CONFIG. */
+function checkGeometryOptions(
   preset: ModelPreset,
-  seed: number,
-  opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
-): ScenarioConfig {
+  opts: { prefillTp?: number; decodeTp?: number } & BlockSizeOptions,
+): [number, number] {
   const prefillTp = checkTensorParallelSize(preset, opts.prefillTp ?? 1, 'prefill-tp');
   const decodeTp = checkTensorParallelSize(preset, opts.decodeTp ?? 1, 'decode-tp');
   checkEqualTensorParallel(prefillTp, decodeTp);
   for (const bs of [opts.blockSize, opts.prefillBlockSize, opts.decodeBlockSize])
     if (bs !== undefined && !isBlockSize(bs))
       throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${bs}`);
+  return [prefillTp, decodeTp];
+}
+
+export function buildScenario(
+  name: ScenarioName,
+  preset: ModelPreset,
+  seed: number,
+  opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
+): ScenarioConfig {
+  const [prefillTp, decodeTp] = checkGeometryOptions(preset, opts);
   const rng = new SeededRng(streamSeed(seed, 3));
   const [prefillBs, decodeBs] = sideBlockSizes(name, rng, opts);
   const mode = scenarioMode(name, preset, rng);
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
-  const n =
-    opts.requests ??
-    (name === 'preempt' || name === 'prefix-hit' || name === 'hetero-block'
-      ? 4
-      : name === 'tight-write'
-        ? 8
-        : name === 'xpyd'
-          ? 6
-          : 3);
+  const n = opts.requests ?? DEFAULT_REQUESTS[name] ?? 3;
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);

@@ -93,11 +93,12 @@ export function registerFaultConformance(s: ConformanceSuite): void {
       make(7, { engineId: id, blockSizes: [bs], pageFormats, layout: { ...LAYOUT, pageBytes: bs * 32 } });
     const [p8, d32, odd] = await Promise.all([at('geo-p8', 8), at('geo-d32', 32), at('geo-24', 24)]);
     const meta = await d32.engine.handshake(p8.engine.address());
-    assert.deepEqual(meta.layout, { ...LAYOUT, pageBytes: 256, blockSizes: [8], pageFormats });
+    assert.deepEqual(meta.layout, { ...LAYOUT, pageBytes: 256, tensorParallelSize: 1, blockSizes: [8], pageFormats });
     assert.deepEqual(d32.engine.peerMetadata(p8.engine.engineId)?.layout.blockSizes, [8]);
     assert.deepEqual(p8.engine.peerMetadata(d32.engine.engineId)?.layout, {
       ...LAYOUT,
       pageBytes: 1024,
+      tensorParallelSize: 1,
       blockSizes: [32],
       pageFormats,
     });
