@@ -90,6 +90,7 @@ export class Proxy {
   private readonly feeds: KvEventFeed[] = [];
   /** Health checks in a row that timed out, per member still considered healthy. */
   private readonly slowChecks = new Map<PoolMember, number>();
+  private rechecking: Promise<void> | null = null;
   private readonly server: Server;
   private readonly tokenizer = new TokenizerThreads(DEFAULT_TOKENIZER_THREADS);
   private timer: TimerHandle | null = null;
@@ -146,6 +147,12 @@ export class Proxy {
     const done = new Promise<void>((resolve) => this.server.close(() => resolve()));
     this.server.closeAllConnections();
     await Promise.all([done, this.tokenizer.close(), ...this.feeds.map((f) => f.close())]);
+  }
+
+  /** One health round now, shared by every request that needs it (no herd of checks). */
+  private recheck(): Promise<void> {
+    this.rechecking ??= this.checkHealth().finally(() => (this.rechecking = null));
+    return this.rechecking;
   }
 
   async checkHealth(): Promise<void> {
@@ -269,6 +276,8 @@ export class Proxy {
       if (!res.writableFinished) client.abort();
     });
     const tokenIds = await this.promptTokens(path, body);
+    // A side with no healthy instance may only have missed one check (a slow start): ask again first.
+    if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
     const exclude = new Set<PoolMember>();
     for (let attempt = 1; ; attempt++) {
       // A retry gets its own upstream id: the first attempt's may still name pages prefill holds.
