@@ -5,6 +5,7 @@
  */
 import { writeFileSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { availableParallelism, loadavg } from 'node:os';
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
@@ -66,8 +67,16 @@ export function registerBenchTransfer(bench: Command): void {
     });
 }
 
+/** The machine's state, printed with the sweep: on a shared machine the load average says how far to trust it. */
+function machineLine(): string {
+  const [one] = loadavg();
+  return `${availableParallelism()} CPUs, load average ${(one ?? 0).toFixed(1)}`;
+}
+
 async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats: number | undefined): Promise<void> {
   const json = o['json'] === true;
+  const before = machineLine();
+  if (!json) out(`machine: ${before}`);
   if (!json) out(sweepHeader());
   const points = await benchSweep({
     env,
@@ -78,7 +87,9 @@ async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats
   const targets = targetLines(points);
   const svgPath = resolve(String(o['svg']));
   writeFileSync(svgPath, sweepSvg(points, 'handoff bench transfer --sweep: GB/s vs page size, baseline dashed'));
-  if (json) return out(JSON.stringify({ points, targets, svg: svgPath }));
+  const after = machineLine();
+  if (json) return out(JSON.stringify({ points, targets, svg: svgPath, machine: { before, after } }));
+  out(`machine after: ${after}`);
   out('');
   for (const t of targets) out(t);
   out(`plot: ${svgPath}`);

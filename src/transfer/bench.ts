@@ -171,10 +171,17 @@ export class BenchRig {
     private readonly D: BenchSide,
   ) {}
 
-  static async create(backend: TransferBackend, env: Env, pageBytes: number, pagesMax: number): Promise<BenchRig> {
+  /** `scattered`: slabs with room for the scattered layout (every other page), twice the contiguous one's. */
+  static async create(
+    backend: TransferBackend,
+    env: Env,
+    pageBytes: number,
+    pagesMax: number,
+    scattered = true,
+  ): Promise<BenchRig> {
     assert(Number.isInteger(pagesMax) && pagesMax > 0, 'pages must be a positive integer');
     assert(Number.isInteger(pageBytes) && pageBytes > 0, 'pageBytes must be a positive integer');
-    const o = { backend, env, pageBytes, numBlocks: 2 * pagesMax + 1 }; // room for every other page
+    const o = { backend, env, pageBytes, numBlocks: (scattered ? 2 : 1) * pagesMax + 1 };
     const [P, D] = await Promise.all([benchSide(o, 'P', true), benchSide(o, 'D', false)]);
     await D.engine.handshake(P.engine.address());
     return new BenchRig(backend, env, pageBytes, pagesMax, P, D);
@@ -210,7 +217,7 @@ export class BenchRig {
       await D.engine.wait([h], 120_000);
     };
     const baseline = await this.pickBaseline(this.baselines(ranges, bytes), ranges, bytes);
-    // The backend's runs (verified) and memcpy's start from zeroed destination slabs; the raw stream
+    // The backend's runs (verified) and memcpy's start from zeroed destination pages; the raw stream
     // overwrites whatever is there.
     const series = [{ label: this.backend, run: read }, baseline];
     const ms: number[][] = [[], []];
@@ -220,7 +227,7 @@ export class BenchRig {
     for (let round = 0; round <= repeats || (round <= 5 * repeats && spent < ROUNDS_BUDGET_MS); round++) {
       for (let k = 0; k < series.length; k++) {
         const i = (k + round) % series.length; // alternate who goes first
-        if (i === 0 || this.backend === 'inproc') D.slabs.forEach((s) => s.fill(0));
+        if (i === 0 || this.backend === 'inproc') this.zeroDestinations(ranges);
         const t = await timeMs(env, (series[i] as Baseline).run);
         if (i === 0) this.verify(ranges);
         else if (round === 0) this.verifyBaseline(ranges, bytes);
@@ -284,6 +291,11 @@ export class BenchRig {
     }));
   }
 
+  /** Zero the pages the READ writes (what verify() checks), nothing more: a whole-slab fill would flush caches. */
+  private zeroDestinations(ranges: TransferRange[]): void {
+    for (const r of ranges) (this.D.slabs[r.slab] as Uint8Array).fill(0, r.localOffset, r.localOffset + r.length);
+  }
+
   private verify(ranges: TransferRange[]): void {
     const { P, D } = this;
     for (const r of ranges) {
@@ -307,7 +319,7 @@ export class BenchRig {
 }
 
 export async function benchTransferPoint(o: BenchOptions): Promise<BenchPoint> {
-  const rig = await BenchRig.create(o.backend, o.env, o.pageBytes, o.pages);
+  const rig = await BenchRig.create(o.backend, o.env, o.pageBytes, o.pages, o.scatter ?? false);
   try {
     return await rig.measure(o.pages, o.scatter ?? false, o.repeats ?? 5);
   } finally {

@@ -93,13 +93,13 @@ export function sweepSvg(points: readonly BenchPoint[], title: string): string {
     )
     .join('\n');
   return [
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${PANEL_H + 24}" font-family="sans-serif" font-size="11">`,
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${PANEL_H + 44}" font-family="sans-serif" font-size="11">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     `<g transform="translate(0,24)">`,
     body,
     `</g>`,
     `<text x="${width / 2}" y="16" text-anchor="middle" font-size="12">${esc(title)}</text>`,
-    `<text x="${width - 8}" y="${PANEL_H + 18}" text-anchor="end" fill="#666">solid: backend; dashed: its baseline, same run</text>`,
+    `<text x="${width - 8}" y="${PANEL_H + 38}" text-anchor="end" fill="#666">solid: backend; dashed: its baseline, same run</text>`,
     `</svg>`,
     '',
   ].join('\n');

@@ -7,7 +7,7 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
-import { rangeProblemAt, type SideRanges } from './ranges.ts';
+import { firstPageOutside, rangeProblemAt, type SideRanges } from './ranges.ts';
 import type { SlabLayout } from './types.ts';
 
 export interface GrantEntry {
@@ -120,10 +120,9 @@ export class GrantTable {
       const [slab, offset, length] = [p[j] as number, p[j + at] as number, p[j + stride - 1] as number];
       const problem = rangeProblemAt(slab, offset, length, this.layout);
       if (problem !== null) return { ok: false, reason: problem };
-      const last = Math.floor((offset + length - 1) / pageBytes);
-      for (let b = Math.floor(offset / pageBytes); b <= last; b++)
-        if (!g.blocks.has(b))
-          return { ok: false, reason: `slab ${slab} page ${b} is not granted for transfer ${q.transferId}` };
+      const outside = firstPageOutside(offset, length, pageBytes, g.blocks);
+      if (outside !== null)
+        return { ok: false, reason: `slab ${slab} page ${outside} is not granted for transfer ${q.transferId}` };
     }
     // Single peer: a grant issued before the reader was known (READ mode) binds to its first valid user.
     if (g.peerEngineId === null) g.peerEngineId = q.peerEngineId;

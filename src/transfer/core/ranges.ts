@@ -116,7 +116,7 @@ export function sideBytes(side: SideRanges): number {
  * else a permutation. Sorting doubles that pack key and index is native and fast; when the product would
  * exceed 2^53 a comparator sort does it.
  */
-export function orderBy(side: SideRanges): Uint32Array | null {
+function orderBy(side: SideRanges): Uint32Array | null {
   const { p, stride, at } = side;
   const n = sideCount(side);
   let sorted = true;
@@ -309,9 +309,17 @@ export function sideProblem(side: SideRanges, layout: SlabLayout): string | null
 
 /** Every page a range touches lies in `blocks`; null when it does, else the first page that does not. */
 export function pagesOutside(r: WireRange, pageBytes: number, blocks: ReadonlySet<number>): number | null {
-  const first = Math.floor(r.offset / pageBytes);
-  const last = Math.floor((r.offset + r.length - 1) / pageBytes);
-  for (let b = first; b <= last; b++) if (!blocks.has(b)) return b;
+  return firstPageOutside(r.offset, r.length, pageBytes, blocks);
+}
+
+export function firstPageOutside(
+  offset: number,
+  length: number,
+  pageBytes: number,
+  blocks: ReadonlySet<number>,
+): number | null {
+  const last = Math.floor((offset + length - 1) / pageBytes);
+  for (let b = Math.floor(offset / pageBytes); b <= last; b++) if (!blocks.has(b)) return b;
   return null;
 }
 

@@ -70,11 +70,23 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
       throw refusal;
     }
     if (!this.linked.has(remote.engineId) || !remote.linked.has(this.engineId)) {
+      // NIC <-> NIC, and each engine straight to the other's NIC (direct_link.ts).
       const { port1, port2 } = new MessageChannel();
-      this.nic.send({ t: 'peer', peerEngineId: remote.engineId, inproc: { port: port1, slabs: remote.slabs } }, [
-        port1,
-      ]);
-      remote.nic.send({ t: 'peer', peerEngineId: this.engineId, inproc: { port: port2, slabs: this.slabs } }, [port2]);
+      const [toRemote, toThis] = [new MessageChannel(), new MessageChannel()];
+      this.nic.send(
+        {
+          t: 'peer',
+          peerEngineId: remote.engineId,
+          inproc: { port: port1, slabs: remote.slabs, direct: toThis.port2 },
+        },
+        [port1, toThis.port2],
+      );
+      remote.nic.send(
+        { t: 'peer', peerEngineId: this.engineId, inproc: { port: port2, slabs: this.slabs, direct: toRemote.port2 } },
+        [port2, toRemote.port2],
+      );
+      this.nic.attachDirect(remote.engineId, toRemote.port1);
+      remote.nic.attachDirect(this.engineId, toThis.port1);
       this.linked.add(remote.engineId);
       remote.linked.add(this.engineId);
     }
@@ -100,6 +112,7 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
   private peerGone(peerEngineId: string): void {
     this.peers.delete(peerEngineId);
     this.linked.delete(peerEngineId);
+    this.nic.detachDirect(peerEngineId, `peer ${peerEngineId} is gone`);
     this.nic.send({ t: 'unpeer', peerEngineId });
   }
 

@@ -4,15 +4,18 @@
  * checks it and does the copy: the producer's NIC for a READ, the destination's NIC for a WRITE.
  *
  *   consumer NIC --{read}--> producer NIC: check grant, copy producer slab -> consumer slab --{done}--> consumer NIC
+ *   consumer engine --{read}--> producer NIC: the same, answered to the engine (direct_link.ts)
  *
- * Messages on a port are FIFO, so once a peer answers {aborted} it will not copy for that request.
+ * The second, direct port carries the work requests that need no fault of the local NIC: two thread
+ * hops per request instead of four. Messages on a port are FIFO, so once a peer answers {aborted} (on
+ * either port) it will not copy for that request.
  */
 import type { MessagePort } from 'node:worker_threads';
 import { COUNTER, asErrorCode, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import { PACKED_STRIDE, sideOf } from '../core/ranges.ts';
 
-type LinkMessage =
+export type LinkMessage =
   /** ranges packed as [slab, requester's offset, server's offset, length]*n (packRanges). */
   | { t: 'read' | 'write'; reqId: number; transferId: string; token: string; ranges: Float64Array }
   | { t: 'done'; reqId: number }
@@ -32,10 +35,20 @@ export class InprocLink {
     private readonly peerEngineId: string,
     private readonly port: MessagePort,
     peerSlabs: SharedArrayBuffer[],
+    /** Where the peer's engine posts straight to us (direct_link.ts); answered on the same port. */
+    private readonly direct: MessagePort | null = null,
   ) {
     this.peerSlabs = peerSlabs.map((b) => new Uint8Array(b));
     port.on('message', (m: LinkMessage) => this.onMessage(m));
     port.on('close', () => this.close(`peer ${peerEngineId} closed its link`));
+    direct?.on('message', (m: LinkMessage) => this.onDirect(m));
+  }
+
+  /** A request the peer's engine posted straight to us: served like the link's, answered to the engine. */
+  private onDirect(m: LinkMessage): void {
+    if (this.closed) return;
+    if (m.t === 'read' || m.t === 'write') this.direct?.postMessage(this.serve(m));
+    else if (m.t === 'abort') this.direct?.postMessage({ t: 'aborted', reqId: m.reqId } satisfies LinkMessage);
   }
 
   onClose(fn: () => void): void {
@@ -67,6 +80,7 @@ export class InprocLink {
     for (const ack of this.aborting.values()) ack();
     this.aborting.clear();
     this.port.close();
+    this.direct?.close();
     for (const fn of this.closeHandlers) fn();
   }
 
@@ -79,7 +93,7 @@ export class InprocLink {
     switch (m.t) {
       case 'read':
       case 'write':
-        this.serve(m);
+        this.send(this.serve(m));
         return;
       case 'done':
       case 'error':
@@ -100,8 +114,8 @@ export class InprocLink {
     }
   }
 
-  /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy. */
-  private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): void {
+  /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy; the answer. */
+  private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): LinkMessage {
     const p = m.ranges;
     const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, sideOf(p, 'remote'));
     if (!d.ok) return this.fail(m.reqId, 'GRANT_DENIED', `grant denied by ${this.ctx.engineId}: ${d.reason}`);
@@ -127,10 +141,10 @@ export class InprocLink {
       else o.set(t.subarray(theirOffset, theirOffset + length), ourOffset);
     }
     this.ctx.count(read ? COUNTER.readsServed : COUNTER.writesAccepted);
-    this.send({ t: 'done', reqId: m.reqId });
+    return { t: 'done', reqId: m.reqId };
   }
 
-  private fail(reqId: number, code: 'GRANT_DENIED' | 'BAD_TRANSFER_PARAMS', message: string): void {
-    this.send({ t: 'error', reqId, code, message });
+  private fail(reqId: number, code: 'GRANT_DENIED' | 'BAD_TRANSFER_PARAMS', message: string): LinkMessage {
+    return { t: 'error', reqId, code, message };
   }
 }

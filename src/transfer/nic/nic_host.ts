@@ -22,6 +22,7 @@ import {
 import type { GrantEnd, Nic, NicCompletionEvent, NicStats, NicWorkRequest } from '../core/nic.ts';
 import type { SlabLayout } from '../core/types.ts';
 import { RangeRing, type RingRegion } from './range_ring.ts';
+import { DirectLink } from '../inproc/direct_link.ts';
 
 export interface NicHostOptions {
   kind: 'inproc' | 'tcp';
@@ -46,6 +47,7 @@ export class NicHost implements Nic {
   private readonly listeners = new Set<(ev: NicEvent) => void>();
   private closing: Promise<void> | null = null;
   private readonly ring = new RangeRing(RING_DOUBLES);
+  private readonly directs = new Map<string, DirectLink>();
   /** The ring region of each completion slot's work request. */
   private readonly regions: Array<RingRegion | undefined> = [];
 
@@ -60,9 +62,7 @@ export class NicHost implements Nic {
     this.cq = new Int32Array(cq);
     this.counters = new Int32Array(counters);
     for (let s = slotsMax - 1; s >= 0; s--) this.freeSlots.push(s);
-    worker.on('message', (ev: NicEvent) => {
-      for (const fn of [...this.listeners]) fn(ev);
-    });
+    worker.on('message', (ev: NicEvent) => this.dispatch(ev));
   }
 
   static async start(o: NicHostOptions): Promise<NicHost> {
@@ -118,11 +118,32 @@ export class NicHost implements Nic {
     // The ranges go through the shared ring (a view costs a small message); a full ring: a copy.
     const slot = this.ring.alloc(ranges);
     if (slot !== null) this.regions[wr.slot] = slot.region;
-    this.send({ t: 'post', wr: { ...rest, ranges: slot?.view ?? ranges.slice() } });
+    const view = slot?.view ?? ranges.slice();
+    // inproc, no fault to play: straight to the peer's NIC (direct_link.ts).
+    const direct = rest.delayMs === 0 && rest.failWith === null ? this.directs.get(wr.peerEngineId) : undefined;
+    if (direct !== undefined) direct.post(rest, view);
+    else this.send({ t: 'post', wr: { ...rest, ranges: view } });
   }
 
   abort(wrId: number): void {
+    for (const d of this.directs.values()) if (d.abort(wrId)) return;
     this.send({ t: 'abort', wrId });
+  }
+
+  /** inproc: post to `peerEngineId`'s NIC over `port` from now on (work requests without faults). */
+  attachDirect(peerEngineId: string, port: MessagePort): void {
+    this.directs.get(peerEngineId)?.close(`link to ${peerEngineId} replaced`);
+    this.directs.set(peerEngineId, new DirectLink(port, peerEngineId, (ev) => this.dispatch(ev)));
+  }
+
+  /** The peer is gone: its direct link fails what is pending. */
+  detachDirect(peerEngineId: string, reason: string): void {
+    this.directs.get(peerEngineId)?.close(reason);
+    this.directs.delete(peerEngineId);
+  }
+
+  private dispatch(ev: NicEvent): void {
+    for (const fn of [...this.listeners]) fn(ev);
   }
 
   observed(_wrId: number): void {}
@@ -211,6 +232,7 @@ export class NicHost implements Nic {
           resolve();
         });
       });
+      for (const [peer] of this.directs) this.detachDirect(peer, 'the local NIC was closed');
       this.control.postMessage({ t: 'close' } satisfies NicCommand);
       await closed;
       this.worker.removeAllListeners('error');

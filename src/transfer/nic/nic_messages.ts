@@ -60,7 +60,8 @@ export interface WorkRequest {
   failWith: ErrorCode | null;
 }
 
-export type InprocPeer = { port: MessagePort; slabs: SharedArrayBuffer[] };
+/** `direct`: the port the peer's engine posts its work requests on straight to this NIC (direct_link.ts). */
+export type InprocPeer = { port: MessagePort; slabs: SharedArrayBuffer[]; direct: MessagePort };
 export type TcpPeer = { host: string; port: number; session: string };
 
 export type NicCommand =

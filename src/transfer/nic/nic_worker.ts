@@ -186,7 +186,8 @@ class Nic implements NicContext {
   private addPeer(cmd: Extract<NicCommand, { t: 'peer' }>): void {
     if (cmd.inproc) {
       this.links.get(cmd.peerEngineId)?.close(`link to ${cmd.peerEngineId} replaced`);
-      const link = new InprocLink(this, cmd.peerEngineId, cmd.inproc.port, cmd.inproc.slabs);
+      const { port, slabs, direct } = cmd.inproc;
+      const link = new InprocLink(this, cmd.peerEngineId, port, slabs, direct);
       this.links.set(cmd.peerEngineId, link);
       link.onClose(() => {
         if (this.links.get(cmd.peerEngineId) === link) this.links.delete(cmd.peerEngineId);

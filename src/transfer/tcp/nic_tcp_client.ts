@@ -21,7 +21,7 @@ import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 
-export const RECV_BUFFER_BYTES = 1 << 20;
+const RECV_BUFFER_BYTES = 1 << 20;
 /** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
 const ARMED_ABORT_MS = 200;
 
