@@ -1,9 +1,11 @@
 /**
  * `handoff bench serve`: load against a running server (--url) or against servers it starts itself
- * (--target pd: prefill + decode + proxy; --target colocated: one `--role both` instance). Without
- * either it runs both, one after the other with the same seeded workload, and prints them side by side.
+ * (--target pd: prefill + decode + proxy; --target colocated: one `--role both` instance; --target
+ * xpyd: --prefill N + --decode M instances behind the proxy, once per --policy, bench_xpyd.ts). Without
+ * either it runs pd and colocated, one after the other with the same seeded workload, side by side.
+ * `--workload shared-prefix` draws each prompt as one of --prefixes shared prefixes + its own suffix.
  * `--json` prints exactly {requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors}
- * and so needs one target (--url or --target).
+ * and so needs one target (--url or --target; with xpyd, one --policy).
  */
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
@@ -11,7 +13,10 @@ import { RealEnv, type Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { createLogger } from '../util/log.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { runLoad, type BenchServeResult, type LoadSpec } from '../serve/load_generator.ts';
+import { runLoad, type BenchServeResult, type LoadSpec, type Workload } from '../serve/load_generator.ts';
+import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
+import { runXpyd } from './bench_xpyd.ts';
+import { routerFlags } from './proxy.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
 import { choiceFlag, intFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
@@ -19,7 +24,8 @@ import { secretFlag } from './serve.ts';
 import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
-type Target = 'pd' | 'colocated';
+type Target = 'pd' | 'colocated' | 'xpyd';
+type Row = { label: string; r: BenchServeResult; extra?: Record<string, string>; kvRead?: KvRead | null };
 
 /** Add `serve` under the `bench` command (created if nobody registered it). */
 export function registerBenchServe(program: Command): void {
@@ -31,13 +37,24 @@ export function registerBenchServe(program: Command): void {
       'load generator like `vllm bench serve`: TTFT/ITL p50/p99, tokens/s, errors; P/D vs colocated side by side',
     )
     .option('--url <url>', 'a running server or proxy (else servers are started)')
-    .option('--target <t>', 'pd | colocated: start that deployment (default without --url: both)')
+    .option('--target <t>', 'pd | colocated | xpyd: start that deployment (default without --url: pd and colocated)')
+    .option('--prefill <n>', 'xpyd: prefill instances', '2')
+    .option('--decode <n>', 'xpyd: decode instances', '2')
+    .option('--policy <list>', 'xpyd: routing policies to compare, comma separated', 'kv-aware,round-robin')
+    .option('--kv-weight <w>', 'xpyd kv-aware: what a full-prompt prefix hit is worth, in requests of load')
+    .option('--skip-prefill-tokens <n>', 'xpyd kv-aware: no remote prefill when decode holds all but N tokens')
+    .option('--workload <w>', 'random | shared-prefix (default: shared-prefix with xpyd, else random)')
+    .option('--prefixes <n>', 'shared-prefix: distinct shared prefixes', '8')
+    .option('--prefix-len <n>', 'shared-prefix: tokens per shared prefix', '256')
     .option('--model <preset>', 'model preset of the servers it starts', 'dsv4-mini')
     .option('--mode <mode>', 'read | write (started P/D)', 'read')
     .option('--requests <n>', 'requests to send', '64')
     .option('--concurrency <n>', 'requests in flight at once (default 8 without --rate)')
     .option('--rate <r>', 'Poisson arrivals per second instead of a concurrency')
-    .option('--prompt-len <min:max>', 'prompt tokens, uniform in [min, max]', '32:256')
+    .option(
+      '--prompt-len <min:max>',
+      'prompt tokens, uniform in [min, max] (default 32:256; shared-prefix: the suffix after the prefix, 16:64)',
+    )
     .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
     .option('--seed <n>', 'workload seed', '0')
     .option('--num-blocks <n>', 'KV pages per started instance', '2048')
@@ -51,30 +68,15 @@ export function registerBenchServe(program: Command): void {
       const env = new RealEnv();
       const preset = presetFlag(o['model']);
       const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
-      if (o['concurrency'] !== undefined && o['rate'] !== undefined)
-        throw new HandoffError('BAD_CONFIG', 'pass --concurrency or --rate, not both');
-      const spec: Omit<LoadSpec, 'url'> = {
-        model: preset,
-        requests: intFlag('requests', o['requests'], 1, 100_000),
-        concurrency: o['rate'] !== undefined ? null : intFlag('concurrency', o['concurrency'] ?? '8', 1, 4096),
-        ratePerSec: o['rate'] !== undefined ? numberFlag('rate', o['rate'], 0.001, 100_000) : null,
-        promptLen: rangeFlag('prompt-len', o['promptLen'], 1, 1 << 16),
-        outputLen: rangeFlag('output-len', o['outputLen'], 1, 1 << 16),
-        seed: intFlag('seed', o['seed'], 0, 2 ** 32 - 1),
-        apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
-        timeoutMs: 600_000,
-      };
-      const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
-      const maxModelLen = String(
-        o['maxModelLen'] !== undefined
-          ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
-          : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
-      );
       const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
-      const target = o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated'] as const) : null;
+      const target =
+        o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated', 'xpyd'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
       if (o['json'] && url === null && target === null)
         throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
+      const spec = loadSpecFrom(o, preset, target);
+      const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
+      const maxModelLen = maxModelLenFlag(o, spec);
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
           runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result),
@@ -82,6 +84,7 @@ export function registerBenchServe(program: Command): void {
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
+      if (target === 'xpyd') return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset)));
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Row[] = [];
       for (const t of targets)
@@ -112,6 +115,69 @@ async function kvReadStats(decodeUrl: string): Promise<KvRead | null> {
 interface KvRead {
   meanMs: number;
   count: number;
+}
+
+/** Started instances' max_model_len: the flag, or room for the longest prompt + output (at least the default). */
+function maxModelLenFlag(o: Opts, spec: Pick<LoadSpec, 'promptLen' | 'outputLen'>): string {
+  return String(
+    o['maxModelLen'] !== undefined
+      ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
+      : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
+  );
+}
+
+function loadSpecFrom(o: Opts, preset: ModelPreset, target: Target | null): Omit<LoadSpec, 'url'> {
+  if (o['concurrency'] !== undefined && o['rate'] !== undefined)
+    throw new HandoffError('BAD_CONFIG', 'pass --concurrency or --rate, not both');
+  const kind = choiceFlag('workload', o['workload'] ?? (target === 'xpyd' ? 'shared-prefix' : 'random'), [
+    'random',
+    'shared-prefix',
+  ] as const);
+  const workload: Workload =
+    kind === 'random'
+      ? { kind }
+      : {
+          kind,
+          prefixes: intFlag('prefixes', o['prefixes'], 1, 4096),
+          prefixLen: intFlag('prefix-len', o['prefixLen'], 1, 1 << 16),
+        };
+  return {
+    model: preset,
+    requests: intFlag('requests', o['requests'], 1, 100_000),
+    concurrency: o['rate'] !== undefined ? null : intFlag('concurrency', o['concurrency'] ?? '8', 1, 4096),
+    ratePerSec: o['rate'] !== undefined ? numberFlag('rate', o['rate'], 0.001, 100_000) : null,
+    promptLen: rangeFlag('prompt-len', o['promptLen'] ?? (kind === 'random' ? '32:256' : '16:64'), 1, 1 << 16),
+    outputLen: rangeFlag('output-len', o['outputLen'], 1, 1 << 16),
+    seed: intFlag('seed', o['seed'], 0, 2 ** 32 - 1),
+    apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
+    timeoutMs: 600_000,
+    workload,
+  };
+}
+
+/** --target xpyd: one fresh N+M deployment per policy, rows with hit rate and decode-only routes. */
+async function xpydRows(
+  o: Opts,
+  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null },
+  env: Env,
+  run: (url: string, label: string) => Promise<BenchServeResult>,
+): Promise<Row[]> {
+  const policies = String(o['policy'])
+    .split(',')
+    .map((p) => choiceFlag('policy', p.trim(), ROUTING_POLICIES));
+  if (o['json'] && policies.length !== 1)
+    throw new HandoffError('BAD_CONFIG', '--json prints one result: pass one --policy with --target xpyd');
+  const numPrefill = intFlag('prefill', o['prefill'], 1, 16);
+  const numDecode = intFlag('decode', o['decode'], 1, 16);
+  const rows = await runXpyd({ ...s, numPrefill, numDecode, policies, router: routerFlags(o) }, env, run);
+  return rows.map((x) => ({
+    label: `${numPrefill}P${numDecode}D ${x.label}`,
+    r: x.r,
+    extra: {
+      'prefix hit rate': `${(100 * x.prefixHitRate).toFixed(1)}%`,
+      'decode-only': String(x.decodeOnly),
+    },
+  }));
 }
 
 async function onStarted<T>(
@@ -169,8 +235,6 @@ async function withProgress<T>(
   }
 }
 
-type Row = { label: string; r: BenchServeResult; kvRead?: KvRead | null };
-
 function print(o: Opts, rows: Row[]): void {
   const out = (s: string): void => void process.stdout.write(`${s}\n`);
   if (o['json']) {
@@ -197,4 +261,6 @@ function print(o: Opts, rows: Row[]): void {
     out(
       `${'KV READ mean (ms)'.padEnd(18)}${rows.map((x) => (x.kvRead ? x.kvRead.meanMs.toFixed(2) : '-').padStart(w)).join('')}`,
     );
+  for (const name of Object.keys(rows[0]?.extra ?? {}))
+    out(`${name.padEnd(18)}${rows.map((x) => (x.extra?.[name] ?? '').padStart(w)).join('')}`);
 }

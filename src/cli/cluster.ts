@@ -1,15 +1,17 @@
 /**
- * A local P/D deployment: prefill and decode as separate `handoff serve` processes on free loopback
- * ports (tcp transport), and the proxy in this process. `handoff up` and `handoff bench serve` use it.
+ * A local P/D deployment: N prefill and M decode instances (default 1 and 1) as separate `handoff
+ * serve` processes on free loopback ports (tcp transport), and the proxy in this process. `handoff up`
+ * and `handoff bench serve` use it.
  */
 import net from 'node:net';
-import { rethrowIfAssertion } from '../util/assert.ts';
+import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy } from '../serve/proxy.ts';
 import type { RoutingPolicy } from '../serve/instance_pool.ts';
+import type { KvRouterOptions } from '../serve/kv_router.ts';
 import { spawnHandoff, type ChildServer } from './children.ts';
 
 export interface ClusterOptions {
@@ -19,8 +21,15 @@ export interface ClusterOptions {
   /** Proxy port (0 = a free one). */
   proxyPort: number;
   policy?: RoutingPolicy;
+  /** kv-aware scoring. */
+  router?: KvRouterOptions;
+  /** Instances per role (default 1 each). */
+  numPrefill?: number;
+  numDecode?: number;
   /** Extra `handoff serve` flags for both instances (e.g. --num-blocks). */
   serveArgs?: string[];
+  /** Extra `handoff serve` flags for one role (e.g. its --block-size, --tensor-parallel-size), after serveArgs. */
+  roleServeArgs?: { prefill?: string[]; decode?: string[] };
   apiKey?: string | null;
   log?: Logger;
   readyTimeoutMs?: number;
@@ -30,8 +39,11 @@ export interface ClusterOptions {
 
 export interface LocalCluster {
   proxyUrl: string;
+  /** The first prefill and decode (1P1D: the only ones). */
   prefill: ChildServer;
   decode: ChildServer;
+  prefills: ChildServer[];
+  decodes: ChildServer[];
   proxy: Proxy;
   stop(): Promise<void>;
 }
@@ -46,20 +58,37 @@ export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | '
 
 export function serveArgs(
   role: 'prefill' | 'decode' | 'both',
-  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'apiKey'>,
+  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'roleServeArgs' | 'apiKey'>,
 ): string[] {
-  const args = ['serve', '--role', role, '--model', o.preset, '--host', o.host, '--port', '0', ...(o.serveArgs ?? [])];
+  const own = role === 'both' ? [] : (o.roleServeArgs?.[role] ?? []);
+  const args = [
+    'serve',
+    '--role',
+    role,
+    '--model',
+    o.preset,
+    '--host',
+    o.host,
+    '--port',
+    '0',
+    ...(o.serveArgs ?? []),
+    ...own,
+  ];
   if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode));
   if (o.apiKey) args.push('--api-key', o.apiKey);
   return args;
 }
 
-/** Poll until the proxy sees both instances healthy (bounded). */
+/** Poll until the proxy sees every instance healthy (bounded). */
 async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<void> {
   const deadline = env.nowMs() + timeoutMs;
   for (;;) {
     await proxy.checkHealth();
-    if (proxy.healthy) return;
+    if (
+      proxy.prefill.numHealthy === proxy.prefill.members.length &&
+      proxy.decode.numHealthy === proxy.decode.members.length
+    )
+      return;
     if (env.nowMs() > deadline) {
       const why = [...proxy.prefill.members, ...proxy.decode.members]
         .map((m) => `${m.url}: ${m.lastError ?? 'ok'}`)
@@ -85,9 +114,16 @@ export function checkPortFree(host: string, port: number): Promise<void> {
 
 export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<LocalCluster> {
   const timeout = o.readyTimeoutMs ?? 60_000;
+  const numPrefill = o.numPrefill ?? 1;
+  const numDecode = o.numDecode ?? 1;
+  assert(numPrefill >= 1 && numDecode >= 1, 'a cluster needs a prefill and a decode instance');
   await checkPortFree(o.host, o.proxyPort);
+  const roles = [
+    ...Array.from({ length: numPrefill }, () => 'prefill' as const),
+    ...Array.from({ length: numDecode }, () => 'decode' as const),
+  ];
   const spawned = await Promise.allSettled(
-    (['prefill', 'decode'] as const).map((role) =>
+    roles.map((role) =>
       spawnHandoff(serveArgs(role, o), env, {
         readyTimeoutMs: timeout,
         ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}),
@@ -98,45 +134,59 @@ export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<Lo
   try {
     const failure = spawned.find((r) => r.status === 'rejected');
     if (failure) throw failure.reason;
-    const [prefill, decode] = started;
-    const p = prefill as ChildServer;
-    const d = decode as ChildServer;
-    const proxy = new Proxy(
-      {
-        ...DEFAULT_PROXY_OPTIONS,
-        prefillUrls: [p.url],
-        decodeUrls: [d.url],
-        mode: o.mode,
-        policy: o.policy ?? 'round-robin',
-        apiKey: o.apiKey ?? null,
-      },
-      env,
-      o.log,
-    );
-    const port = await proxy.listen(o.proxyPort, o.host).catch(async (e: unknown) => {
-      await proxy.close().catch((c: unknown) => rethrowIfAssertion(c));
-      throw e;
-    });
-    const proxyUrl = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`;
-    try {
-      await waitHealthy(proxy, env, timeout);
-      await proxy.start();
-    } catch (e) {
-      await proxy.close();
-      throw e;
-    }
+    const prefills = started.slice(0, numPrefill);
+    const decodes = started.slice(numPrefill);
+    const { proxy, proxyUrl } = await startProxy(o, prefills, decodes, env, timeout);
     return {
       proxyUrl,
-      prefill: p,
-      decode: d,
+      prefill: prefills[0] as ChildServer,
+      decode: decodes[0] as ChildServer,
+      prefills,
+      decodes,
       proxy,
       stop: async () => {
         await proxy.close();
-        await Promise.all([p.stop(), d.stop()]);
+        await Promise.all(started.map((c) => c.stop()));
       },
     };
   } catch (e) {
     await Promise.all(started.map((c) => c.stop(1000)));
     throw e;
   }
+}
+
+/** The proxy over the started instances, listening and healthy (bounded), health checks running. */
+async function startProxy(
+  o: ClusterOptions,
+  prefills: ChildServer[],
+  decodes: ChildServer[],
+  env: Env,
+  timeout: number,
+): Promise<{ proxy: Proxy; proxyUrl: string }> {
+  const proxy = new Proxy(
+    {
+      ...DEFAULT_PROXY_OPTIONS,
+      prefillUrls: prefills.map((c) => c.url),
+      decodeUrls: decodes.map((c) => c.url),
+      mode: o.mode,
+      policy: o.policy ?? 'round-robin',
+      router: o.router ?? DEFAULT_PROXY_OPTIONS.router,
+      apiKey: o.apiKey ?? null,
+    },
+    env,
+    o.log,
+  );
+  const port = await proxy.listen(o.proxyPort, o.host).catch(async (e: unknown) => {
+    await proxy.close().catch((c: unknown) => rethrowIfAssertion(c));
+    throw e;
+  });
+  const proxyUrl = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`;
+  try {
+    await waitHealthy(proxy, env, timeout);
+    await proxy.start();
+  } catch (e) {
+    await proxy.close();
+    throw e;
+  }
+  return { proxy, proxyUrl };
 }

@@ -8,9 +8,9 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, presetFlag } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag, pdTensorParallelFlags, presetFlag, tensorParallelFlag } from './flags.ts';
 import { registerBenchTransfer } from './bench_transfer.ts';
-import { benchModel } from '../model/bench.ts';
+import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
 import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
@@ -64,7 +64,13 @@ function registerAb(program: Command): void {
     .option('--seed <n>', 'seed for prompts and weights', '1')
     .option('--arrival-gap-ms <n>', 'gap between request arrivals', '3')
     .option('--forward-pad-ms <n>', 'keep the decode stream busy this long after each forward (a bigger model)', '0')
+    .option('--block-size <n>', 'tokens per KV page on both instances (default 16)')
+    .option('--prefill-block-size <n>', 'tokens per KV page of the prefill instance (wins over --block-size)')
+    .option('--decode-block-size <n>', 'tokens per KV page of the decode instance (wins over --block-size)')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
+    .option('--tensor-parallel-size <n>', 'tensor parallel ranks of each pair (reference: colocated TP=1)')
+    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
+    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
     .option(
       '--trace <base>',
       "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)",
@@ -85,6 +91,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
     cliProgress.Presets.shades_classic,
   );
   const preset = presetFlag(o['model']);
+  const tp = pdTensorParallelFlags(preset, o);
   bar.start(requests * variants.length, 0, { variant: 'reference' });
   let base = 0;
   let last = '';
@@ -96,6 +103,9 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
       seed: int('seed', String(o['seed']), 0, 2 ** 31),
       arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
       forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
+      ...abBlockSizes(o),
+      prefillTp: tp.prefill,
+      decodeTp: tp.decode,
       variants,
       trace: traceBase !== null,
       onProgress: (variant, done) => {
@@ -120,6 +130,18 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   if (!verdict.ok) process.exitCode = 1;
   if (o['json']) printAbJson(report, verdict);
   else printAbTable(report, verdict);
+}
+
+/** `--block-size` for both sides, `--prefill-block-size` / `--decode-block-size` for one (they win). */
+function abBlockSizes(o: Record<string, string | boolean>): { prefillBlockSize?: number; decodeBlockSize?: number } {
+  const both = o['blockSize'] === undefined ? undefined : blockSizeFlag(o['blockSize']);
+  const prefill =
+    o['prefillBlockSize'] === undefined ? both : blockSizeFlag(o['prefillBlockSize'], 'prefill-block-size');
+  const decode = o['decodeBlockSize'] === undefined ? both : blockSizeFlag(o['decodeBlockSize'], 'decode-block-size');
+  return {
+    ...(prefill !== undefined ? { prefillBlockSize: prefill } : {}),
+    ...(decode !== undefined ? { decodeBlockSize: decode } : {}),
+  };
 }
 
 function writeAbTraces(report: AbReport, traceBase: string, json: boolean): void {
@@ -154,14 +176,17 @@ function printAbJson(report: AbReport, verdict: AbVerdict): void {
 }
 
 function printAbTable(report: AbReport, verdict: AbVerdict): void {
-  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ`);
+  const sizes = `prefill ${report.prefillBlockSize} / decode ${report.decodeBlockSize} tokens per page`;
+  const tp = report.tensorParallelSize > 1 ? `, TP=${report.tensorParallelSize} each, reference at TP=1` : '';
+  out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ (${sizes}${tp})`);
   const fast = report.variants.find((v) => v.name === 'all-read-groups');
   for (const v of report.variants) {
     const ratio =
       fast && fast.tokensPerSec > 0 ? ` (${(v.tokensPerSec / fast.tokensPerSec).toFixed(2)}x of all-read-groups)` : '';
     out(
       `  ${v.name.padEnd(32)} exact ${String(v.exactMatch).padStart(4)}/${report.requests}  mismatched ${String(v.mismatchedRequests).padStart(4)}  races ${String(v.races).padStart(5)}  ` +
-        `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}`,
+        `${v.tokensPerSec.toFixed(1)} tok/s${ratio}  ITL p50 ${v.itlMsP50.toFixed(1)} ms  zeroed ${v.pagesZeroed} excluded ${v.pagesExcludedFromZeroing}` +
+        `${v.tailsZeroed > 0 ? ` tails ${v.tailsZeroed}` : ''}${v.loadFailures > 0 ? `  load failures ${v.loadFailures}` : ''}`,
     );
   }
   out(verdict.summary);
@@ -173,17 +198,34 @@ function registerBenchModel(bench: Command): void {
     .description('forward throughput vs a plain TS matmul roofline measured in the same run')
     .option('--model <preset>', 'model preset (micro presets too)', 'dsv4-mini')
     .option('--tokens <n>', 'decode tokens', '64')
+    .option(
+      '--tensor-parallel-size <n>',
+      'also run the workload on the threaded device at TP=1 and TP=n (ranks as compute threads), same run',
+    )
+    .option('--reps <n>', 'alternating TP=1 / TP=n runs (median of each)', '3')
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
-      const r = await benchModel({
-        preset: anyPresetFlag(o['model']),
-        env: new RealEnv(),
-        tokens: int('tokens', String(o['tokens']), 1, 100_000),
-      });
-      if (o['json']) out(JSON.stringify(r));
-      else
+      const preset = anyPresetFlag(o['model']);
+      const tokens = int('tokens', String(o['tokens']), 1, 100_000);
+      const r = await benchModel({ preset, env: new RealEnv(), tokens });
+      const tp =
+        o['tensorParallelSize'] === undefined
+          ? null
+          : await benchTensorParallel({
+              preset,
+              env: new RealEnv(),
+              tokens,
+              tensorParallelSize: tensorParallelFlag(preset, o['tensorParallelSize']),
+              reps: int('reps', String(o['reps']), 1, 100),
+            });
+      if (o['json']) return out(JSON.stringify(tp === null ? r : { ...r, tp }));
+      out(
+        `model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`,
+      );
+      if (tp !== null)
         out(
-          `model ${r.preset}: ${r.tokensPerSec.toFixed(0)} tokens/s, ${r.gflops.toFixed(2)} GFLOP/s vs roofline ${r.rooflineGflops.toFixed(2)} = ratio ${r.ratio.toFixed(2)}`,
+          `threaded device: TP=${tp.tensorParallelSize} ${tp.tpTokensPerSec.toFixed(0)} tokens/s vs TP=1 ${tp.tp1TokensPerSec.toFixed(0)} tokens/s = ratio ${tp.speedup.toFixed(2)} ` +
+            `(median of ${tp.reps}; ${tp.tensorParallelSize} independent threads give ${tp.threadScaling.toFixed(2)}x one here)`,
         );
     });
 }

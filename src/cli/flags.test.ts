@@ -2,8 +2,18 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, blockSizeFlag, intFlag, logFormatFlag, presetFlag, rangeFlag, urlListFlag } from './flags.ts';
-import { upServeArgs } from './up.ts';
+import {
+  anyPresetFlag,
+  blockSizeFlag,
+  intFlag,
+  logFormatFlag,
+  pdTensorParallelFlags,
+  presetFlag,
+  rangeFlag,
+  urlListFlag,
+} from './flags.ts';
+import { upRoleServeArgs, upServeArgs } from './up.ts';
+import { serveArgs } from './cluster.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
 
@@ -111,4 +121,47 @@ test('--block-size: a power of two in [1, 256]; anything else is BAD_CONFIG nami
       bad,
     );
   assert.equal(serveOptionsFrom({ ...serveBase(), blockSize: '32' }).blockSize, 32);
+});
+
+test('up: --block-size sets both children, --prefill-block-size / --decode-block-size one each (they win); a bad one names its flag', () => {
+  assert.deepEqual(upRoleServeArgs({}), { prefill: [], decode: [] });
+  assert.deepEqual(upRoleServeArgs({ blockSize: '8' }), {
+    prefill: ['--block-size', '8'],
+    decode: ['--block-size', '8'],
+  });
+  assert.deepEqual(upRoleServeArgs({ blockSize: '8', decodeBlockSize: '32' }), {
+    prefill: ['--block-size', '8'],
+    decode: ['--block-size', '32'],
+  });
+  assert.deepEqual(upRoleServeArgs({ prefillBlockSize: '32', decodeBlockSize: '8' }), {
+    prefill: ['--block-size', '32'],
+    decode: ['--block-size', '8'],
+  });
+  assert.throws(() => upRoleServeArgs({ decodeBlockSize: '24' }), names('decode-block-size'));
+  assert.deepEqual(
+    serveArgs('decode', {
+      preset: 'dsv4-mini',
+      mode: 'read',
+      host: '127.0.0.1',
+      serveArgs: ['--num-blocks', '64'],
+      roleServeArgs: upRoleServeArgs({ prefillBlockSize: '32', decodeBlockSize: '8' }),
+    }).slice(9, 13),
+    ['--num-blocks', '64', '--block-size', '8'],
+  );
+});
+
+test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --prefill-tp/--decode-tp must agree', () => {
+  assert.equal(serveOptionsFrom({ ...serveBase(), tensorParallelSize: '2' }).tensorParallelSize, 2);
+  assert.equal(serveOptionsFrom(serveBase()).tensorParallelSize, 1);
+  for (const bad of ['0', '3', '4', 'x', '1.5'])
+    assert.throws(() => serveOptionsFrom({ ...serveBase(), tensorParallelSize: bad }), names('tensor-parallel-size'));
+  assert.deepEqual(pdTensorParallelFlags('dsv4-mini', {}), { prefill: 1, decode: 1 });
+  assert.deepEqual(pdTensorParallelFlags('dsv4-mini', { tensorParallelSize: '2' }), { prefill: 2, decode: 2 });
+  assert.deepEqual(pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '2' }), { prefill: 2, decode: 2 });
+  assert.throws(() => pdTensorParallelFlags('llama-mini', { decodeTp: '3' }), names('decode-tp'));
+  assert.throws(
+    () => pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '1' }),
+    (e: unknown) =>
+      e instanceof HandoffError && e.code === 'BAD_CONFIG' && /--prefill-tp 2 and --decode-tp 1 differ/.test(e.message),
+  );
 });

@@ -2,6 +2,8 @@
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
+  checkEqualTensorParallel,
+  checkTensorParallelSize,
   isBlockSize,
   isMicroPreset,
   isModelPreset,
@@ -53,12 +55,33 @@ export function presetFlag(v: unknown): ServingPreset {
   return s;
 }
 
-/** `--block-size`: tokens per KV page, a power of two in [1, 256]. */
-export function blockSizeFlag(v: unknown): number {
+/** `--block-size` (`--prefill-block-size`, `--decode-block-size`): tokens per KV page, a power of two in [1, 256]. */
+export function blockSizeFlag(v: unknown, flag = 'block-size'): number {
   const n = Number(v);
   if (!isBlockSize(n))
-    throw new HandoffError('BAD_CONFIG', `--block-size must be a power of two in [1, 256]; got '${String(v)}'`);
+    throw new HandoffError('BAD_CONFIG', `--${flag} must be a power of two in [1, 256]; got '${String(v)}'`);
   return n;
+}
+
+/** `--tensor-parallel-size` (or `flag`): ranks of an instance, dividing the preset's KV heads and shards. */
+export function tensorParallelFlag(preset: ModelPreset, v: unknown, flag = 'tensor-parallel-size'): number {
+  return checkTensorParallelSize(preset, v ?? 1, flag);
+}
+
+/**
+ * The TP degrees of a P/D pair: `--tensor-parallel-size` for both, `--prefill-tp` / `--decode-tp` for one.
+ * Different degrees are refused (BAD_CONFIG): a decode rank would need a slice of each prefill page
+ * (kv/tp_layout.ts), a mapping not implemented yet; the handshake refuses such peers too (PEER_INCOMPATIBLE).
+ */
+export function pdTensorParallelFlags(
+  preset: ModelPreset,
+  o: Record<string, unknown>,
+): { prefill: number; decode: number } {
+  const both = tensorParallelFlag(preset, o['tensorParallelSize']);
+  const prefill = o['prefillTp'] === undefined ? both : tensorParallelFlag(preset, o['prefillTp'], 'prefill-tp');
+  const decode = o['decodeTp'] === undefined ? both : tensorParallelFlag(preset, o['decodeTp'], 'decode-tp');
+  checkEqualTensorParallel(prefill, decode);
+  return { prefill, decode };
 }
 
 /** Any preset, micro ones included (sim, bench model, bench sched). */

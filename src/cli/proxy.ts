@@ -7,7 +7,8 @@ import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger } from '../util/log.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from '../serve/proxy.ts';
-import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, portFlag, urlListFlag } from './flags.ts';
+import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, numberFlag, portFlag, urlListFlag } from './flags.ts';
+import { DEFAULT_KV_ROUTER_OPTIONS, type KvRouterOptions } from '../serve/kv_router.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
 
@@ -22,7 +23,17 @@ export function registerProxy(program: Command): void {
     .requiredOption('--prefill <urls>', 'prefill instance URLs, comma separated')
     .requiredOption('--decode <urls>', 'decode instance URLs, comma separated')
     .option('--mode <mode>', 'read | write', 'read')
-    .option('--policy <policy>', 'round-robin | least-loaded', 'round-robin')
+    .option('--policy <policy>', 'round-robin | least-loaded | kv-aware', 'round-robin')
+    .option(
+      '--kv-weight <w>',
+      'kv-aware: what a full-prompt prefix hit is worth, in requests of load',
+      String(DEFAULT_KV_ROUTER_OPTIONS.kvWeight),
+    )
+    .option(
+      '--skip-prefill-tokens <n>',
+      'kv-aware: no remote prefill when the chosen decode holds all but at most N prompt tokens (0: never skip)',
+      String(DEFAULT_KV_ROUTER_OPTIONS.skipPrefillMaxTokens),
+    )
     .option('--host <host>', 'HTTP interface', '127.0.0.1')
     .option('--port <port>', 'HTTP port (0 = a free one)', '8000')
     .option('--api-key <key>', 'require Authorization: Bearer <key> on /v1/* (or HANDOFF_API_KEY); forwarded upstream')
@@ -65,6 +76,19 @@ export function registerProxy(program: Command): void {
     });
 }
 
+/** `--kv-weight` and `--skip-prefill-tokens` (defaults when absent). */
+export function routerFlags(o: Opts): KvRouterOptions {
+  return {
+    kvWeight: numberFlag('kv-weight', o['kvWeight'] ?? DEFAULT_KV_ROUTER_OPTIONS.kvWeight, 0, 1_000_000),
+    skipPrefillMaxTokens: intFlag(
+      'skip-prefill-tokens',
+      o['skipPrefillTokens'] ?? DEFAULT_KV_ROUTER_OPTIONS.skipPrefillMaxTokens,
+      0,
+      1 << 20,
+    ),
+  };
+}
+
 export function proxyOptionsFrom(o: Opts): ProxyOptions {
   return {
     ...DEFAULT_PROXY_OPTIONS,
@@ -72,6 +96,7 @@ export function proxyOptionsFrom(o: Opts): ProxyOptions {
     decodeUrls: urlListFlag('decode', o['decode']),
     mode: choiceFlag('mode', o['mode'], ['read', 'write'] as const),
     policy: choiceFlag('policy', o['policy'], ROUTING_POLICIES),
+    router: routerFlags(o),
     apiKey: secretFlag(o['apiKey'], 'HANDOFF_API_KEY'),
     healthIntervalMs: intFlag('health-interval-ms', o['healthIntervalMs'], 50, 600_000),
     healthTimeoutMs: intFlag('health-timeout-ms', o['healthTimeoutMs'], 10, 60_000),

@@ -16,6 +16,7 @@ import {
   optionalInt,
   portFlag,
   presetFlag,
+  tensorParallelFlag,
 } from './flags.ts';
 import { onShutdown } from './lifecycle.ts';
 import { parsePeerAllowList } from '../connector/peer_directory.ts';
@@ -35,7 +36,12 @@ export function registerServe(program: Command): void {
       'KV pages in the pool (block 0 is the null block)',
       String(DEFAULT_INSTANCE_OPTIONS.numBlocks),
     )
-    .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode must agree)', '16')
+    .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode may differ)', '16')
+    .option(
+      '--tensor-parallel-size <n>',
+      'ranks (compute threads with their own KV slabs) the model is split over: 1 or 2 (prefill and decode must agree)',
+      '1',
+    )
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')
     .option(
       '--transfer-host <host>',
@@ -58,6 +64,11 @@ export function registerServe(program: Command): void {
       'prefill side channels decode may contact: host:port, host:*, loopback or *, comma separated',
       'loopback',
     )
+    .option(
+      '--drain-timeout-ms <n>',
+      'on SIGTERM: at most this long for in-flight requests and held pages to finish before exiting',
+      '30000',
+    )
     .option('--json', 'print one JSON line when ready')
     .option('--log-format <format>', LOG_FORMAT_HELP)
     .addOption(new Option('--exit-with-parent', 'exit when stdin closes').hideHelp())
@@ -69,12 +80,19 @@ async function runServe(o: Opts): Promise<void> {
   const opts = serveOptionsFrom(o);
   const env = new RealEnv();
   const log = createLogger(`serve-${opts.role}`);
+  const drainMs = intFlag('drain-timeout-ms', o['drainTimeoutMs'] ?? '30000', 0, 3_600_000);
   const inst = await startInstance(opts, env, log);
   const managed = o['exitWithParent'] === true;
   // A managed child (of `handoff up`, the bench, the tests) shuts down quietly: its parent reports it.
-  onShutdown(() => inst.close(), {
+  // SIGTERM drains: /health and new requests answer 503 while in-flight requests and transfers finish.
+  const stop = async (): Promise<void> => {
+    const drained = await inst.drainAndClose(drainMs);
+    if (!drained) log.warn({ drainMs }, 'drain timed out: closing with work in flight');
+  };
+  onShutdown(stop, {
     env,
     exitWithParent: managed,
+    stopTimeoutMs: drainMs + 10_000,
     log: (m) => (managed ? log.debug(m) : log.info(m)),
   });
   printReady(inst, opts, Boolean(o['json']));
@@ -120,6 +138,7 @@ export function serveOptionsFrom(o: Opts): InstanceOptions {
     port: portFlag('port', o['port']),
     numBlocks: intFlag('num-blocks', o['numBlocks'], 2, 1 << 20),
     blockSize: blockSizeFlag(o['blockSize']),
+    tensorParallelSize: tensorParallelFlag(presetFlag(o['model']), o['tensorParallelSize']),
     kvTransferConfig: typeof o['kvTransferConfig'] === 'string' ? o['kvTransferConfig'] : null,
     transferHost: typeof o['transferHost'] === 'string' ? o['transferHost'] : wildcard ? '127.0.0.1' : host,
     transferPort: portFlag('transfer-port', o['transferPort']),

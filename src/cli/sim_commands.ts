@@ -4,8 +4,8 @@ import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
-import { MODEL_PRESETS } from '../kv/presets.ts';
-import { anyPresetFlag, blockSizeFlag } from './flags.ts';
+import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
+import { anyPresetFlag, blockSizeFlag, pdTensorParallelFlags } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
   DPOR_DEPTH_DEFAULT,
@@ -107,10 +107,23 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...(opt('pctDepth', 1, 100) !== undefined ? { pctDepth: opt('pctDepth', 1, 100) } : {}),
     ...(opt('dfsDepth', 1, 10_000) !== undefined ? { dfsDepth: opt('dfsDepth', 1, 10_000) } : {}),
     ...(o['blockSize'] !== undefined ? { blockSize: blockSizeFlag(o['blockSize']) } : {}),
+    ...(o['prefillBlockSize'] !== undefined
+      ? { prefillBlockSize: blockSizeFlag(o['prefillBlockSize'], 'prefill-block-size') }
+      : {}),
+    ...(o['decodeBlockSize'] !== undefined
+      ? { decodeBlockSize: blockSizeFlag(o['decodeBlockSize'], 'decode-block-size') }
+      : {}),
+    ...simTensorParallel(model, o),
     ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
     ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
     ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
   };
+}
+
+/** `--prefill-tp`/`--decode-tp` (or `--tensor-parallel-size` for both); only degrees other than 1 are set. */
+function simTensorParallel(model: ModelPreset, o: Record<string, unknown>): { prefillTp?: number; decodeTp?: number } {
+  const { prefill, decode } = pdTensorParallelFlags(model, o);
+  return prefill === 1 && decode === 1 ? {} : { prefillTp: prefill, decodeTp: decode };
 }
 
 /** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule. */
@@ -131,7 +144,12 @@ function common(c: Command): Command {
     .option('--no-faults', 'turn off BUGGIFY fault injection')
     .option('--max-steps <n>', 'step budget per seed')
     .option('--requests <n>', 'requests per world')
-    .option('--block-size <n>', 'tokens per KV page on both instances (default 16)')
+    .option('--block-size <n>', 'tokens per KV page on both instances (default 16; hetero-block: from the seed)')
+    .option('--prefill-block-size <n>', 'tokens per KV page of the prefill instance (wins over --block-size)')
+    .option('--decode-block-size <n>', 'tokens per KV page of the decode instance (wins over --block-size)')
+    .option('--tensor-parallel-size <n>', 'tensor parallel ranks of both instances (1 or 2)')
+    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
+    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
     .option('--pct-depth <n>', 'PCT priority change points')
     .option('--dfs-depth <n>', 'bounded DFS depth')
     .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)

@@ -12,6 +12,7 @@ import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import { createTransferEngine } from '../transfer/factory.ts';
+import { layoutFromKvConfig } from '../transfer/core/metadata.ts';
 import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
@@ -70,9 +71,8 @@ export function oneSidedConnectorFactory(
       engineId: endpoint.engineId,
       modelName: endpoint.modelName,
       preset: endpoint.preset,
-      layout: { numSlabs: kvConfig.numSlabs, numBlocks: kvConfig.numBlocks, pageBytes: kvConfig.pageBytes },
-      blockSizes: kvConfig.groups.map((g) => g.spec.blockSize),
-      cacheHash: JSON.stringify(kvConfig.groups.map((g) => g.spec)),
+      // Geometry and page formats: a peer with other block sizes maps tokens through them (issue 14).
+      ...layoutFromKvConfig(kvConfig),
       slabViews: device.slabs,
       ...(endpoint.host !== undefined ? { host: endpoint.host } : {}),
       ...(endpoint.port !== undefined ? { port: endpoint.port } : {}),

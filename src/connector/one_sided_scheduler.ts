@@ -7,13 +7,18 @@
  * Transfer groups: attention groups in group order, then Mamba groups reduced to their running state page.
  * Per step: updateStateAfterAlloc fills `reqsNeedRecv` with the ALIGNED destinations; buildConnectorMeta
  * turns them into metadata, applies the zeroing exclusion (zero_exclusion.ts), and clears them.
+ *
+ * Block sizes may differ between the two sides (issue 14): prefill's remote_block_ids are in its block
+ * size (the handshake's, or remote_block_size of the params before the handshake); alignment is in
+ * tokens (alignment.ts, read_plan.ts).
  */
 import { assert, defined } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
-import { alignReadBlocks, cdiv } from './alignment.ts';
+import { cdiv } from './alignment.ts';
+import { checkRemoteBlocks, emptyPlan, planRead, type ReadPlan } from './read_plan.ts';
 import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
 import type { OneSidedConfig } from './config.ts';
 import {
@@ -150,27 +155,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       );
     }
     const n = req.numPromptTokens;
-    const seen = new Set<number>();
-    groups.forEach((ids, i) => {
-      const isMamba = i >= this.numAttnGroups;
-      const max = isMamba ? 1 : cdiv(n, this.blockSize);
-      const min = isMamba ? (n > 1 ? 1 : 0) : cdiv(Math.max(n - 1, 0), this.blockSize);
-      if (ids.length > max)
-        throw new HandoffError(
-          'BAD_TRANSFER_PARAMS',
-          `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs at most ${max}`,
-        );
-      if (ids.length < min)
-        throw new HandoffError(
-          'BAD_TRANSFER_PARAMS',
-          `remote_block_ids group ${i} has ${ids.length} blocks, the prompt needs ${min}`,
-        );
-      for (const b of ids) {
-        if (b === 0) throw new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids contains the null block 0');
-        if (seen.has(b)) throw new HandoffError('BAD_TRANSFER_PARAMS', `remote_block_ids contains block ${b} twice`);
-        seen.add(b);
-      }
-    });
+    checkRemoteBlocks(groups, n, this.numAttnGroups, this.remoteBlockSize(p));
     if (typeof p.remote_num_tokens === 'number' && p.remote_num_tokens < n - 1) {
       throw new HandoffError(
         'BAD_TRANSFER_PARAMS',
@@ -193,6 +178,23 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     return n > 0 ? { numExternalTokens: n, loadAsync: true } : { numExternalTokens: 0, loadAsync: false };
   }
 
+  /**
+   * prefill's tokens per page: from its handshake once known (the authority), else the params' claim,
+   * else ours. A claim that contradicts the handshake is refused.
+   */
+  remoteBlockSize(p: KVTransferParams): number {
+    const meta = this.peers?.metadataOf(String(p.remote_host), Number(p.remote_port)) ?? null;
+    const claimed = p.remote_block_size ?? null;
+    const known = meta === null ? null : (meta.layout.blockSizes[this.transferGroupIds[0] ?? 0] ?? null);
+    if (known !== null && claimed !== null && known !== claimed)
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `kv_transfer_params.remote_block_size ${claimed} does not match the producer's handshake (${known} tokens per page)`,
+        { param: 'kv_transfer_params.remote_block_size' },
+      );
+    return known ?? claimed ?? this.blockSize;
+  }
+
   /** Project per-KV-group block ids onto transfer groups (Mamba → its running state page). */
   toTransferGroups(blockIds: number[][]): number[][] {
     return this.transferGroupIds.map((g, i) => {
@@ -212,43 +214,65 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       remoteHost: String(p.remote_host),
       remotePort: Number(p.remote_port),
     };
-    // Only one transfer per request: a resumed (preempted) request recomputes locally.
-    p.do_remote_prefill = false;
     const local = this.toTransferGroups(blockIds);
     if (this.config.mode === 'write') {
-      // The producer writes page i into page i, except decode's own (block-aligned) local prefix hit.
-      const skip = Math.floor((req.numPromptTokens - numExternalTokens) / this.blockSize);
+      // Only one transfer per request: a resumed (preempted) request recomputes locally.
+      p.do_remote_prefill = false;
       if (numExternalTokens > 0) {
-        this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local, skipBlocks: skip });
+        // The producer writes tokens [skip pages, endToken) into our pages (token t into token t), except
+        // decode's own (block-aligned) local prefix hit.
+        const skip = Math.floor((req.numPromptTokens - numExternalTokens) / this.blockSize);
+        const endToken = this.writeEndToken(p, req.numPromptTokens, local[0]?.length ?? 0);
+        this.reqsNeedNotify.set(req.requestId, { ...base, localBlockIds: local, skipBlocks: skip, endToken });
         this.transfers.add(req.requestId, { state: 'async-loading', transferId, deadlineMs: Infinity });
       }
       return;
     }
-    const remote = defined(remoteBlockIdsPerGroup(p), 'remote_block_ids');
-    let aligned: { local: number[][]; remote: number[][] };
-    if (numExternalTokens > 0) {
-      // Align the whole lists (page i receives remote page i; decode's recompute tail is dropped), then
-      // leave out decode's local prefix hit: those pages are shared, cached and already right, so they
-      // are never READ destinations.
-      const skip = Math.floor(Math.max(req.numPromptTokens - 1 - numExternalTokens, 0) / this.blockSize);
-      const pairs = local.map((ids, i) => {
-        if (i >= this.numAttnGroups) return alignReadBlocks(ids, remote[i] ?? [], 1);
-        const a = alignReadBlocks(ids, remote[i] ?? [], this.maxDecodeTailBlocks);
-        return this.mutations.skipLocalPrefix(a, skip);
-      });
-      aligned = { local: pairs.map((x) => x.local), remote: pairs.map((x) => x.remote) };
-    } else {
-      // Nothing to load (full local hit): an empty READ still releases the producer's pages.
-      aligned = { local: remote.map(() => []), remote: remote.map(() => []) };
-    }
-    this.zeroExcluded.set(req.requestId, this.mutations.zeroExcludedPages(aligned.local, local));
+    // A plan that cannot be made throws before the request gives up its transfer: it is then refused and
+    // its producer released (releaseUnused), like params refused at admission.
+    const remoteBlockSize = this.remoteBlockSize(p);
+    const plan = numExternalTokens > 0 ? this.planFor(req, p, local, numExternalTokens, remoteBlockSize) : null;
+    p.do_remote_prefill = false; // only one transfer per request: a resumed (preempted) request recomputes
+    // Nothing to load (full local hit): an empty READ still releases the producer's pages.
+    const aligned = plan ?? emptyPlan(local.length);
+    this.zeroExcluded.set(req.requestId, this.mutations.zeroExcludedPages(aligned.localBlockIds, local));
     this.stats.readRequests++;
-    this.reqsNeedRecv.set(req.requestId, {
-      ...base,
-      localBlockIds: aligned.local,
-      remoteBlockIds: aligned.remote,
-      grant: String(p.grant),
+    this.reqsNeedRecv.set(req.requestId, { ...base, ...aligned, remoteBlockSize, grant: String(p.grant) });
+  }
+
+  /**
+   * READ: page lists of decode (every page of the request) and prefill (remote_block_ids), aligned in
+   * tokens; decode's recompute tail is dropped and its local prefix hit left out (those pages are shared,
+   * cached and already right, so they are never READ destinations).
+   */
+  private planFor(
+    req: ConnectorRequest,
+    p: KVTransferParams,
+    local: number[][],
+    numExternalTokens: number,
+    remoteBlockSize: number,
+  ): ReadPlan {
+    const hit = Math.max(req.numPromptTokens - 1 - numExternalTokens, 0);
+    return planRead({
+      local,
+      remote: defined(remoteBlockIdsPerGroup(p), 'remote_block_ids'),
+      numAttnGroups: this.numAttnGroups,
+      localBlockSize: this.blockSize,
+      remoteBlockSize,
+      startToken: Math.floor(hit / this.blockSize) * this.blockSize,
+      maxTailBlocks: this.maxDecodeTailBlocks,
+      mutations: this.mutations,
     });
+  }
+
+  /**
+   * WRITE: the tokens the producer's pages hold (it computes the whole prompt), in its block size from the
+   * handshake, clipped to our pages.
+   */
+  private writeEndToken(p: KVTransferParams, numPromptTokens: number, numLocalPages: number): number {
+    const meta = this.peers?.metadataOf(String(p.remote_host), Number(p.remote_port)) ?? null;
+    const remote = meta?.layout.blockSizes[this.transferGroupIds[0] ?? 0] ?? this.blockSize;
+    return Math.min(cdiv(numPromptTokens, remote) * remote, numLocalPages * this.blockSize);
   }
 
   buildConnectorMeta(_out: Readonly<SchedulerOutput>): OneSidedMetadata {
@@ -306,6 +330,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       remote_host: this.endpoint.host,
       remote_port: this.endpoint.port,
       remote_block_ids: groups,
+      remote_block_size: this.blockSize,
       remote_num_tokens: req.numPromptTokens,
       transfer_id: transferId,
     };
@@ -353,8 +378,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     this.reqsNeedRecv.set(key, {
       requestId: key,
       transferId: p.transfer_id,
-      localBlockIds: this.transferGroupIds.map(() => []),
-      remoteBlockIds: this.transferGroupIds.map(() => []),
+      ...emptyPlan(this.transferGroupIds.length),
+      remoteBlockSize: p.remote_block_size ?? this.blockSize,
       remoteEngineId: p.remote_engine_id,
       remoteHost: p.remote_host,
       remotePort: p.remote_port,

@@ -70,11 +70,13 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       } else if (n.type === 'remote_blocks') {
         const p = n.payload ?? {};
         const skip = p['skipBlocks'] ?? 0;
+        const endToken = p['endToken'] ?? null;
         if (
           !Array.isArray(p['blockIds']) ||
           typeof p['grant'] !== 'string' ||
           !Number.isInteger(skip) ||
-          (skip as number) < 0
+          (skip as number) < 0 ||
+          (endToken !== null && (!Number.isInteger(endToken) || (endToken as number) < 0))
         ) {
           this.log?.warn({ from, transferId: n.transferId }, 'malformed remote_blocks notification dropped');
           return;
@@ -83,6 +85,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
           fromEngineId: from,
           blockIds: p['blockIds'] as number[][],
           skipBlocks: skip as number,
+          endToken: endToken as number | null,
           grant: p['grant'],
         };
         this.saves.destination(n.transferId, dest);
@@ -99,8 +102,14 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     releasesFailed: number;
     writesPosted: number;
     hostSyncWaits: number;
+    /** Pages whose clipped tail was zeroed after their load (READ or WRITE) landed. */
+    tailsZeroed: number;
   } {
-    return { ...this.reads.stats, writesPosted: this.saves.stats.writesPosted };
+    return {
+      ...this.reads.stats,
+      writesPosted: this.saves.stats.writesPosted,
+      tailsZeroed: this.reads.stats.tailsZeroed + this.recvs.stats.tailsZeroed,
+    };
   }
 
   /** The runner's hook before the forward: bind this step's metadata, post its READs, await every one. */
@@ -110,8 +119,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     this.bindConnectorMetadata(meta);
     await this.reads.startLoadKv(meta.reqsToRecv, so.step);
     // Mutant no-await-reads: the forward is enqueued while the NIC may still be writing its pages.
-    if (!this.ctx.mutations.awaitReadsBeforeForward) return this.reads.leaveReadsInFlight();
-    return this.reads.awaitReadsIssuedThisStep();
+    if (!this.ctx.mutations.awaitReadsBeforeForward) return this.reads.leaveReadsInFlight(so.step);
+    return this.reads.awaitReadsIssuedThisStep(so.step);
   }
 
   /** Producer bookkeeping, grants to revoke, WRITE saves and WRITE destination notices of this step. */
@@ -129,10 +138,10 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
    * on this side (producer: released by the peer or pushed; consumer: aborted loads no WRITE can reach),
    * WRITE loads that completed, and WRITE loads that failed.
    */
-  async postForward(_so: SchedulerOutput): Promise<KVConnectorOutput> {
-    await this.reads.settleLateReads();
+  async postForward(so: SchedulerOutput): Promise<KVConnectorOutput> {
+    await this.reads.settleLateReads(so.step);
     this.saves.startReadySaves();
-    const recv = this.recvs.collect();
+    const recv = this.recvs.collect(so.step);
     const finishedSending = [...this.producer.takeFinished(), ...this.saves.takeFinished(), ...recv.releasedAborted];
     return { ...emptyConnectorOutput(), finishedSending, finishedRecving: recv.finishedRecving, ...recv.loads };
   }

@@ -38,6 +38,8 @@ export const kvTransferParamsSchema = z
     grant_expires_ms: z.number().nonnegative().nullable().optional(),
     /** Tokens the prefill side computed (so decode can check the payload covers what it loads). */
     remote_num_tokens: z.number().int().nonnegative().nullable().optional(),
+    /** prefill's tokens per page: remote_block_ids are in these units (absent: decode's own block size). */
+    remote_block_size: z.number().int().min(1).max(65536).nullable().optional(),
     /** WRITE mode: decode's destination pages and its grant for the producer's WRITEs. */
     write_mode: z.boolean().optional(),
   })

@@ -30,6 +30,8 @@ interface Entry {
   refreshedFor: string | null;
   /** Resolves when this handshake settles (either way). */
   settled: Promise<void>;
+  /** What the peer sent at the handshake (its geometry), once ready. */
+  metadata: EngineMetadata | null;
   markSettled: () => void;
 }
 
@@ -178,6 +180,12 @@ export class PeerDirectory {
     return this.entries.get(`${host}:${port}`)?.status;
   }
 
+  /** What the ready peer at host:port sent at its handshake (block sizes, page size), or null. */
+  metadataOf(host: string, port: number): EngineMetadata | null {
+    const e = this.entries.get(`${host}:${port}`);
+    return e?.status.state === 'ready' ? e.metadata : null;
+  }
+
   /** The side channel to this peer is gone or stuck: the next use handshakes again. */
   forget(host: string, port: number): void {
     this.entries.delete(`${host}:${port}`);
@@ -198,12 +206,16 @@ export class PeerDirectory {
       settledMs: 0,
       refreshedFor,
       settled,
+      metadata: null,
       markSettled: () => markSettled(),
     };
     this.entries.set(key, entry);
     this.stats.handshakesStarted++;
     this.handshake({ host, port }).then(
-      (m) => this.settle(key, entry, { state: 'ready', engineId: m.engineId }),
+      (m) => {
+        entry.metadata = m;
+        this.settle(key, entry, { state: 'ready', engineId: m.engineId });
+      },
       (err: unknown) => {
         if (!isHandoffError(err)) throw err;
         this.stats.handshakesFailed++;

@@ -9,9 +9,14 @@
  * stream) and awaited with one deadline for the step before the forward is enqueued; a failed or
  * timed-out READ is aborted first (the NIC will not touch the pages again). Every READ, failed or not,
  * releases the producer's pages. Keyed by request id: two requests may name the same transfer.
+ *
+ * Clipped tails (decode pages larger than the prefill pages they receive, issue 14): the slots past the
+ * transferred tokens were excluded from zeroing with their page (a whole-page zero would race the READ),
+ * so once the READ landed they are zeroed by a zero-spans op on the compute stream, enqueued by the host
+ * after it observed the landing and before the step's forward (vLLM PR 49612's second zeroing site).
  */
-import type { HandoffError } from '../util/errors.ts';
-import { isHandoffError } from '../util/errors.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
+import type { PageSpan } from '../device/types.ts';
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { TransferHandle } from '../transfer/core/types.ts';
 import type { LoadResult } from '../worker/hooks.ts';
@@ -25,6 +30,8 @@ interface ReadTransfer {
   r: RecvReqMeta;
   handle: TransferHandle | null;
   error: HandoffError | null;
+  /** Bytes of the destination pages past the transferred tokens, zeroed once the READ landed. */
+  tails: PageSpan[];
 }
 
 const READ_TRANSITIONS = { posted: ['landed', 'failed', 'late'], late: ['landed'], landed: [], failed: [] } as const;
@@ -35,7 +42,7 @@ export class ReadConsumer {
   private postedAtMs = 0;
   /** Latency of each request's READs (post → landed, ms), drained by the metrics; bounded. */
   private latenciesMs: number[] = [];
-  stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, hostSyncWaits: 0 };
+  stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, hostSyncWaits: 0, tailsZeroed: 0 };
 
   constructor(private readonly ctx: WorkerContext) {}
 
@@ -57,10 +64,18 @@ export class ReadConsumer {
   }
 
   private post(r: RecvReqMeta, step: number): ReadTransfer {
-    if (r.localBlockIds.every((g) => g.length === 0)) return { state: 'landed', r, handle: null, error: null };
+    if (r.localBlockIds.every((g) => g.length === 0))
+      return { state: 'landed', r, handle: null, error: null, tails: [] };
     try {
       const peerEngineId = this.ctx.peers.readyEngine(r.remoteHost, r.remotePort, r.remoteEngineId);
-      const { ranges, footprint } = this.ctx.rangesFor(r.localBlockIds, r.remoteBlockIds);
+      const peer = this.ctx.peerGeometry(peerEngineId);
+      if (peer.blockSizes[0] !== r.remoteBlockSize)
+        throw new HandoffError(
+          'BAD_TRANSFER_PARAMS',
+          `remote_block_ids are in pages of ${r.remoteBlockSize} tokens; ${peerEngineId} has pages of ${peer.blockSizes[0]}`,
+        );
+      const plan = { local: r.localBlockIds, remote: r.remoteBlockIds, runs: r.tokenRuns };
+      const { ranges, footprint } = this.ctx.rangesFor(plan, peer, true);
       this.stats.readsPosted++;
       const handle = this.ctx.transfer.postRead({
         peerEngineId,
@@ -71,10 +86,11 @@ export class ReadConsumer {
         footprint,
       });
       // Mutant read-done-early: the local ack of the post taken for the data having landed.
-      return { state: this.ctx.mutations.readDoneWhenLanded ? 'posted' : 'landed', r, handle, error: null };
+      const state = this.ctx.mutations.readDoneWhenLanded ? 'posted' : 'landed';
+      return { state, r, handle, error: null, tails: this.ctx.clippedTails(plan) };
     } catch (e) {
       if (!isHandoffError(e)) throw e;
-      return { state: 'failed', r, handle: null, error: e };
+      return { state: 'failed', r, handle: null, error: e, tails: [] };
     }
   }
 
@@ -82,18 +98,31 @@ export class ReadConsumer {
    * Await every READ posted this step (vLLM #60808: unconditional), with one deadline for the step;
    * report the failed ones and release every one.
    */
-  async awaitReadsIssuedThisStep(): Promise<LoadResult> {
+  async awaitReadsIssuedThisStep(step: number): Promise<LoadResult> {
     const result: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
     const deadlineMs = this.ctx.env.nowMs() + this.ctx.config.transferTimeoutMs;
     // In posting order: each READ is settled, reported if it failed, and released before the next.
+    const tails: PageSpan[] = [];
     for (const [id, t] of [...this.reads.entries()]) {
       if (t.state === 'late') continue;
       if (t.state === 'posted') await this.settle(id, t, deadlineMs);
       if (t.state === 'failed') this.report(t, result);
+      else tails.push(...t.tails);
       this.reads.delete(id);
       this.release(t.r);
     }
+    this.zeroTails(tails, step);
     return result;
+  }
+
+  /**
+   * Zero the clipped tails of READs the host has seen land, on the compute stream: after the landing
+   * (the host observed it: no race with the READ's bytes), before the forward enqueued next (FIFO).
+   */
+  private zeroTails(spans: PageSpan[], step: number): void {
+    if (spans.length === 0 || !this.ctx.mutations.zeroClippedTails) return;
+    this.stats.tailsZeroed += new Set(spans.map((s) => s.block)).size;
+    this.ctx.device.compute.enqueue({ op: { kind: 'zero-spans', spans }, label: { what: 'zero-tail', step } });
   }
 
   private async settle(id: string, t: ReadTransfer, deadlineMs: number): Promise<void> {
@@ -121,21 +150,31 @@ export class ReadConsumer {
   }
 
   /** Mutant `no-await-reads` only: the step's READs are left in flight while its forward is enqueued. */
-  leaveReadsInFlight(): LoadResult {
+  leaveReadsInFlight(step: number): LoadResult {
     for (const [id] of this.reads.inState('posted')) this.reads.move(id, 'late');
-    for (const [, t] of [...this.reads.take('landed'), ...this.reads.take('failed')]) this.release(t.r);
+    const landed = this.reads.take('landed');
+    this.zeroTails(
+      landed.flatMap(([, t]) => t.tails),
+      step,
+    );
+    for (const [, t] of [...landed, ...this.reads.take('failed')]) this.release(t.r);
     return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
   }
 
   /** After the forward: READs left in flight by the mutant are awaited and released. */
-  async settleLateReads(): Promise<void> {
+  async settleLateReads(step: number): Promise<void> {
     for (const [id, t] of this.reads.inState('late')) {
       await this.ctx.transfer
         .wait([t.handle as TransferHandle], this.ctx.config.transferTimeoutMs)
         .catch((e: unknown) => rethrowIfAssertion(e));
       this.reads.move(id, 'landed');
     }
-    for (const [, t] of this.reads.take('landed')) this.release(t.r);
+    const landed = this.reads.take('landed');
+    this.zeroTails(
+      landed.flatMap(([, t]) => t.tails),
+      step,
+    );
+    for (const [, t] of landed) this.release(t.r);
   }
 
   /** Tell the producer it may free its pages (also after a failure or an empty READ). */

@@ -1,15 +1,17 @@
 /**
  * What every role of the connector's worker side shares: the transfer engine, the device, the peer
- * directory (whose `readyEngine` never handshakes on the step path) and the byte ranges of pages per
- * transfer group.
+ * directory (whose `readyEngine` never handshakes on the step path), and the byte ranges a transfer moves
+ * per transfer group in token space (the peer's block size and page size may differ from ours) with the
+ * clipped tails they leave.
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { Logger } from '../util/log.ts';
 import type { Mutations } from '../util/mutants.ts';
-import type { Device, PageAccess } from '../device/types.ts';
-import { slabTransferRanges } from '../kv/layout.ts';
-import type { KVCacheConfig } from '../kv/spec.ts';
+import type { Device, PageAccess, PageSpan } from '../device/types.ts';
+import { everyRankSlabs, type KVCacheConfig, type KVCacheGroupSpec } from '../kv/spec.ts';
+import { pageFormatOf, tailSpans, tokenRunRanges, type PagedSide } from '../kv/token_map.ts';
+import { HandoffError } from '../util/errors.ts';
 import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import type { PeerDirectory } from './peer_directory.ts';
@@ -34,24 +36,122 @@ export class WorkerContext {
     this.numAttnGroups = n < 0 ? transferGroupIds.length : n;
   }
 
-  /** Slabs holding a transfer group's layers. */
-  private slabsOf(transferGroup: number): number[] {
-    const g = this.kvConfig.groups[this.transferGroupIds[transferGroup] ?? -1];
-    assert(g !== undefined, `transfer group ${transferGroup} has no KV group`);
-    return g.layerNames.map((_, i) => i);
+  /** Our tokens per page in a transfer group. */
+  blockSizeOf(transferGroup: number): number {
+    return this.groupOf(transferGroup).spec.blockSize;
   }
 
-  /** Byte ranges moving `local[g][i]` ⇄ `remote[g][i]` and the local pages' footprint (written). */
-  rangesFor(local: number[][], remote: number[][]): { ranges: TransferRange[]; footprint: PageAccess[] } {
+  /**
+   * Device slabs holding a transfer group's layers, on every tensor parallel rank: with equal TP on both
+   * sides, slab i (rank r's layer j) is copied to slab i, so each rank's pages reach the same rank.
+   */
+  private slabsOf(transferGroup: number): number[] {
+    return everyRankSlabs(
+      this.kvConfig,
+      this.groupOf(transferGroup).layerNames.map((_, i) => i),
+    );
+  }
+
+  private groupOf(transferGroup: number): KVCacheGroupSpec {
+    const g = this.kvConfig.groups[this.transferGroupIds[transferGroup] ?? -1];
+    assert(g !== undefined, `transfer group ${transferGroup} has no KV group`);
+    return g;
+  }
+
+  /**
+   * A peer's geometry from its handshake: its page size and tokens per page per transfer group. A peer
+   * without page formats had to match ours exactly (transfer/core/metadata.ts), so its sizes are ours.
+   */
+  peerGeometry(peerEngineId: string): PeerGeometry {
+    const meta = this.transfer.peerMetadata(peerEngineId);
+    if (meta === null)
+      throw new HandoffError('PEER_UNAVAILABLE', `no handshake with ${peerEngineId}: its page geometry is unknown`);
+    return {
+      pageBytes: meta.layout.pageBytes,
+      blockSizes: this.transferGroupIds.map((g) => meta.layout.blockSizes[g] ?? 0),
+    };
+  }
+
+  /**
+   * Byte ranges moving tokens [start, end) of each transfer group between our pages `local` and the
+   * peer's pages `remote` (token t <-> token t, a state group's page whole; kv/token_map.ts), and the
+   * footprint of our pages: exactly the bytes moved (`write`: a READ writes them, a WRITE reads them).
+   */
+  rangesFor(
+    plan: TransferPlan,
+    peer: PeerGeometry,
+    write: boolean,
+  ): { ranges: TransferRange[]; footprint: PageAccess[] } {
     const ranges: TransferRange[] = [];
     const footprint: PageAccess[] = [];
-    local.forEach((ids, tg) => {
+    const pageBytes = this.kvConfig.pageBytes;
+    plan.local.forEach((ids, tg) => {
       if (ids.length === 0) return;
-      const slabs = this.slabsOf(tg);
-      ranges.push(...slabTransferRanges(this.kvConfig, slabs, ids, remote[tg] ?? []));
-      for (const slab of slabs)
-        for (const block of ids) footprint.push({ slab, block, start: 0, end: this.kvConfig.pageBytes, write: true });
+      const [start, end] = plan.runs[tg] ?? [0, 0];
+      const pages = tokenRunRanges(
+        pageFormatOf(this.groupOf(tg).spec),
+        this.side(tg, ids, start),
+        { ...sideAt(peer.blockSizes[tg] ?? 0, start), pageBytes: peer.pageBytes, blockIds: plan.remote[tg] ?? [] },
+        start,
+        end,
+      );
+      for (const slab of this.slabsOf(tg)) {
+        for (const r of pages) {
+          ranges.push({ slab, ...r });
+          // A coalesced range may run over several of our pages: one access per page.
+          for (let at = r.localOffset; at < r.localOffset + r.length;) {
+            const block = Math.floor(at / pageBytes);
+            const end = Math.min(r.localOffset + r.length, (block + 1) * pageBytes);
+            footprint.push({ slab, block, start: at - block * pageBytes, end: end - block * pageBytes, write });
+            at = end;
+          }
+        }
+      }
     });
     return { ranges, footprint };
   }
+
+  /**
+   * The clipped tails of a load into our pages: per attention group, the slots of the last destination
+   * page past the transferred tokens (a page larger than the peer's pages it received), in every slab of
+   * the group. Empty when the cache needs no zeroing (one precision, no Mamba: stale bytes are harmless).
+   */
+  clippedTails(plan: Pick<TransferPlan, 'local' | 'runs'>): PageSpan[] {
+    if (!this.kvConfig.needsKvCacheZeroing) return [];
+    const out: PageSpan[] = [];
+    plan.local.forEach((ids, tg) => {
+      const [start, end] = plan.runs[tg] ?? [0, 0];
+      if (tg >= this.numAttnGroups || ids.length === 0) return;
+      const tail = tailSpans(pageFormatOf(this.groupOf(tg).spec), this.side(tg, ids, start), end);
+      if (tail === null) return;
+      for (const slab of this.slabsOf(tg))
+        for (const [s, e] of tail.spans) out.push({ slab, block: tail.block, start: s, end: e });
+    });
+    return out;
+  }
+
+  /** Our pages `ids` of a transfer group, the first holding token `start` (checked: real pages of this cache). */
+  private side(tg: number, ids: readonly number[], start: number): PagedSide {
+    for (const b of ids)
+      if (!Number.isInteger(b) || b < 1 || b >= this.kvConfig.numBlocks)
+        throw new HandoffError('BAD_TRANSFER_PARAMS', `local block id ${b} outside [1, ${this.kvConfig.numBlocks})`);
+    return { ...sideAt(this.groupOf(tg).spec.blockSize, start), pageBytes: this.kvConfig.pageBytes, blockIds: ids };
+  }
+}
+
+/** A peer's pages: page size, and tokens per page per transfer group. */
+export interface PeerGeometry {
+  pageBytes: number;
+  blockSizes: number[];
+}
+
+/** What moves: per transfer group our pages, the peer's pages (both in token order) and the tokens. */
+export interface TransferPlan {
+  local: number[][];
+  remote: number[][];
+  runs: Array<[number, number]>;
+}
+
+function sideAt(blockSize: number, start: number): { blockSize: number; firstPage: number } {
+  return { blockSize, firstPage: blockSize > 0 ? Math.floor(start / blockSize) : 0 };
 }

@@ -7,10 +7,15 @@
  *
  * `granted`: decode's pages are granted to the producer and it was told where to write (sent without
  * blocking the step). The grant is revoked on every way out, before the pages can be reused.
+ *
+ * The scheduler exempts the load's pages from zeroing (an async load), so a page the WRITE fills only in
+ * part (larger than prefill's pages, issue 14) has its clipped tail zeroed here once the load is done: the
+ * second zeroing site of vLLM PR 49612.
  */
 import { isHandoffError } from '../util/errors.ts';
 import type { KVConnectorOutput } from '../worker/scheduler_output.ts';
 import type { NotifyReqMeta } from '../worker/connector_metadata.ts';
+import type { PageSpan } from '../device/types.ts';
 import { TransferTable } from './transfer_table.ts';
 import type { WorkerContext } from './worker_context.ts';
 
@@ -20,6 +25,8 @@ interface RecvTransfer {
   requestId: string;
   deadlineMs: number;
   blockIds: number[];
+  /** Bytes of the destination pages past the written tokens: zeroed once the WRITE is done. */
+  tails: PageSpan[];
 }
 
 const RECV_TRANSITIONS = {
@@ -36,6 +43,7 @@ export class WriteConsumer {
   private readonly recvs = new TransferTable<RecvState, RecvTransfer>('WRITE consumer', RECV_TRANSITIONS, 1 << 16);
   /** Outbox: aborted requests whose load had already ended (their pages may be freed). */
   private releaseNow: string[] = [];
+  stats = { tailsZeroed: 0 };
 
   constructor(private readonly ctx: WorkerContext) {}
 
@@ -53,6 +61,7 @@ export class WriteConsumer {
       remoteHost: host,
       remotePort: port,
       skipBlocks,
+      endToken,
     } = n;
     // Only the pages after decode's prefix hit are granted (attention groups; Mamba groups have no hit).
     const writable = local.map((ids, g) => (g < this.ctx.numAttnGroups ? ids.slice(skipBlocks) : ids));
@@ -62,6 +71,7 @@ export class WriteConsumer {
       requestId,
       deadlineMs: now + this.ctx.config.transferTimeoutMs,
       blockIds: writable.flat(),
+      tails: this.tailsOf(local, skipBlocks, endToken),
     });
     let engineId: string;
     try {
@@ -78,7 +88,7 @@ export class WriteConsumer {
       blockIds: writable.flat(),
       ttlMs: this.ctx.config.leaseMs,
     });
-    const payload = { blockIds: local, skipBlocks, grant: grant.token };
+    const payload = { blockIds: local, skipBlocks, endToken, grant: grant.token };
     this.ctx.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload }).catch((e: unknown) => {
       if (!isHandoffError(e)) throw e;
       this.ctx.log?.warn(
@@ -115,11 +125,43 @@ export class WriteConsumer {
     this.recvs.move(transferId, t.state === 'aborted' ? 'aborted-released' : 'done');
   }
 
-  /** Loads past their deadline (vLLM's get_block_ids_with_load_errors), then what finished. */
-  collect(): { finishedRecving: string[]; releasedAborted: string[]; loads: LoadFailures } {
+  /**
+   * The clipped tails of a WRITE of tokens [skipBlocks pages, endToken) into `local` (per group, from
+   * token 0): the slots of the last written page past endToken (decode's page larger than prefill's).
+   */
+  private tailsOf(local: number[][], skipBlocks: number, endToken: number): PageSpan[] {
+    const plan = { local: [] as number[][], runs: [] as Array<[number, number]> };
+    local.forEach((ids, g) => {
+      const bs = this.ctx.blockSizeOf(g);
+      const start = Math.min(skipBlocks * bs, endToken);
+      plan.runs.push([start, endToken]);
+      plan.local.push(ids.slice(Math.floor(start / bs), start >= endToken ? 0 : Math.ceil(endToken / bs)));
+    });
+    return this.ctx.clippedTails(plan);
+  }
+
+  /**
+   * Loads past their deadline (vLLM's get_block_ids_with_load_errors), then what finished. A finished
+   * load's clipped tails are zeroed now, on the compute stream: after write_done told us the data is
+   * visible (the WRITE landed), before any forward of the request (it runs only once we report it).
+   */
+  collect(step?: number): { finishedRecving: string[]; releasedAborted: string[]; loads: LoadFailures } {
     const loads: LoadFailures = { failedLoadReqIds: [], invalidBlockIds: [], loadErrors: {} };
     const now = this.ctx.env.nowMs();
-    const done = this.recvs.take('done').map(([, t]) => t.requestId);
+    const finished = this.recvs.take('done');
+    const tails = finished.flatMap(([, t]) => t.tails);
+    if (tails.length > 0 && this.ctx.mutations.zeroClippedTails) {
+      this.stats.tailsZeroed += new Set(tails.map((s) => s.block)).size;
+      this.ctx.device.compute.enqueue({
+        op: { kind: 'zero-spans', spans: tails },
+        label: {
+          what: 'zero-tail',
+          requestIds: finished.map(([, t]) => t.requestId),
+          ...(step !== undefined ? { step } : {}),
+        },
+      });
+    }
+    const done = finished.map(([, t]) => t.requestId);
     const releasedAborted = [...this.releaseNow, ...this.recvs.take('aborted-released').map(([, t]) => t.requestId)];
     this.releaseNow = [];
     for (const [transferId, t] of [...this.recvs.entries()]) {

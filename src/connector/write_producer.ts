@@ -8,17 +8,22 @@
  * The save (our pages are final) comes in the step metadata; the destination (decode's pages and its
  * grant) in a `remote_blocks` notification; either may come first. A push waits for the WRITE to land
  * and then announces `write_done` (a failed push is logged: decode's deadline makes it recompute).
+ * Decode's block size may differ from ours: the push moves tokens, not pages (alignment.ts, token_map.ts).
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { SaveReqMeta } from '../worker/connector_metadata.ts';
-import { alignReadBlocks } from './alignment.ts';
+import { HandoffError } from '../util/errors.ts';
+import { alignState, tokenRun, type TokenAlignment } from './alignment.ts';
 import { TransferTable } from './transfer_table.ts';
-import type { WorkerContext } from './worker_context.ts';
+import type { PeerGeometry, TransferPlan, WorkerContext } from './worker_context.ts';
 
 export interface RemoteBlocks {
   fromEngineId: string;
+  /** decode's pages per group, from the request's token 0, in decode's block size. */
   blockIds: number[][];
   skipBlocks: number;
+  /** Tokens [skipBlocks * decode's block size, endToken) are to be written; null: all both sides hold. */
+  endToken: number | null;
   grant: string;
 }
 
@@ -103,16 +108,8 @@ export class WriteProducer {
   private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
     const { transfer, config } = this.ctx;
     try {
-      // Page i goes to decode's page i (decode may have a longer tail), except decode's prefix hit.
-      const pairs = save.localBlockIds.map((ids, g) => {
-        const a = alignReadBlocks(dest.blockIds[g] ?? [], ids, Infinity);
-        const skip = g < this.ctx.numAttnGroups ? dest.skipBlocks : 0;
-        return { local: a.local.slice(skip), remote: a.remote.slice(skip) };
-      });
-      const { ranges, footprint } = this.ctx.rangesFor(
-        pairs.map((p) => p.remote),
-        pairs.map((p) => p.local),
-      );
+      const peer = this.ctx.peerGeometry(dest.fromEngineId);
+      const { ranges, footprint } = this.ctx.rangesFor(this.plan(save, dest, peer), peer, false);
       this.stats.writesPosted++;
       const h = transfer.postWrite({
         peerEngineId: dest.fromEngineId,
@@ -138,6 +135,33 @@ export class WriteProducer {
         'KV WRITE failed; decode will time out and recompute',
       );
     }
+  }
+
+  /**
+   * Token t of our pages goes to token t of decode's (block sizes may differ), from decode's prefix hit to
+   * the end decode asked for, which must lie within what both sides' pages hold.
+   */
+  private plan(save: SaveReqMeta, dest: RemoteBlocks, peer: PeerGeometry): TransferPlan {
+    const runs = save.localBlockIds.map((ids, g): TokenAlignment => {
+      const [ours, theirs] = [ids, dest.blockIds[g] ?? []];
+      if (g >= this.ctx.numAttnGroups) return alignState(ours, theirs.slice(-1));
+      const oursBs = this.ctx.blockSizeOf(g);
+      const theirsBs = peer.blockSizes[g] ?? 0;
+      const held = Math.min(ours.length * oursBs, theirs.length * theirsBs);
+      const end = dest.endToken ?? held;
+      if (end > held)
+        throw new HandoffError(
+          'BAD_TRANSFER_PARAMS',
+          `decode asked for tokens up to ${end}; the pages hold ${held} (ours: ${ours.length} of ${oursBs}, decode's: ${theirs.length} of ${theirsBs})`,
+        );
+      const ourSide = { blockIds: ours, blockSize: oursBs };
+      return tokenRun(ourSide, { blockIds: theirs, blockSize: theirsBs }, dest.skipBlocks * theirsBs, end);
+    });
+    return {
+      local: runs.map((r) => r.local),
+      remote: runs.map((r) => r.remote),
+      runs: runs.map((r) => [r.start, r.end]),
+    };
   }
 
   private dropOrphans(): void {

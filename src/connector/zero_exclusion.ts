@@ -11,9 +11,11 @@
  *   mamba-only       exclude the attention groups' destinations only for Mamba hybrids (#59164)
  *   all-read-groups  without Mamba exclude the destinations of every READ group; with Mamba as #59164
  *
- * Safe because a READ copies whole pages (each destination becomes a byte copy of a page prefill
- * zeroed when it allocated it) and every READ of a step is awaited before that step's forward.
- * Mamba state slots and the recompute tail are never destinations here, so they stay in the list.
+ * Safe because a READ fills its destinations with bytes of pages prefill zeroed when it allocated them
+ * (whole pages with equal block sizes; token slots otherwise, and the slots of a decode page past the
+ * transferred tokens, its clipped tail, are zeroed on the stream once the READ landed: read_consumer.ts)
+ * and every READ of a step is awaited before that step's forward. Mamba state slots and the recompute
+ * tail are never destinations here, so they stay in the list.
  */
 export type ZeroExclusion = 'none' | 'mamba-only' | 'all-read-groups';
 

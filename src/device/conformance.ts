@@ -11,6 +11,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { registerRaceConformance } from './conformance_race.ts';
+import { registerRankConformance } from './conformance_ranks.ts';
 import {
   gateEvent,
   letDevicesRun,
@@ -41,11 +42,12 @@ const kernel = (
   label: { what: name },
 });
 
-export function registerDeviceConformance(name: string, factory: DeviceFactory): void {
+/** `ranks`: the factory's devices have that many tensor parallel ranks (every test must hold for any count). */
+export function registerDeviceConformance(name: string, factory: DeviceFactory, ranks = 1): void {
   describe(`device conformance: ${name}`, () => {
     test('geometry: numSlabs slabs of numBlocks*pageBytes, zero-filled, each a view of its buffer', async () => {
       await withDevice(factory, async (d) => {
-        assert.equal(d.kind, name === 'threaded' ? 'threaded' : 'sim');
+        assert.equal(d.kind, name.startsWith('threaded') ? 'threaded' : 'sim');
         assert.equal(d.slabs.length, TEST_GEOMETRY.numSlabs);
         d.slabs.forEach((s, i) => {
           assert.equal(s.length, TEST_GEOMETRY.numBlocks * TEST_GEOMETRY.pageBytes);
@@ -94,6 +96,29 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
             assert.deepEqual(page(d, s, b), want, `slab ${s} block ${b}`);
           }
         }
+      });
+    });
+
+    test('zero-spans: exactly the listed byte ranges become 0, every other byte is unchanged; bad spans fail at enqueue', async () => {
+      await withDevice(factory, async (d) => {
+        const before = fillDistinct(d);
+        const spans = [
+          { slab: 1, block: 2, start: 3, end: 10 },
+          { slab: 1, block: 2, start: 20, end: d.pageBytes },
+          { slab: 0, block: 5, start: 0, end: 1 },
+        ];
+        await d.compute.enqueue({ op: { kind: 'zero-spans', spans }, label: { what: 'zero-tail' } }).done;
+        for (let s = 0; s < d.numSlabs; s++) {
+          const want = before[s]!.slice(0, d.numBlocks * d.pageBytes);
+          for (const z of spans.filter((x) => x.slab === s))
+            want.fill(0, z.block * d.pageBytes + z.start, z.block * d.pageBytes + z.end);
+          assert.deepEqual(d.slabs[s]!.subarray(0, d.numBlocks * d.pageBytes), want, `slab ${s}`);
+        }
+        const bad = (span: { slab: number; block: number; start: number; end: number }) => () =>
+          d.compute.enqueue({ op: { kind: 'zero-spans', spans: [span] }, label: { what: 'zero-tail' } });
+        assert.throws(bad({ slab: 0, block: 1, start: 4, end: 4 }), /not a non-empty range/);
+        assert.throws(bad({ slab: 0, block: 1, start: 0, end: d.pageBytes + 1 }), /not a non-empty range/);
+        assert.throws(bad({ slab: 0, block: d.numBlocks, start: 0, end: 1 }), /block/);
       });
     });
 
@@ -236,6 +261,7 @@ export function registerDeviceConformance(name: string, factory: DeviceFactory):
       await withDevice(factory, async (d) => assert.notEqual(d.raceChecker, null), true);
     });
 
-    registerRaceConformance(factory);
+    registerRaceConformance(factory, ranks);
+    if (ranks > 1) registerRankConformance(factory, ranks);
   });
 }

@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { letDevicesRun, page, withDevice, type DeviceFactory } from './conformance_support.ts';
 import { RaceChecker } from './race/race_checker.ts';
+import { rankStreamName } from './ranked_stream.ts';
 import type { Device, OpSubmission, PageAccess } from './types.ts';
 
 const READ_LABEL = { what: 'READ', requestIds: ['req-1'], step: 7 };
@@ -47,7 +48,9 @@ function readKernel(d: Device): OpSubmission {
   };
 }
 
-export function registerRaceConformance(factory: DeviceFactory): void {
+export function registerRaceConformance(factory: DeviceFactory, ranks = 1): void {
+  // SLAB is rank 0's (its first slab): the stream the checker names is rank 0's.
+  const compute = rankStreamName('compute', 0, ranks);
   test('race: zero behind a long forward vs a NIC write with no ordering is reported (and here it wiped the READ)', async () => {
     await withDevice(
       factory,
@@ -63,7 +66,7 @@ export function registerRaceConformance(factory: DeviceFactory): void {
         assert.equal(r?.slab, SLAB);
         assert.equal(r?.block, BLOCK);
         assert.deepEqual(r?.range, { start: 0, end: d.pageBytes });
-        assert.deepEqual([r?.a.agent, r?.a.label.what, r?.a.write], ['compute', 'zero', true]);
+        assert.deepEqual([r?.a.agent, r?.a.label.what, r?.a.write], [compute, 'zero', true]);
         assert.deepEqual([r?.b.agent, r?.b.label.requestIds, r?.b.label.step, r?.b.write], ['nic', ['req-1'], 7, true]);
         // The stream was still in the previous forward when the READ landed, so the zeroing came after.
         assert.ok(
@@ -162,9 +165,36 @@ export function registerRaceConformance(factory: DeviceFactory): void {
         assert.equal(races.length, 1);
         assert.deepEqual(
           [races[0]?.a.agent, races[0]?.a.write, races[0]?.b.agent, races[0]?.b.write],
-          ['nic', true, 'compute', false],
+          ['nic', true, compute, false],
         );
         assert.equal(races[0]?.b.label.what, 'forward');
+      },
+      true,
+    );
+  });
+
+  test('race: a clipped-tail zero-spans op is judged by its bytes: on bytes a posted READ writes it races, on the tail it does not; after the observed READ it is ordered', async () => {
+    await withDevice(
+      factory,
+      async (d) => {
+        const half = d.pageBytes / 2;
+        const head = { slab: SLAB, block: BLOCK, start: 0, end: half, write: true };
+        const tail = { slab: SLAB, block: BLOCK, start: half, end: d.pageBytes };
+        const wr = checkerOf(d).nicPost(READ_LABEL, [head]);
+        d.compute.enqueue({ op: { kind: 'zero-spans', spans: [tail] }, label: { what: 'zero-tail' } });
+        await d.synchronize();
+        assert.deepEqual(checkerOf(d).races(), [], 'disjoint bytes: no race even unordered');
+        d.compute.enqueue({
+          op: { kind: 'zero-spans', spans: [{ ...tail, start: half - 1 }] },
+          label: { what: 'zero-tail' },
+        });
+        await d.synchronize();
+        assert.equal(checkerOf(d).races().length, 1, 'one byte of the READ: a race');
+        checkerOf(d).clear();
+        checkerOf(d).nicObserved(wr);
+        d.compute.enqueue({ op: { kind: 'zero-spans', spans: [{ ...tail, start: 0 }] }, label: { what: 'zero-tail' } });
+        await d.synchronize();
+        assert.deepEqual(checkerOf(d).races(), [], 'enqueued after the host observed the READ: ordered');
       },
       true,
     );

@@ -4,7 +4,7 @@ import type { Device, DeviceEvent, DeviceOptions } from './types.ts';
 
 export type DeviceFactory = (opts: DeviceOptions & { raceCheck?: boolean }) => Promise<Device>;
 
-export const TEST_GEOMETRY = { numSlabs: 3, numBlocks: 8, pageBytes: 64 } as const;
+export const TEST_GEOMETRY = { numSlabs: 4, numBlocks: 8, pageBytes: 64 } as const;
 export const TEST_KERNELS_URL = new URL('./test_kernels.ts', import.meta.url).href;
 
 /** Open a device with the test kernels, run `body`, always close it. */

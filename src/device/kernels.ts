@@ -3,7 +3,7 @@
  * for `sim`), so the device layer never imports the model. A kernel is a plain function over the slabs.
  */
 import { assert } from '../util/assert.ts';
-import type { KernelFn, KernelModule } from './types.ts';
+import type { KernelFn, KernelModule, KernelRanks } from './types.ts';
 
 export type Kernels = Record<string, KernelFn>;
 
@@ -11,11 +11,16 @@ export function isKernelModule(x: unknown): x is KernelModule {
   return typeof x === 'object' && x !== null && typeof (x as { createKernels?: unknown }).createKernels === 'function';
 }
 
-/** Import `url` and call its createKernels(init, slabs) once. */
-export async function loadKernelModule(url: string, init: unknown, slabs: Uint8Array[]): Promise<Kernels> {
+/** Import `url` and call its createKernels(init, slabs, ranks) once. */
+export async function loadKernelModule(
+  url: string,
+  init: unknown,
+  slabs: Uint8Array[],
+  ranks?: KernelRanks,
+): Promise<Kernels> {
   const mod: unknown = await import(url);
   assert(isKernelModule(mod), `kernel module ${url} does not export createKernels`);
-  return checkKernels(await mod.createKernels(init, slabs), url);
+  return checkKernels(await mod.createKernels(init, slabs, ranks), url);
 }
 
 export function checkKernels(kernels: unknown, from: string): Kernels {

@@ -5,7 +5,7 @@
  */
 import { assert, unreachable } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
-import type { DeviceOptions, PageAccess, StreamOp } from './types.ts';
+import type { DeviceOptions, PageAccess, PageSpan, StreamOp } from './types.ts';
 
 export interface SlabGeometry {
   numSlabs: number;
@@ -33,6 +33,14 @@ export function checkGeometry(opts: DeviceOptions): SlabGeometry {
   return { numSlabs, numBlocks, pageBytes };
 }
 
+/** Ranks of a device: a positive integer dividing its slab count (BAD_CONFIG otherwise). */
+export function deviceRanks(opts: DeviceOptions): number {
+  const ranks = opts.tensorParallelSize ?? 1;
+  if (!Number.isInteger(ranks) || ranks < 1 || opts.numSlabs % ranks !== 0)
+    throw new HandoffError('BAD_CONFIG', `device ranks must divide its ${opts.numSlabs} slabs, got ${ranks}`);
+  return ranks;
+}
+
 function checkSlabs(slabs: readonly number[], g: SlabGeometry): void {
   for (const s of slabs) assert(Number.isInteger(s) && s >= 0 && s < g.numSlabs, `slab ${s} out of [0, ${g.numSlabs})`);
 }
@@ -47,6 +55,13 @@ export function validateOp(op: StreamOp, g: SlabGeometry): void {
     case 'zero':
       checkSlabs(op.slabs, g);
       op.blockIds.forEach((b) => checkBlock(b, g));
+      return;
+    case 'zero-spans':
+      assert(op.spans.length > 0, 'a zero-spans op needs at least one span');
+      validateFootprint(
+        op.spans.map((s) => ({ ...s, write: true })),
+        g,
+      );
       return;
     case 'copy':
       checkSlabs(op.slabs, g);
@@ -79,8 +94,8 @@ export function validateFootprint(footprint: readonly PageAccess[], g: SlabGeome
 }
 
 /**
- * What the op touches. zero writes whole pages, copy reads src and writes dst (whole pages, every
- * listed slab), sleep touches nothing; kernels declare theirs (`declared`).
+ * What the op touches. zero writes whole pages, zero-spans its spans, copy reads src and writes dst
+ * (whole pages, every listed slab), sleep touches nothing; kernels declare theirs (`declared`).
  */
 export function opFootprint(op: StreamOp, declared: readonly PageAccess[] | undefined, g: SlabGeometry): PageAccess[] {
   const out: PageAccess[] = [];
@@ -93,6 +108,8 @@ export function opFootprint(op: StreamOp, declared: readonly PageAccess[] | unde
   });
   if (op.kind === 'zero') {
     for (const slab of op.slabs) for (const b of op.blockIds) out.push(page(slab, b, true));
+  } else if (op.kind === 'zero-spans') {
+    for (const s of op.spans) out.push({ ...s, write: true });
   } else if (op.kind === 'copy') {
     for (const slab of op.slabs) {
       for (const [src, dst] of op.pairs) out.push(page(slab, src, false), page(slab, dst, true));
@@ -115,6 +132,14 @@ export function zeroPages(
     const slab = slabs[s];
     assert(slab !== undefined, `slab ${s} missing`);
     for (const b of blockIds) slab.fill(0, b * pageBytes, (b + 1) * pageBytes);
+  }
+}
+
+export function zeroSpans(slabs: readonly Uint8Array[], pageBytes: number, spans: readonly PageSpan[]): void {
+  for (const s of spans) {
+    const slab = slabs[s.slab];
+    assert(slab !== undefined, `slab ${s.slab} missing`);
+    slab.fill(0, s.block * pageBytes + s.start, s.block * pageBytes + s.end);
   }
 }
 

@@ -15,6 +15,16 @@ registerDeviceConformance('sim', async (opts) => {
   return d;
 });
 
+registerDeviceConformance(
+  'sim TP=2',
+  async (opts) => {
+    const d = createSimDevice({ ...opts, autoRun: true, tensorParallelSize: 2 });
+    await d.kernelsLoaded;
+    return d;
+  },
+  2,
+);
+
 const kernelOpts = { ...TEST_GEOMETRY, kernels: testKernels, kernelInit: { pageBytes: TEST_GEOMETRY.pageBytes } };
 
 test('sim: nothing runs until runOp; readyOps shows only the head op; runOp settles its ticket', async () => {
@@ -24,7 +34,7 @@ test('sim: nothing runs until runOp; readyOps shows only the head op; runOp sett
   const b = d.compute.enqueue({ op: { kind: 'zero', blockIds: [0], slabs: [1] }, label: { what: 'zero' } });
   await Promise.resolve();
   assert.deepEqual(d.readyOps(), [
-    { id: a.id, stream: 'compute', label: { what: 'forward', step: 1 }, kind: 'sleep', sleepMs: 12 },
+    { id: a.id, rank: null, stream: 'compute', label: { what: 'forward', step: 1 }, kind: 'sleep', sleepMs: 12 },
   ]);
   assert.throws(() => d.runOp(b.id), /not ready/);
   d.runOp(a.id);
@@ -85,4 +95,35 @@ test('sim: a kernel module whose createKernels is async gates kernel ops until i
   await d.kernelsLoaded;
   assert.equal(d.runAll(), 1);
   assert.equal(await t.done, 1);
+});
+
+test('sim TP=2: a zero is one ready part per rank (run apart, in any order); a kernel is ready once, when it heads both', async () => {
+  const d = createSimDevice({ ...kernelOpts, tensorParallelSize: 2 });
+  await d.kernelsLoaded;
+  d.slabs[0]!.fill(5);
+  d.slabs[3]!.fill(5);
+  const zero = d.compute.enqueue({ op: { kind: 'zero', blockIds: [1], slabs: [0, 3] }, label: { what: 'zero' } });
+  const sum = d.compute.enqueue({
+    op: { kind: 'kernel', name: 'sum', args: { slab: 3, block: 1 } },
+    label: { what: 'f' },
+  });
+  const executed: number[] = [];
+  d.compute.observe({ enqueued: () => {}, executed: (id) => executed.push(id) });
+  await Promise.resolve();
+  const ready = (): Array<[number, number | null, string]> => d.readyOps().map((r) => [r.id, r.rank, r.stream]);
+  assert.deepEqual(ready(), [
+    [zero.id, 0, 'compute.r0'],
+    [zero.id, 1, 'compute.r1'],
+  ]);
+  d.runOp(zero.id, 1);
+  assert.equal(d.slabs[3]![64], 0, "rank 1's part ran");
+  assert.equal(d.slabs[0]![64], 5, "rank 0's part has not");
+  assert.deepEqual(executed, [], 'the op is executed only when every part is');
+  assert.deepEqual(ready(), [[zero.id, 0, 'compute.r0']], "the kernel waits for rank 0's stream");
+  d.runOp(zero.id, 0);
+  assert.deepEqual(executed, [zero.id]);
+  assert.deepEqual(ready(), [[sum.id, null, 'compute.r0']]);
+  d.runOp(sum.id);
+  assert.equal(await sum.done, 0);
+  assert.equal(d.pendingItems(), 0);
 });

@@ -5,20 +5,27 @@
  *
  *   readyOps()  -> the op at the head of each stream whose waits are satisfied
  *   runOp(id)   -> execute that op now, synchronously, and settle its ticket
+ *
+ * With tensor parallel ranks (DeviceOptions.tensorParallelSize) each rank has its own stream and
+ * `compute` fans out over them (ranked_stream.ts): a zero or copy is one ready op PER RANK (`rank` set,
+ * so the simulator can interleave a NIC write between rank 0's zeroing and rank 1's), a kernel is one gang
+ * op, ready when it heads every rank's stream, run once over every rank (the kernels compute all ranks in
+ * this process: no collective).
  *   runAll()    -> run ready ops in enqueue order until none is ready
  *   autoRun     -> runAll at the next microtask after any change (for simple tests)
  *
  * Deterministic: no timers, no randomness; a `sleep` op only reports its length (`sleepMs`) for the
  * simulator's cost model.
  */
-import { assert } from '../util/assert.ts';
+import { assert, defined } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkKernels, findKernel, isKernelModule, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
-import { checkGeometry, copyPages, zeroPages } from './page_ops.ts';
+import { checkGeometry, copyPages, deviceRanks, zeroPages, zeroSpans } from './page_ops.ts';
 import { RaceChecker } from './race/race_checker.ts';
-import { SimStream } from './sim_stream.ts';
+import { RankedStream, rankStreamName } from './ranked_stream.ts';
+import { SimStream, type SimOpItem } from './sim_stream.ts';
 import type { StreamContext } from './stream_base.ts';
-import type { Device, DeviceOptions, KernelFn, KernelModule, OpLabel, StreamOp } from './types.ts';
+import type { Device, DeviceOptions, KernelFn, KernelModule, KernelRanks, OpLabel, Stream, StreamOp } from './types.ts';
 
 export interface SimDeviceOptions extends DeviceOptions {
   raceCheck?: boolean;
@@ -29,7 +36,10 @@ export interface SimDeviceOptions extends DeviceOptions {
 }
 
 export interface SimReadyOp {
+  /** The op's id on `compute` (what its observers saw). */
   id: number;
+  /** The rank whose part this is (runOp(id, rank)), or null: the whole op (no ranks, or a gang kernel). */
+  rank: number | null;
   stream: string;
   label: OpLabel;
   kind: StreamOp['kind'];
@@ -48,8 +58,9 @@ export class SimDevice implements Device {
   readonly pageBytes: number;
   readonly slabs: Uint8Array[];
   readonly buffers: ArrayBuffer[];
-  readonly compute: SimStream;
+  readonly compute: Stream;
   readonly raceChecker: RaceChecker | null;
+  readonly ranks: number;
   /** Settles when the kernels are loaded (at once unless a module loads asynchronously). */
   readonly kernelsLoaded: Promise<void>;
   private kernels: Kernels | null = null;
@@ -76,71 +87,93 @@ export class SimDevice implements Device {
       nextOpId: () => ++opSeq,
       nextEventId: () => ++eventSeq,
     };
-    this.compute = new SimStream('compute', ctx, () => this.queueAutoRun());
-    this.streams.push(this.compute);
+    this.ranks = deviceRanks(opts);
+    for (let r = 0; r < this.ranks; r++)
+      this.streams.push(new SimStream(rankStreamName('compute', r, this.ranks), ctx, () => this.queueAutoRun()));
+    this.compute = this.ranks === 1 ? (this.streams[0] as SimStream) : new RankedStream('compute', ctx, this.streams);
     this.kernelsLoaded = this.loadKernels(opts);
     // catch-ok: only marks the rejection handled; every kernel op then fails its ticket with kernelLoadError
     this.kernelsLoaded.catch(() => {});
   }
 
-  /** The head op of each stream whose waits are satisfied, in stream order. */
+  /** The head op of each stream whose waits are satisfied, in stream order (a gang once, when it heads all). */
   readyOps(): SimReadyOp[] {
     this.settle();
     const out: SimReadyOp[] = [];
-    for (const s of this.streams) {
+    this.streams.forEach((s, rank) => {
       const item = s.head();
-      if (item === null) continue;
+      if (item === null) return;
       const op = item.sub.op;
-      if (op.kind === 'kernel' && this.kernels === null && this.kernelLoadError === null) continue;
-      out.push({
-        id: item.id,
+      if (op.kind === 'kernel' && this.kernels === null && this.kernelLoadError === null) return;
+      const ready = (id: number, r: number | null): SimReadyOp => ({
+        id,
+        rank: r,
         stream: s.name,
         label: item.sub.label,
         kind: op.kind,
         sleepMs: op.kind === 'sleep' ? op.ms : 0,
       });
-    }
+      if (item.link === null) out.push(ready(item.id, null));
+      else if (!item.link.gang) out.push(ready(item.link.parent, rank));
+      else if (rank === 0 && this.gangHeads(item.link.parent) !== null) out.push(ready(item.link.parent, null));
+    });
     return out;
   }
 
-  /** Execute ready op `id` now and settle its ticket (the continuation runs in a later microtask). */
-  runOp(id: number): void {
+  /** Every rank's part of gang `parent` when it heads every rank's stream, else null. */
+  private gangHeads(parent: number): SimOpItem[] | null {
+    const heads = this.streams.map((s) => s.head());
+    return heads.every((h) => h !== null && h.link?.parent === parent) ? (heads as SimOpItem[]) : null;
+  }
+
+  /** Execute ready op `id` (rank `rank`'s part of it, when readyOps said so) now and settle its ticket. */
+  runOp(id: number, rank: number | null = null): void {
     assert(!this.closed, 'runOp on a closed device');
-    const ready = this.readyOps().find((r) => r.id === id);
-    assert(ready !== undefined, `op ${id} is not ready`);
+    const ready = this.readyOps().find((r) => r.id === id && r.rank === rank);
+    assert(ready !== undefined, `op ${id}${rank === null ? '' : ` (rank ${rank})`} is not ready`);
+    const gang = this.ranks > 1 && rank === null ? this.gangHeads(id) : null;
     const stream = this.streams.find((s) => s.name === ready.stream);
     assert(stream !== undefined, `stream '${ready.stream}' missing`);
-    const item = stream.takeHead(id);
+    const items = gang ?? [defined(stream.head(), 'ready op at the head')];
+    const taken = items.map((it, i) => (gang === null ? stream : (this.streams[i] as SimStream)).takeHead(it.id));
+    const ok = this.execute(taken[0] as SimOpItem);
+    for (const it of taken.slice(1)) it.result.resolve(undefined);
+    this.settle();
+    // The tickets' continuations run in a later microtask: observers hear of the op first.
+    taken.forEach((it, i) => (gang === null ? stream : (this.streams[i] as SimStream)).executed(it.id, ok));
+  }
+
+  /** Run one op on the slabs (a gang kernel computes every rank) and settle its ticket; false if it failed. */
+  private execute(item: SimOpItem): boolean {
     const op = item.sub.op;
-    let ok = true;
     switch (op.kind) {
       case 'zero':
         zeroPages(this.slabs, this.pageBytes, op.blockIds, op.slabs);
+        break;
+      case 'zero-spans':
+        zeroSpans(this.slabs, this.pageBytes, op.spans);
         item.result.resolve(undefined);
         break;
       case 'copy':
         copyPages(this.slabs, this.pageBytes, op.pairs, op.slabs);
-        item.result.resolve(undefined);
         break;
       case 'sleep':
-        item.result.resolve(undefined);
         break;
       case 'kernel':
         try {
           if (this.kernels === null) throw this.kernelLoadError;
           item.result.resolve(findKernel(this.kernels, op.name)(op.args, this.slabs));
+          return true;
           // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA
           // error), the stream goes on
         } catch (err) {
           // A failing kernel rejects only its own ticket; the stream goes on.
-          ok = false;
           item.result.reject(new HandoffError('INTERNAL', kernelFailure(op.name, err), { kernel: op.name }));
+          return false;
         }
-        break;
     }
-    this.settle();
-    // The ticket's continuations run in a later microtask: observers hear of the op first.
-    stream.executed(id, ok);
+    item.result.resolve(undefined);
+    return true;
   }
 
   /** Run ready ops, lowest id first, until none is ready. Returns how many ran. */
@@ -149,8 +182,8 @@ export class SimDevice implements Device {
     while (!this.closed) {
       const ready = this.readyOps();
       if (ready.length === 0) break;
-      const next = ready.reduce((a, b) => (b.id < a.id ? b : a));
-      this.runOp(next.id);
+      const next = ready.reduce((a, b) => (b.id < a.id || (b.id === a.id && (b.rank ?? 0) < (a.rank ?? 0)) ? b : a));
+      this.runOp(next.id, next.rank);
       ran++;
     }
     return ran;
@@ -195,15 +228,17 @@ export class SimDevice implements Device {
 
   private loadKernels(opts: SimDeviceOptions): Promise<void> {
     const init = opts.kernelInit;
+    // Every rank is computed here, by one kernel call: no collective.
+    const ranks: KernelRanks = { size: this.ranks, ranks: this.streams.map((_, r) => r), collective: null };
     let pending: Promise<Kernels> | null = null;
     if (opts.kernels !== undefined && isKernelModule(opts.kernels)) {
-      const made = opts.kernels.createKernels(init, this.slabs);
+      const made = opts.kernels.createKernels(init, this.slabs, ranks);
       if (made instanceof Promise) pending = made.then((k) => checkKernels(k, 'kernels option'));
       else this.kernels = checkKernels(made, 'kernels option');
     } else if (opts.kernels !== undefined) {
       this.kernels = checkKernels(opts.kernels, 'kernels option');
     } else if (opts.kernelModuleUrl !== undefined) {
-      pending = loadKernelModule(opts.kernelModuleUrl, init, this.slabs);
+      pending = loadKernelModule(opts.kernelModuleUrl, init, this.slabs, ranks);
     } else {
       this.kernels = {};
     }

@@ -9,7 +9,7 @@
 import { assert } from '../util/assert.ts';
 import { Deferred } from './deferred.ts';
 import type { EventSource } from './device_event.ts';
-import { STREAM_PENDING_MAX, StreamBase, type StreamContext } from './stream_base.ts';
+import { STREAM_PENDING_MAX, StreamBase, type OpLink, type StreamContext } from './stream_base.ts';
 import type { OpSubmission } from './types.ts';
 
 export interface SimOpItem {
@@ -17,6 +17,8 @@ export interface SimOpItem {
   id: number;
   sub: OpSubmission;
   result: Deferred<unknown>;
+  /** Set when the op is one rank's part of an op of a RankedStream. */
+  link: OpLink | null;
 }
 
 type SimItem =
@@ -35,8 +37,8 @@ export class SimStream extends StreamBase {
     super(name, ctx);
   }
 
-  protected submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void {
-    this.push({ type: 'op', id, sub, result });
+  protected submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>, link?: OpLink): void {
+    this.push({ type: 'op', id, sub, result, link: link ?? null });
   }
 
   protected submitRecord(): EventSource {

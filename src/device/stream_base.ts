@@ -27,6 +27,21 @@ export interface StreamContext {
 /** Ops (and waits) queued on one stream and not yet executed. */
 export const STREAM_PENDING_MAX = 65_536;
 
+/** A rank's part of an op enqueued on a RankedStream (ranked_stream.ts): that op's id, and whether it is a gang. */
+export interface OpLink {
+  parent: number;
+  /** Every rank runs this op together (a kernel): the sim device runs the ranks' parts as one. */
+  gang: boolean;
+}
+
+/** An op handed to the executor without a host-observed ticket (RankedStream builds its own). */
+export interface InnerOp {
+  id: number;
+  /** The race checker's id of the op, null without a checker. */
+  checkerOpId: number | null;
+  result: Promise<unknown>;
+}
+
 export abstract class StreamBase implements Stream {
   protected closed = false;
   /** Copy-on-write list; null when nobody observes. */
@@ -40,6 +55,19 @@ export abstract class StreamBase implements Stream {
   }
 
   enqueue(sub: OpSubmission): OpTicket {
+    const { id, checkerOpId, result } = this.enqueueInner(sub);
+    const checker = this.ctx.checker;
+    const done = observed(result, () => {
+      if (checker !== null && checkerOpId !== null) checker.hostWaitOp(checkerOpId);
+    });
+    return { id, done };
+  }
+
+  /**
+   * Validate, tell the checker and the observers, and hand the op over; the caller decides when the host
+   * observes its completion (enqueue wraps `result` in a ticket, a RankedStream joins its ranks' first).
+   */
+  enqueueInner(sub: OpSubmission, link?: OpLink): InnerOp {
     assert(!this.closed, `enqueue on closed stream '${this.name}'`);
     const { geometry, checker } = this.ctx;
     validateOp(sub.op, geometry);
@@ -51,12 +79,21 @@ export abstract class StreamBase implements Stream {
     const checkerOpId = checker === null ? null : checker.hostEnqueue(this.name, sub.label, footprint);
     const id = this.ctx.nextOpId();
     const result = new Deferred<unknown>();
-    this.submitOp(id, sub, result);
-    const done = observed(result.promise, () => {
-      if (checker !== null && checkerOpId !== null) checker.hostWaitOp(checkerOpId);
-    });
+    this.submitOp(id, sub, result, link);
     if (this.observers !== null) for (const o of this.observers) o.enqueued(sub, id);
-    return { id, done };
+    return { id, checkerOpId, result: result.promise };
+  }
+
+  /** The executor's view of an event recorded now (no checker event: the caller records one over its ranks). */
+  recordInner(): EventSource {
+    assert(!this.closed, `recordEvent on closed stream '${this.name}'`);
+    return this.submitRecord();
+  }
+
+  /** Later items wait for `source` (no checker edge: the caller adds it). */
+  waitInner(source: EventSource): void {
+    assert(!this.closed, `waitEvent on closed stream '${this.name}'`);
+    this.submitWait(source);
   }
 
   observe(o: StreamObserver): () => void {
@@ -91,7 +128,7 @@ export abstract class StreamBase implements Stream {
   }
 
   /** Hand an op to the executor; settle `result` when it has executed. */
-  protected abstract submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void;
+  protected abstract submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>, link?: OpLink): void;
   /** Mark the current end of the stream; the source is reached when everything before it executed. */
   protected abstract submitRecord(): EventSource;
   /** Later items wait until `source` is reached. */

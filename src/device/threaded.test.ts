@@ -11,6 +11,7 @@ import type { RaceChecker } from './race/race_checker.ts';
 import { createThreadedDevice, deviceTimeline } from './threaded.ts';
 
 registerDeviceConformance('threaded', (opts) => createThreadedDevice(opts));
+registerDeviceConformance('threaded TP=2', (opts) => createThreadedDevice({ ...opts, tensorParallelSize: 2 }), 2);
 
 test('threaded: the host goes on while a sleep holds the stream (later op not done, then done after awaiting)', async () => {
   const d = await createThreadedDevice(TEST_GEOMETRY);

@@ -1,6 +1,8 @@
 /**
  * The real device: slabs are SharedArrayBuffers visible to every thread, and the compute stream is
- * one worker thread that executes ops in FIFO order while the host goes on. The host never blocks:
+ * one worker thread that executes ops in FIFO order while the host goes on (with tensor parallel ranks:
+ * one such thread per rank, `compute` fanning out over them, ranked_stream.ts, and the ranks' kernels
+ * meeting in a collective over shared memory, threaded_collective.ts). The host never blocks:
  * it enqueues and later waits on tickets or events. A NIC thread (src/transfer) writes the same
  * slabs without waiting on this stream, so the seed's zeroing-vs-READ race really happens here.
  *
@@ -13,13 +15,15 @@
 import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
-import { checkGeometry } from './page_ops.ts';
+import { checkGeometry, deviceRanks } from './page_ops.ts';
 import type { RaceChecker } from './race/race_checker.ts';
+import { RankedStream, rankStreamName } from './ranked_stream.ts';
 import type { StreamContext } from './stream_base.ts';
+import { collectiveInit } from './threaded_collective.ts';
 import { epochNowMs, type FromThread, type ThreadInit } from './threaded_protocol.ts';
 import { ThreadedStream } from './threaded_stream.ts';
 import { OpIdRaceChecker, OpTimeline, type TimedOp } from './threaded_timeline.ts';
-import type { Device, DeviceOptions } from './types.ts';
+import type { Device, DeviceOptions, Stream } from './types.ts';
 
 export interface ThreadedDeviceOptions extends DeviceOptions {
   raceCheck?: boolean;
@@ -44,18 +48,41 @@ export function deviceTimeline(device: Device): DeviceTimeline | null {
 
 const THREAD_ENTRY = new URL('./threaded_thread.mjs', import.meta.url);
 
-/** Start the compute thread, load the kernel module in it, and return once it is ready. */
+/** Start every rank's compute thread, load the kernel module in each, and return once all are ready. */
 export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise<Device> {
   const g = checkGeometry(opts);
+  const ranks = deviceRanks(opts);
   const buffers = Array.from({ length: g.numSlabs }, () => new SharedArrayBuffer(g.numBlocks * g.pageBytes));
-  const progress = new SharedArrayBuffer(BigInt64Array.BYTES_PER_ELEMENT);
-  const init: ThreadInit = {
-    buffers,
-    pageBytes: g.pageBytes,
-    progress,
-    kernelModuleUrl: opts.kernelModuleUrl,
-    kernelInit: opts.kernelInit,
-  };
+  const collective = ranks > 1 ? collectiveInit(ranks) : null;
+  const started = Array.from({ length: ranks }, async (_, rank) => {
+    const progress = new SharedArrayBuffer(BigInt64Array.BYTES_PER_ELEMENT);
+    const init: ThreadInit = {
+      buffers,
+      pageBytes: g.pageBytes,
+      progress,
+      kernelModuleUrl: opts.kernelModuleUrl,
+      kernelInit: opts.kernelInit,
+      rank: { rank, size: ranks, collective },
+    };
+    return { worker: await startThread(init), progress };
+  });
+  const settled = await Promise.allSettled(started);
+  const failed = settled.find((r) => r.status === 'rejected');
+  if (failed !== undefined) {
+    await Promise.all(settled.map((r) => (r.status === 'fulfilled' ? r.value.worker.terminate() : undefined)));
+    throw failed.reason;
+  }
+  const threads = settled.map((r) => (r as PromiseFulfilledResult<RankThread>).value);
+  return new ThreadedDevice(opts, buffers, threads);
+}
+
+interface RankThread {
+  worker: Worker;
+  progress: SharedArrayBuffer;
+}
+
+/** One compute thread, ready (its kernel module loaded). */
+async function startThread(init: ThreadInit): Promise<Worker> {
   const worker = new Worker(THREAD_ENTRY, { workerData: init });
   let settle: { resolve: () => void; reject: (e: HandoffError) => void } | null = null;
   const started = new Promise<void>((resolve, reject) => (settle = { resolve, reject }));
@@ -78,7 +105,7 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
     // Only our own listeners: the Worker keeps internal ones that must stay.
     worker.off('message', onMessage).off('error', onError).off('exit', onExit);
   }
-  return new ThreadedDevice(opts, buffers, progress, worker);
+  return worker;
 }
 
 class ThreadedDevice implements Device, DeviceTimeline {
@@ -88,16 +115,14 @@ class ThreadedDevice implements Device, DeviceTimeline {
   readonly pageBytes: number;
   readonly slabs: Uint8Array[];
   readonly buffers: SharedArrayBuffer[];
-  readonly compute: ThreadedStream;
+  readonly compute: Stream;
+  /** One stream per rank (the only one at TP=1, then `compute` itself). */
+  readonly rankStreams: ThreadedStream[];
   readonly raceChecker: RaceChecker | null;
+  private readonly workers: Worker[];
   private closed = false;
 
-  constructor(
-    opts: ThreadedDeviceOptions,
-    buffers: SharedArrayBuffer[],
-    progress: SharedArrayBuffer,
-    private readonly worker: Worker,
-  ) {
+  constructor(opts: ThreadedDeviceOptions, buffers: SharedArrayBuffer[], threads: RankThread[]) {
     this.numSlabs = opts.numSlabs;
     this.numBlocks = opts.numBlocks;
     this.pageBytes = opts.pageBytes;
@@ -113,30 +138,40 @@ class ThreadedDevice implements Device, DeviceTimeline {
       nextOpId: () => ++opSeq,
       nextEventId: () => ++eventSeq,
     };
-    this.compute = new ThreadedStream(
-      'compute',
-      ctx,
-      worker,
-      new BigInt64Array(progress),
-      () => checker?.lastOpId ?? null,
-    );
-    if (opts.timeline === true) this.startTimeline();
-    worker.on('message', (msg: FromThread) => {
-      this.compute.onMessage(msg);
-      if (this.compute.pending() === 0 && !this.closed) worker.unref();
+    this.workers = threads.map((t) => t.worker);
+    this.rankStreams = threads.map(({ worker, progress }, rank) => {
+      const name = rankStreamName('compute', rank, threads.length);
+      const stream = new ThreadedStream(
+        name,
+        ctx,
+        worker,
+        new BigInt64Array(progress),
+        () => checker?.lastOpId ?? null,
+      );
+      worker.on('message', (msg: FromThread) => {
+        stream.onMessage(msg);
+        if (stream.pending() === 0 && !this.closed) worker.unref();
+      });
+      // The thread dying is not an op failure: everything pending fails with the reason.
+      worker.on('error', (err) => this.die(`compute thread ${rank} died: ${err.message}`));
+      worker.on('exit', (code) => this.die(`compute thread ${rank} exited (code ${code})`));
+      worker.unref();
+      return stream;
     });
-    // The thread dying is not an op failure: everything pending fails with the reason.
-    worker.on('error', (err) => this.die(`compute thread died: ${err.message}`));
-    worker.on('exit', (code) => this.die(`compute thread exited (code ${code})`));
-    worker.unref();
+    this.compute =
+      threads.length === 1
+        ? (this.rankStreams[0] as ThreadedStream)
+        : new RankedStream('compute', ctx, this.rankStreams);
+    if (opts.timeline === true) this.startTimeline();
   }
 
+  /** The op log times rank 0's ops (every rank runs every kernel and sleep; zero ops per rank). */
   startTimeline(): void {
-    this.compute.timeline ??= new OpTimeline();
+    (this.rankStreams[0] as ThreadedStream).timeline ??= new OpTimeline();
   }
 
   timeline(): TimedOp[] {
-    return this.compute.timeline?.entries() ?? [];
+    return this.rankStreams[0]?.timeline?.entries() ?? [];
   }
 
   timelineNowMs(): number {
@@ -153,13 +188,13 @@ class ThreadedDevice implements Device, DeviceTimeline {
     this.die('device closed');
     // The idle thread is unref'd; a terminate awaited on it alone would let the event loop empty first
     // (the process then exits 13 with the caller's promise unsettled, e.g. before an error is printed).
-    this.worker.ref();
-    await this.worker.terminate();
+    for (const w of this.workers) w.ref();
+    await Promise.all(this.workers.map((w) => w.terminate()));
   }
 
   private die(reason: string): void {
     if (this.closed) return;
     this.closed = true;
-    this.compute.fail(new HandoffError('INTERNAL', reason));
+    for (const s of this.rankStreams) s.fail(new HandoffError('INTERNAL', reason));
   }
 }

@@ -8,6 +8,7 @@
  * `seq` numbers the items of the stream (ops and waits) from 1; the thread stores the seq of the last
  * executed item in `progress[0]` before it posts `done`, so the host can query events without a message.
  */
+import type { CollectiveInit } from './threaded_collective.ts';
 import type { StreamOp } from './types.ts';
 
 export type ToThread =
@@ -36,6 +37,8 @@ export interface ThreadInit {
   progress: SharedArrayBuffer;
   kernelModuleUrl: string | undefined;
   kernelInit: unknown;
+  /** This thread's rank; the collective's shared memory when the device has more than one. */
+  rank: { rank: number; size: number; collective: CollectiveInit | null };
 }
 
 /** The clock both sides read for the op log: epoch ms with sub-ms resolution, shared by every thread. */

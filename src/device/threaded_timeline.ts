@@ -53,7 +53,12 @@ export class OpTimeline {
       stream,
       label: { ...sub.label, ...(sub.label.requestIds ? { requestIds: [...sub.label.requestIds] } : {}) },
       kind: op.kind === 'kernel' ? `kernel ${op.name}` : op.kind,
-      blockIds: op.kind === 'zero' ? [...op.blockIds] : [],
+      blockIds:
+        op.kind === 'zero'
+          ? [...op.blockIds]
+          : op.kind === 'zero-spans'
+            ? [...new Set(op.spans.map((s) => s.block))]
+            : [],
       enqueuedMs: epochNowMs(),
       startMs: null,
       endMs: null,

@@ -9,7 +9,8 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { findKernel, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
-import { copyPages, zeroPages } from './page_ops.ts';
+import { copyPages, zeroPages, zeroSpans } from './page_ops.ts';
+import { SharedMemoryCollective } from './threaded_collective.ts';
 import { epochNowMs, type FromThread, type OpTimes, type ThreadInit, type ToThread } from './threaded_protocol.ts';
 import type { StreamOp } from './types.ts';
 
@@ -59,6 +60,9 @@ function execute(op: StreamOp): unknown {
   switch (op.kind) {
     case 'zero':
       zeroPages(slabs, init.pageBytes, op.blockIds, op.slabs);
+      return undefined;
+    case 'zero-spans':
+      zeroSpans(slabs, init.pageBytes, op.spans);
       return undefined;
     case 'copy':
       copyPages(slabs, init.pageBytes, op.pairs, op.slabs);
@@ -115,8 +119,15 @@ function onMessage(msg: ToThread): void {
 }
 
 try {
-  if (init.kernelModuleUrl !== undefined)
-    kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs);
+  if (init.kernelModuleUrl !== undefined) {
+    const { rank, size, collective } = init.rank;
+    const shared = collective === null ? null : new SharedMemoryCollective(collective, rank);
+    kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs, {
+      size,
+      ranks: [rank],
+      collective: shared,
+    });
+  }
   port.on('message', onMessage);
   post({ t: 'ready' });
   // catch-ok: start-up failure of the thread is reported to the host, which fails the device's start with it

@@ -22,6 +22,9 @@ export interface PageAccess {
   write: boolean;
 }
 
+/** A byte range inside one page of one slab (an access without its direction). */
+export type PageSpan = Omit<PageAccess, 'write'>;
+
 /** What an op is about, for reports: which requests and which engine step. */
 export interface OpLabel {
   what: string;
@@ -33,6 +36,8 @@ export interface OpLabel {
 export type StreamOp =
   /** Zero whole pages `blockIds` in each of `slabs`. */
   | { kind: 'zero'; blockIds: number[]; slabs: number[] }
+  /** Zero byte ranges inside pages (a page a transfer filled only partly: its clipped tail). */
+  | { kind: 'zero-spans'; spans: PageSpan[] }
   /** Copy whole pages src -> dst in each of `slabs` (copy-on-write). */
   | { kind: 'copy'; pairs: Array<[src: number, dst: number]>; slabs: number[] }
   /** Keep the stream busy for `ms` (tests and the cost model: a long previous forward). */
@@ -90,11 +95,42 @@ export interface StreamObserver {
 
 /**
  * A kernel module is loaded by path inside the stream's executor (a worker thread for `threaded`),
- * so the device layer never imports the model. It exports `createKernels(init)`.
+ * so the device layer never imports the model. It exports `createKernels(init, slabs, ranks)`.
  */
 export type KernelFn = (args: unknown, slabs: Uint8Array[]) => unknown;
 export interface KernelModule {
-  createKernels(init: unknown, slabs: Uint8Array[]): Record<string, KernelFn> | Promise<Record<string, KernelFn>>;
+  createKernels(
+    init: unknown,
+    slabs: Uint8Array[],
+    ranks?: KernelRanks,
+  ): Record<string, KernelFn> | Promise<Record<string, KernelFn>>;
+}
+
+/**
+ * The ranks a kernel module's executor computes (DeviceOptions.tensorParallelSize). A `threaded` device
+ * runs one executor per rank (`ranks: [r]`), joined by a collective over shared memory; the `sim` device
+ * runs every rank in one executor (`ranks: [0 .. size-1]`, no collective). Slabs are always the device's
+ * (every rank's); rank r owns slabs [r * numSlabs / size, (r + 1) * numSlabs / size).
+ */
+export interface KernelRanks {
+  size: number;
+  ranks: number[];
+  collective: RankCollective | null;
+}
+
+/**
+ * What the ranks of one device share while a kernel runs on each of them (src/device/threaded_collective.ts).
+ * Every rank calls the same sequence of allGathers with the same lengths.
+ */
+export interface RankCollective {
+  readonly rank: number;
+  readonly size: number;
+  /** out = rank 0's `local`, then rank 1's, ...: the same bytes on every rank (out.length = size * local.length). */
+  allGather(local: Float64Array, out: Float64Array): void;
+  /** This rank gave up on the current unit of work: ranks waiting in (or entering) allGather throw instead. */
+  abort(): void;
+  /** Barrier closing a unit of work: true on every rank when any rank failed or aborted it. */
+  agree(failed: boolean): boolean;
 }
 
 export interface DeviceOptions {
@@ -105,6 +141,12 @@ export interface DeviceOptions {
   kernelModuleUrl?: string;
   /** Plain data handed to createKernels (e.g. model preset and seed). */
   kernelInit?: unknown;
+  /**
+   * Ranks (tensor parallelism; default 1): each has its own compute stream and owns numSlabs / ranks
+   * consecutive slabs. Ops on `compute` are fanned out to every rank's stream: zero/copy to the ranks
+   * owning their slabs, kernels to all (gang: each rank runs the kernel on its share), sleeps to all.
+   */
+  tensorParallelSize?: number;
 }
 
 export interface Device {

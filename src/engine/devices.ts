@@ -26,6 +26,7 @@ export function threadedDevice(
       kernelModuleUrl,
       kernelInit: { preset, seed: modelSeed, kvConfig },
       raceCheck,
+      tensorParallelSize: kvConfig.tensorParallelSize,
     });
 }
 
@@ -44,5 +45,6 @@ export function simDevice(
       kernelInit: { preset, seed: modelSeed, kvConfig },
       raceCheck: opts.raceCheck ?? false,
       autoRun: opts.autoRun ?? true,
+      tensorParallelSize: kvConfig.tensorParallelSize,
     });
 }

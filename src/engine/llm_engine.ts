@@ -11,8 +11,9 @@ import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import type { Device } from '../device/types.ts';
 import { KVCacheManager } from '../kv/kv_cache_manager.ts';
+import type { KvEventPublisher } from '../kv/kv_events.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { presetKVGroups } from '../kv/presets.ts';
+import { checkTensorParallelSize, presetKVGroups } from '../kv/presets.ts';
 import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
 import { eosTokenIdOf, vocabSizeOf } from '../model/config.ts';
 import { NullConnector, type ConnectorScheduler } from '../connector/base.ts';
@@ -38,11 +39,15 @@ export interface EngineConfig {
   numBlocks: number;
   /** Tokens per KV page (default 16, kv/presets.ts BLOCK_SIZE). */
   blockSize?: number;
+  /** Tensor parallel ranks of the model and its cache (default 1; checked by checkTensorParallelSize). */
+  tensorParallelSize?: number;
   asyncScheduling: boolean;
   scheduler: Partial<SchedulerConfig>;
   idlePollMs: number;
   /** A/B knob: extra stream time after each forward (see ModelRunner); omit in serving. */
   forwardPadMs?: number;
+  /** Names this life of the instance in its KV events (a restart must use a new one); default 'engine'. */
+  kvEventsEpoch?: string;
 }
 
 /** LLMEngine.create's config (tests): the device and an optional custom connector built by callbacks. */
@@ -68,7 +73,8 @@ export interface EngineParts {
 }
 
 export function kvCacheConfigOf(config: EngineConfig): KVCacheConfig {
-  return makeKVCacheConfig(presetKVGroups(config.preset, config.blockSize), config.numBlocks);
+  const tp = checkTensorParallelSize(config.preset, config.tensorParallelSize ?? 1);
+  return makeKVCacheConfig(presetKVGroups(config.preset, config.blockSize), config.numBlocks, tp);
 }
 
 export function schedulerConfigOf(config: EngineConfig): SchedulerConfig {
@@ -93,6 +99,8 @@ export class LLMEngine {
     readonly core: EngineCore,
     readonly connector: ConnectorPair | null,
     private readonly env: Env,
+    /** The pool's KV events (BlockStored/BlockRemoved/AllBlocksCleared, vLLM's format), batched by sequence number. */
+    readonly kvEvents: KvEventPublisher,
   ) {}
 
   /**
@@ -118,6 +126,7 @@ export class LLMEngine {
     );
     const schedCfg = schedulerConfigOf(config);
     const kv = new KVCacheManager(kvConfig, { enableCaching: schedCfg.enablePrefixCaching });
+    const kvEvents = kv.publishKvEvents({ epoch: config.kvEventsEpoch ?? 'engine', wallMs: () => env.wallMs() });
     const scheduler = new Scheduler(schedCfg, kv, connector?.scheduler ?? new NullConnector(), env);
     const runner = new ModelRunner(device, kvConfig, connector?.worker ?? null, config.forwardPadMs ?? 0);
     const core = new EngineCore(
@@ -132,7 +141,7 @@ export class LLMEngine {
       log,
     );
     core.start();
-    return new LLMEngine(config, kvConfig, device, kv, scheduler, runner, core, connector, env);
+    return new LLMEngine(config, kvConfig, device, kv, scheduler, runner, core, connector, env, kvEvents);
   }
 
   /** Build and validate a request; throws HandoffError (nothing allocated) on bad input. */

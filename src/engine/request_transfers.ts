@@ -45,6 +45,13 @@ export class RequestTransfers {
     return this.holds.size;
   }
 
+  /** Pages (every group) held for a peer: the pool pressure a router weighs as load. */
+  get numHeldPages(): number {
+    let n = 0;
+    for (const [, h] of this.holds.inState('held')) for (const ids of h.blocks) n += ids.length;
+    return n;
+  }
+
   syncLoadStarted(requestId: string, step: number): void {
     this.loads.add(requestId, { state: 'sync-loading', step });
   }

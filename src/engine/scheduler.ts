@@ -49,7 +49,7 @@ export class Scheduler {
   private finishedSinceLast: string[] = [];
   private preemptedSinceLast: string[] = [];
   /** Each request's inbound load and outbound page hold (request_transfers.ts). */
-  private readonly transfers = new RequestTransfers();
+  readonly transfers = new RequestTransfers();
   /** Per step: request → epoch when scheduled (outputs of older epochs are dropped). */
   private readonly inflight = new Map<number, Map<string, number>>();
   private skipZeroBlockIds = new Set<number>();

@@ -13,9 +13,14 @@
  *
  * Observers (`observe`, for oracles) hear of pages leaving and re-entering the free queue; with none
  * the cost is one null check per call.
+ *
+ * KV events (kv_events.ts, set semantics): `BlockRemoved` when the last page holding a hash leaves the
+ * cache map, `AllBlocksCleared` on a reset; `BlockStored` is published by the caller that cached the
+ * pages (it knows their tokens) through publishStored, for the hashes cacheBlock reported as new.
  */
 import { assert } from '../util/assert.ts';
 import type { BlockHash } from './block_hash.ts';
+import { MEDIUM_GPU, type BlockStored, type KvEventSink } from './kv_events.ts';
 
 export class KVCacheBlock {
   refCnt = 0;
@@ -105,6 +110,7 @@ export class BlockPool {
   private readonly cached = new Map<BlockHash, Map<number, KVCacheBlock>>();
   /** Copy-on-write list; null when nobody observes. */
   private observers: readonly BlockPoolObserver[] | null = null;
+  private events: KvEventSink | null = null;
 
   constructor(
     readonly numBlocks: number,
@@ -194,6 +200,34 @@ export class BlockPool {
     };
   }
 
+  /** Publish KV events (kv_events.ts) to `sink` from now on; the pool must not hold cached pages yet. */
+  publishEvents(sink: KvEventSink): void {
+    assert(this.events === null, 'the pool already publishes KV events');
+    assert(this.cached.size === 0, 'KV events must start before anything is cached (the index starts empty)');
+    this.events = sink;
+  }
+
+  get publishing(): boolean {
+    return this.events !== null;
+  }
+
+  /** Emit a BlockStored for hashes that cacheBlock reported as new (each must be cached now). */
+  publishStored(event: Omit<BlockStored, 'type' | 'lora_id' | 'medium'>): void {
+    if (this.events === null) return;
+    assert(event.block_hashes.length > 0, 'BlockStored names at least one block');
+    assert(
+      event.token_ids.length === event.block_hashes.length * event.block_size,
+      () => `BlockStored: ${event.token_ids.length} tokens for ${event.block_hashes.length} blocks`,
+    );
+    for (const h of event.block_hashes) assert(this.cached.has(h), () => `BlockStored for uncached hash ${h}`);
+    this.events.emit({ type: 'BlockStored', ...event, lora_id: null, medium: MEDIUM_GPU });
+  }
+
+  /** Every hash with at least one cached page (a KV event dump). */
+  cachedHashes(): BlockHash[] {
+    return [...this.cached.keys()];
+  }
+
   getCachedBlock(hash: BlockHash): KVCacheBlock | null {
     const entry = this.cached.get(hash);
     if (entry === undefined) return null;
@@ -202,8 +236,11 @@ export class BlockPool {
     return first.value;
   }
 
-  /** Publish a full, owned block under `hash`. Two blocks may share a hash (both computed it). */
-  cacheBlock(block: KVCacheBlock, hash: BlockHash): void {
+  /**
+   * Publish a full, owned block under `hash`. Two blocks may share a hash (both computed it). Returns
+   * true when the hash was not cached before (the caller then publishes a BlockStored for it).
+   */
+  cacheBlock(block: KVCacheBlock, hash: BlockHash): boolean {
     assert(this.enableCaching, 'cacheBlock with prefix caching off');
     assert(
       !block.isNull && block.refCnt > 0,
@@ -212,11 +249,13 @@ export class BlockPool {
     assert(block.blockHash === null, () => `block ${block.blockId} already cached as ${block.blockHash}`);
     block.blockHash = hash;
     let entry = this.cached.get(hash);
+    const added = entry === undefined;
     if (entry === undefined) {
       entry = new Map();
       this.cached.set(hash, entry);
     }
     entry.set(block.blockId, block);
+    return added;
   }
 
   /** Withdraw an owned block from the prefix cache (its KV turned out not to be valid). */
@@ -244,6 +283,7 @@ export class BlockPool {
     if (this.freeQueue.length !== this.numBlocks - 1) return false;
     for (const b of this.blocks) b.blockHash = null;
     this.cached.clear();
+    this.events?.emit({ type: 'AllBlocksCleared' });
     return true;
   }
 
@@ -282,7 +322,10 @@ export class BlockPool {
     const entry = this.cached.get(block.blockHash);
     assert(entry?.get(block.blockId) === block, () => `cached block ${block.blockId} missing from the map`);
     entry.delete(block.blockId);
-    if (entry.size === 0) this.cached.delete(block.blockHash);
+    if (entry.size === 0) {
+      this.cached.delete(block.blockHash);
+      this.events?.emit({ type: 'BlockRemoved', block_hashes: [block.blockHash], medium: MEDIUM_GPU });
+    }
     block.blockHash = null;
   }
 }

@@ -15,6 +15,7 @@
  */
 import { assert, defined } from '../util/assert.ts';
 import { BlockPool, type KVCacheBlock } from './block_pool.ts';
+import { KvEventPublisher, type KvEventPublisherOptions } from './kv_events.ts';
 import { SingleTypeManager } from './single_type_manager.ts';
 import { isAttentionSpec, type KVCacheConfig } from './spec.ts';
 
@@ -238,6 +239,21 @@ export class KVCacheManager {
 
   resetPrefixCache(): boolean {
     return this.pool.resetPrefixCache();
+  }
+
+  /** Groups whose pages are prefix-cached (and so named by KV events): none with caching off or Mamba. */
+  prefixCacheGroups(): number[] {
+    return this.cachingActive ? this.managers.map((m) => m.groupId) : [];
+  }
+
+  /**
+   * Publish the pool's KV events (kv_events.ts) to a new publisher; called once, before anything is
+   * cached. Prefix caching off (or a Mamba group) means no event is ever emitted.
+   */
+  publishKvEvents(opts: Omit<KvEventPublisherOptions, 'snapshot'>): KvEventPublisher {
+    const publisher = new KvEventPublisher({ ...opts, snapshot: () => this.pool.cachedHashes() });
+    this.pool.publishEvents(publisher);
+    return publisher;
   }
 
   /** The shared pool, read-only use: oracles and tests (refCnt, free queue, verify()). */

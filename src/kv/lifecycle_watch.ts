@@ -17,12 +17,13 @@ export function watchPool(lc: PageLifecycle, pool: BlockPool): () => void {
   });
 }
 
-/** Zero ops, forwards (their declared footprint) and copy-on-write copies (whole pages) on `stream`. */
+/** Zero and zero-spans ops, forwards (their declared footprint) and copy-on-write copies (whole pages) on `stream`. */
 export function watchStream(lc: PageLifecycle, stream: Stream, pageBytes: number): () => void {
   return stream.observe({
     enqueued(sub, opId) {
       const op = sub.op;
       if (op.kind === 'zero') lc.zeroEnqueued(opId, op.blockIds, op.slabs);
+      if (op.kind === 'zero-spans') lc.spansZeroEnqueued(opId, op.spans);
       if (op.kind === 'kernel') lc.forwardEnqueued(opId, sub.footprint ?? []);
       if (op.kind === 'copy')
         lc.forwardEnqueued(
@@ -36,6 +37,7 @@ export function watchStream(lc: PageLifecycle, stream: Stream, pageBytes: number
     executed(opId) {
       // Op ids are unique per device: each call ignores an id it was not told about (a sleep op).
       lc.zeroRan(opId);
+      lc.spansZeroRan(opId);
       lc.forwardRan(opId);
     },
   });

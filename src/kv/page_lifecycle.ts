@@ -8,7 +8,8 @@
  *                  └→ read-posted → landed ──┘
  *
  *   I1  no zero pending on a page a transfer writes; no stale zero (from an earlier allocation) lands
- *   I2  a fresh page (stale bytes of its previous owner) is zeroed or fully landed before a forward reads it
+ *   I2  a fresh page (stale bytes of its previous owner) is zeroed, or every byte a forward reads was landed,
+ *       zeroed (a clipped tail's zero-spans op) or written since, before a forward reads it
  *   I3  a forward reads a page only after every transfer into it landed
  *   I4  no page with a transfer in flight, or granted to a peer, is freed; nothing touches a freed page
  *   I6  zeroing covers whole pages of exactly the attention slabs, of pages the instance owns
@@ -19,7 +20,8 @@
  *       it posted): that write would land on the next owner. (The world adds the request half at post.)
  * (I5, "done" only once the destination has the data, spans two instances: see world_events.ts.)
  */
-import type { PageAccess } from '../device/types.ts';
+import type { PageAccess, PageSpan } from '../device/types.ts';
+import { addSpan, firstGap, overlaps, type SlabSpans } from './span_set.ts';
 
 export type PageState = 'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'read-posted' | 'landed' | 'in-use' | 'freed';
 export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6' | 'I7';
@@ -38,8 +40,12 @@ interface Page {
   allocated: boolean;
   /** The page's generation (allocations so far): a zero, forward or transfer issued for an older one is stale. */
   epoch: number;
-  /** 'fresh': stale bytes of a previous owner, unusable until zeroed or landed. */
-  content: 'fresh' | 'valid';
+  /**
+   * 'fresh': stale bytes of a previous owner, unusable until zeroed or landed; 'partial': stale except the
+   * bytes in `defined` (what transfers landed, zero-spans ops zeroed and forwards wrote since allocation).
+   */
+  content: 'fresh' | 'valid' | 'partial';
+  defined: SlabSpans;
   /** Allocated through a prefix hit: it holds KV other requests may share; no transfer may write it. */
   hit: boolean;
   zeroQueued: boolean;
@@ -59,6 +65,7 @@ export class PageLifecycle {
   private readonly pages: Page[];
   private readonly attnSlabs: Set<number>;
   private readonly zeros = new Map<number, { blocks: number[]; epochs: number[] }>();
+  private readonly spanZeros = new Map<number, Array<{ block: number; epoch: number }>>();
   private readonly forwards = new Map<number, { writes: Array<{ block: number; epoch: number }> }>();
 
   constructor(
@@ -76,6 +83,7 @@ export class PageLifecycle {
       allocated: b === 0,
       epoch: 0,
       content: 'valid',
+      defined: new Map(),
       hit: false,
       zeroQueued: b === 0,
       pendingZeros: 0,
@@ -136,7 +144,8 @@ export class PageLifecycle {
       if (fresh) {
         p.content = 'fresh';
         p.zeroQueued = false;
-      }
+      } else p.content = 'valid'; // a prefix hit: a full page of published KV
+      p.defined = new Map();
       this.move(b, fresh ? 'allocated' : 'in-use', fresh ? 'pool' : 'prefix-hit');
     }
   }
@@ -200,39 +209,116 @@ export class PageLifecycle {
     });
   }
 
-  /** A forward was enqueued with this footprint (reads: whole pages of the block table). */
-  forwardEnqueued(opId: number, footprint: readonly PageAccess[]): void {
-    const writes: Array<{ block: number; epoch: number }> = [];
-    const seen = new Set<string>();
-    for (const a of footprint) {
-      if (a.block === 0) continue;
-      const p = this.page(a.block);
-      const key = `${a.block}:${a.write}`;
-      if (seen.has(key)) continue;
-      seen.add(key);
+  /**
+   * A zero-spans op (a clipped tail) was enqueued: only on owned pages of the attention slabs, never
+   * while a transfer writes the page (I1: it must come after the landing) and never over bytes that
+   * already hold KV (I1: it would wipe them). Queued before any later forward (FIFO), its bytes count
+   * as defined from now on.
+   */
+  spansZeroEnqueued(opId: number, spans: readonly PageSpan[]): void {
+    for (const s of spans) {
+      const p = this.page(s.block);
+      if (!this.attnSlabs.has(s.slab)) this.violate('I6', s.block, `zero-spans op ${opId} writes slab ${s.slab}`);
       if (!p.allocated)
-        this.violate('I4', a.block, `forward (op ${opId}) ${a.write ? 'writes' : 'reads'} a freed page`);
-      if (a.write) {
-        writes.push({ block: a.block, epoch: p.epoch });
-        // A whole-page write (a Mamba state page; slabs are shared by groups) leaves no stale byte.
-        if (a.start === 0 && a.end === this.pageBytes) p.content = 'valid';
-        continue;
-      }
+        this.violate('I6', s.block, `zero-spans queued for a page the instance does not own (op ${opId})`);
       if (p.inbound.size > 0)
         this.violate(
-          'I3',
-          a.block,
-          `forward (op ${opId}) enqueued before transfer ${[...p.inbound.keys()].join(',')} into the page landed`,
+          'I1',
+          s.block,
+          `zero-spans queued while transfer ${[...p.inbound.keys()].join(',')} writes the page (op ${opId})`,
         );
-      else if (this.zeroing && p.content === 'fresh' && !p.zeroQueued) {
+      if (p.content === 'partial' && overlaps(p.defined, s))
         this.violate(
-          'I2',
-          a.block,
-          `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`,
+          'I1',
+          s.block,
+          `zero-spans op ${opId} wipes bytes [${s.start}, ${s.end}) of slab ${s.slab} that hold KV`,
         );
+      if (p.content !== 'valid') {
+        p.content = 'partial';
+        addSpan(p.defined, s);
       }
     }
+    this.spanZeros.set(
+      opId,
+      spans.map((s) => ({ block: s.block, epoch: this.page(s.block).epoch })),
+    );
+  }
+
+  /** A zero-spans op ran: one issued for an earlier allocation of a page is a stale zero (I1). */
+  spansZeroRan(opId: number): void {
+    const z = this.spanZeros.get(opId);
+    if (z === undefined) return;
+    this.spanZeros.delete(opId);
+    for (const s of z) {
+      const p = this.page(s.block);
+      if (p.epoch !== s.epoch && p.allocated)
+        this.violate(
+          'I1',
+          s.block,
+          `zero-spans from an earlier allocation (op ${opId}) landed on the page's new owner`,
+        );
+    }
+  }
+
+  /**
+   * A forward was enqueued with this footprint. Its writes come first (a forward writes its new tokens'
+   * slots before attention reads the page), then each read is checked: I4, I3, and I2 (stale bytes).
+   */
+  forwardEnqueued(opId: number, footprint: readonly PageAccess[]): void {
+    const writes: Array<{ block: number; epoch: number }> = [];
+    const reported = new Set<string>();
+    const once = (key: string): boolean => {
+      if (reported.has(key)) return false;
+      reported.add(key);
+      return true;
+    };
+    for (const a of footprint) {
+      if (a.block === 0 || !a.write) continue;
+      const p = this.page(a.block);
+      if (!once(`${a.block}:w`)) {
+        this.fill(p, a);
+        continue;
+      }
+      if (!p.allocated) this.violate('I4', a.block, `forward (op ${opId}) writes a freed page`);
+      writes.push({ block: a.block, epoch: p.epoch });
+      this.fill(p, a);
+    }
+    for (const a of footprint) {
+      if (a.block === 0 || a.write) continue;
+      const problem = this.readProblem(this.page(a.block), a, opId);
+      if (problem !== null && once(`${a.block}:r`)) this.violate(problem[0], a.block, problem[1]);
+    }
     this.forwards.set(opId, { writes });
+  }
+
+  /** Bytes a forward writes: a whole page leaves no stale byte; a fresh or partial page gains them. */
+  private fill(p: Page, a: PageAccess): void {
+    if (a.start === 0 && a.end === this.pageBytes) {
+      p.content = 'valid';
+      p.defined = new Map();
+    } else if (p.content !== 'valid') {
+      p.content = 'partial';
+      addSpan(p.defined, a);
+    }
+  }
+
+  private readProblem(p: Page, a: PageAccess, opId: number): [Invariant, string] | null {
+    if (!p.allocated) return ['I4', `forward (op ${opId}) reads a freed page`];
+    if (p.inbound.size > 0)
+      return [
+        'I3',
+        `forward (op ${opId}) enqueued before transfer ${[...p.inbound.keys()].join(',')} into the page landed`,
+      ];
+    if (!this.zeroing || p.zeroQueued) return null;
+    if (p.content === 'fresh')
+      return ['I2', `forward (op ${opId}) reads a page that was neither zeroed nor filled by a transfer (stale bytes)`];
+    const gap = p.content === 'partial' ? firstGap(p.defined, a) : null;
+    if (gap !== null)
+      return [
+        'I2',
+        `forward (op ${opId}) reads bytes [${gap[0]}, ${gap[1]}) of slab ${a.slab} that no transfer, zeroing or forward filled: a page filled only partly (a clipped tail left stale)`,
+      ];
+    return null;
   }
 
   forwardRan(opId: number): void {
@@ -273,7 +359,11 @@ export class PageLifecycle {
     }
   }
 
-  inboundDone(itemId: number, blocks: readonly number[], landed: boolean): void {
+  /**
+   * `spans`: the bytes the transfer wrote (any page of `blocks`); without them it counts as writing whole
+   * pages. A fresh page whose bytes landed only in part is 'partial' until the rest is zeroed or written.
+   */
+  inboundDone(itemId: number, blocks: readonly number[], landed: boolean, spans?: readonly PageSpan[]): void {
     for (const b of blocks) {
       const p = this.page(b);
       const w = p.inbound.get(itemId);
@@ -286,7 +376,13 @@ export class PageLifecycle {
           b,
           `stale writer: transfer ${itemId} posted for ${w.owner || 'its owner'} at generation ${w.epoch} landed on generation ${p.epoch} (freed and reallocated)`,
         );
-      p.content = 'valid';
+      if (spans === undefined) {
+        p.content = 'valid';
+        p.defined = new Map();
+      } else if (p.content !== 'valid') {
+        p.content = 'partial';
+        for (const s of spans) if (s.block === b) addSpan(p.defined, s);
+      }
       this.move(b, 'landed', `wr ${itemId}`);
     }
   }

@@ -24,6 +24,53 @@ export type ModelPreset = ServingPreset | MicroPreset;
 
 export const BLOCK_SIZE = 16;
 
+/**
+ * Shards every preset's model is split into for tensor parallelism (model/parallel.ts): its KV heads
+ * (GQA presets have 2), query heads, compressor heads, MLP and Mamba channels and vocabulary, each cut
+ * into TP_SHARDS equal parts. A TP degree must divide it; reductions always add the shards' partial sums
+ * in shard order, whatever the degree, so every degree gives the same bits.
+ */
+export const TP_SHARDS = 2;
+
+/**
+ * P/D needs the same degree on both sides: a rank's page holds its share of the heads, so a decode rank of
+ * another degree would need a slice of several prefill pages (tp_layout.ts), a mapping not implemented yet.
+ */
+export function checkEqualTensorParallel(
+  prefill: number,
+  decode: number,
+  flags = ['--prefill-tp', '--decode-tp'],
+): void {
+  if (prefill !== decode)
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `${flags[0]} ${prefill} and ${flags[1]} ${decode} differ: P/D between different tensor parallel degrees ` +
+        "needs each decode rank to gather its heads from the prefill ranks' pages, which is not implemented yet; " +
+        'use equal degrees',
+    );
+}
+
+/** Tensor parallel degrees every preset supports: the divisors of TP_SHARDS. */
+export const TENSOR_PARALLEL_SIZES: readonly number[] = Array.from({ length: TP_SHARDS }, (_, i) => i + 1).filter(
+  (n) => TP_SHARDS % n === 0,
+);
+
+/** A tensor parallel degree must divide the preset's KV heads and the model's shard count; BAD_CONFIG if not. */
+export function checkTensorParallelSize(preset: ModelPreset, tp: unknown, flag = 'tensor-parallel-size'): number {
+  const kvHeads = presetKVGroups(preset).map((g) => (g.spec.type === 'full_attention' ? g.spec.numKvHeads : TP_SHARDS));
+  const n = typeof tp === 'number' ? tp : Number(String(tp).trim());
+  const ok = Number.isInteger(n) && n >= 1 && TP_SHARDS % n === 0 && kvHeads.every((h) => h % n === 0);
+  if (!ok) {
+    const heads = kvTwin(preset) === 'dsv4-mini' ? 'a replicated MLA latent' : `${Math.min(...kvHeads)} KV heads`;
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `--${flag} must divide the KV heads and the ${TP_SHARDS} model shards of ${preset} (${heads}): ` +
+        `use one of ${TENSOR_PARALLEL_SIZES.join(', ')}; got '${String(tp)}'`,
+    );
+  }
+  return n;
+}
+
 export function isModelPreset(name: string): name is ModelPreset {
   return (MODEL_PRESETS as readonly string[]).includes(name);
 }

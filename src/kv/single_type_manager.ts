@@ -147,17 +147,37 @@ export class SingleTypeManager {
     );
     if (numFull <= state.numCachedBlocks) return;
     extendBlockHashes(state.hashes, tokenIds, this.blockSize, this.groupId, numFull);
+    let runStart = -1; // first block of the current run of hashes new to the pool (one BlockStored each)
     for (let i = state.numCachedBlocks; i < numFull; i++) {
       const block = state.blocks[i] as KVCacheBlock;
       const hash = state.hashes[i] as BlockHash;
-      if (block.blockHash === null) this.pool.cacheBlock(block, hash);
+      let added = false;
+      if (block.blockHash === null) added = this.pool.cacheBlock(block, hash);
       else
         assert(
           block.blockHash === hash,
           () => `group ${this.groupId}: page ${block.blockId} cached under another prefix`,
         );
+      if (added && runStart < 0) runStart = i;
+      if (!added && runStart >= 0) {
+        this.publishStored(state.hashes, tokenIds, runStart, i);
+        runStart = -1;
+      }
     }
+    if (runStart >= 0) this.publishStored(state.hashes, tokenIds, runStart, numFull);
     state.numCachedBlocks = numFull;
+  }
+
+  /** BlockStored for blocks [from, to) of a request's chain. */
+  private publishStored(hashes: readonly BlockHash[], tokenIds: readonly number[], from: number, to: number): void {
+    if (!this.pool.publishing) return;
+    this.pool.publishStored({
+      block_hashes: hashes.slice(from, to),
+      parent_block_hash: from === 0 ? null : (hashes[from - 1] as BlockHash),
+      token_ids: tokenIds.slice(from * this.blockSize, to * this.blockSize),
+      block_size: this.blockSize,
+      group_idx: this.groupId,
+    });
   }
 
   /** Withdraw the request's pages from token `startToken` on from the prefix cache; returns their ids. */

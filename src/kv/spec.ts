@@ -8,6 +8,17 @@
  *   slab j:  | block 0 (null) | block 1 | block 2 | ... | block numBlocks-1 |   each pageBytes long
  *             layer j of group A and layer j of group B alias these bytes.
  *
+ * Tensor parallelism (TP ranks, `tensorParallelSize`): every rank has its own slabs, one per layer index,
+ * and holds its share of each cache in them (rankSpec): GQA K/V of its KV heads, the compressor state of
+ * its compressor heads, the Mamba state of its channels; the MLA latent is replicated (every rank holds
+ * all of it, as in vLLM). Device slab of (rank r, layer slab j) = r * numLayerSlabs + j:
+ *
+ *   device slabs: | r0 layer 0 | r0 layer 1 | ... | r1 layer 0 | r1 layer 1 | ... |   numSlabs = TP * numLayerSlabs
+ *
+ * A rank's page has the TP=1 layout of its own spec, its local heads (channels) in global order: local
+ * head h of rank r is global head r * (H / TP) + h. So rank r's GQA K of token slot t, local head h, is at
+ * t*(H/TP)*D*2 + h*D*2 of its page (token-major, NHD); at TP=1 the same head sits at t*H*D*2 + (r*H/TP + h)*D*2.
+ *
  * Per-token page formats (byte offsets inside one page, token slot t of blockSize):
  *   mla (fp8_ds_mla-like):  t*tokenBytes +
  *                           [ latent fp8 (latentDim) | rope bf16 (ropeDim*2) | scales f32 ((latentDim/scaleTile)*4) ]
@@ -110,10 +121,14 @@ export interface KVCacheGroupSpec {
 
 export interface KVCacheConfig {
   numBlocks: number;
-  /** Common (padded) page size of every group: each slab is numBlocks * pageBytes. */
+  /** Common (padded) page size of every group on one rank: each slab is numBlocks * pageBytes. */
   pageBytes: number;
-  /** One slab per layer index: max layers in a group. */
+  /** Every rank's slabs: tensorParallelSize * numLayerSlabs (device slab = rank * numLayerSlabs + layer slab). */
   numSlabs: number;
+  /** One slab per layer index on each rank: max layers in a group. */
+  numLayerSlabs: number;
+  /** Ranks the model and its cache are split over (1: no tensor parallelism). */
+  tensorParallelSize: number;
   groups: KVCacheGroupSpec[];
   hasMambaLayers: boolean;
   hasMixedPrecisionKvCache: boolean;
@@ -137,20 +152,51 @@ export function needsKvCacheZeroing(groups: readonly KVCacheGroupSpec[]): boolea
   return hasMambaLayers(groups) || hasMixedPrecisionKvCache(groups);
 }
 
-/** Pad every group's spec to the largest page, and build the config. */
-export function makeKVCacheConfig(groups: KVCacheGroupSpec[], numBlocks: number): KVCacheConfig {
+/**
+ * One rank's share of a cache at `tp` ranks: GQA KV heads, compressor heads and Mamba channels are split
+ * (each rank holds a contiguous 1/tp of them), the MLA latent is replicated. Programmer error if `tp`
+ * does not divide them (flags are checked earlier, see presets.ts checkTensorParallelSize).
+ */
+export function rankSpec(spec: KVCacheSpec, tp: number): KVCacheSpec {
+  assert(Number.isInteger(tp) && tp >= 1, `tensor parallel size must be a positive integer, got ${tp}`);
+  if (tp === 1) return spec;
+  const split = (n: number, what: string): number => {
+    assert(n % tp === 0, `${n} ${what} cannot be split over ${tp} ranks`);
+    return n / tp;
+  };
+  switch (spec.type) {
+    case 'full_attention':
+      return { ...spec, numKvHeads: split(spec.numKvHeads, 'KV heads') };
+    case 'compressor':
+      return { ...spec, stateDim: split(spec.stateDim, 'compressor state values') };
+    case 'mamba':
+      return { ...spec, convDim: split(spec.convDim, 'Mamba channels') };
+    case 'mla':
+      return spec;
+  }
+}
+
+/**
+ * The cache of one instance: `groups` are the model's (whole) caches; the config holds each rank's share
+ * (rankSpec), every group's page padded to the largest.
+ */
+export function makeKVCacheConfig(groups: KVCacheGroupSpec[], numBlocks: number, tp = 1): KVCacheConfig {
   assert(groups.length > 0, 'a KV cache needs at least one group');
   assert(Number.isInteger(numBlocks) && numBlocks >= 2, `numBlocks must be an integer >= 2, got ${numBlocks}`);
   groups.forEach((g, i) => assert(g.groupId === i, `group ids must be 0..n-1 in order (got ${g.groupId} at ${i})`));
-  const common = Math.max(...groups.map((g) => pageBytes(g.spec)));
-  const padded = groups.map((g) => ({
+  const ranked = groups.map((g) => ({ ...g, spec: rankSpec(g.spec, tp) }));
+  const common = Math.max(...ranked.map((g) => pageBytes(g.spec)));
+  const padded = ranked.map((g) => ({
     ...g,
     spec: pageBytes(g.spec) === common ? g.spec : { ...g.spec, pageSizePadded: common },
   }));
+  const numLayerSlabs = Math.max(...groups.map((g) => g.layerNames.length));
   return {
     numBlocks,
     pageBytes: common,
-    numSlabs: Math.max(...groups.map((g) => g.layerNames.length)),
+    numSlabs: tp * numLayerSlabs,
+    numLayerSlabs,
+    tensorParallelSize: tp,
     groups: padded,
     hasMambaLayers: hasMambaLayers(padded),
     hasMixedPrecisionKvCache: hasMixedPrecisionKvCache(padded),
@@ -158,23 +204,46 @@ export function makeKVCacheConfig(groups: KVCacheGroupSpec[], numBlocks: number)
   };
 }
 
-/** Where a layer's cache lives: its group and slab. */
+/** Where a layer's cache lives: its group and its layer slab (on every rank: see deviceSlab). */
 export interface LayerPlacement {
   layerName: string;
   groupId: number;
   slab: number;
 }
 
+/** The device slab of layer slab `layerSlab` on rank `rank`. */
+export function deviceSlab(config: KVCacheConfig, rank: number, layerSlab: number): number {
+  assert(
+    Number.isInteger(rank) && rank >= 0 && rank < config.tensorParallelSize,
+    `rank ${rank} out of [0, ${config.tensorParallelSize})`,
+  );
+  assert(
+    Number.isInteger(layerSlab) && layerSlab >= 0 && layerSlab < config.numLayerSlabs,
+    `layer slab ${layerSlab} out of [0, ${config.numLayerSlabs})`,
+  );
+  return rank * config.numLayerSlabs + layerSlab;
+}
+
+/** The device slabs of the given layer slabs on every rank, rank-major. */
+export function everyRankSlabs(config: KVCacheConfig, layerSlabs: readonly number[]): number[] {
+  const out: number[] = [];
+  for (let r = 0; r < config.tensorParallelSize; r++) for (const s of layerSlabs) out.push(deviceSlab(config, r, s));
+  return out;
+}
+
 export function layerPlacements(config: KVCacheConfig): LayerPlacement[] {
   return config.groups.flatMap((g) => g.layerNames.map((layerName, slab) => ({ layerName, groupId: g.groupId, slab })));
 }
 
-/** Slabs that hold attention layers: the ones the zeroer clears. */
+/** Device slabs that hold attention layers, on every rank: the ones the zeroer clears. */
 export function attentionSlabs(config: KVCacheConfig): number[] {
   const slabs = new Set<number>();
   for (const p of layerPlacements(config)) {
     const spec = config.groups[p.groupId]?.spec;
     if (spec && isAttentionSpec(spec)) slabs.add(p.slab);
   }
-  return [...slabs].sort((a, b) => a - b);
+  return everyRankSlabs(
+    config,
+    [...slabs].sort((a, b) => a - b),
+  );
 }

@@ -1,5 +1,5 @@
 /**
- * Paged attention as real kernels do it, and the bf16 GQA layer built on it.
+ * Paged attention as real kernels do it (the GQA, MLA and compressor layers are built on it).
  *
  * `attendSlots` scores every slot decoded from the block table's pages. A slot after the query
  * position (causal, or past the sequence) gets its score plus -Infinity, so its weight is exactly 0,
@@ -15,12 +15,7 @@
  * visited in table order, so a prompt computed in one chunk or several gives bit-identical results.
  */
 import { defined } from '../util/assert.ts';
-import type { GqaWeights } from './weights.ts';
-import type { CachePlace, ModelConfig } from './config.ts';
-import type { FullAttentionSpec } from '../kv/spec.ts';
-import { matVec, rmsNorm, rope, Scratch, type FlopCounter } from './ops.ts';
-import { readKvPages, slotLocation, writeKvSlot } from './pages.ts';
-import { applyMlp } from './mlp.ts';
+import type { FlopCounter } from './ops.ts';
 
 /** Decoded slots: slot j's key is keys[j*kStride + kOff ..], its value values[j*vStride + vOff ..]. */
 export interface SlotSet {
@@ -100,31 +95,38 @@ export function attendSlots(
   fc: FlopCounter,
 ): void {
   const n = slotsToVisit(q, qOff, kDim, s, queryPos, scale);
+  // Locals, not property loads, in the loops: this is the simulator's hottest function.
+  const keys = s.keys;
+  const values = s.values;
+  const kStride = s.kStride;
+  const vStride = s.vStride;
+  let kb = s.kOff;
   let max = -Infinity;
-  for (let j = 0; j < n; j++) {
-    const kb = j * s.kStride + s.kOff;
+  for (let j = 0; j < n; j++, kb += kStride) {
     let dot = 0;
-    for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (s.keys[kb + d] as number);
+    for (let d = 0; d < kDim; d++) dot += (q[qOff + d] as number) * (keys[kb + d] as number);
     const score = Math.fround(dot * scale) + (j <= queryPos ? 0 : -Infinity);
     probs[j] = score;
     if (score > max) max = score;
   }
   let sum = 0;
+  const maskedIsZero = max !== -Infinity;
   for (let j = 0; j < n; j++) {
     const x = probs[j] as number;
     // exp(-Infinity - max) is exactly 0 for any max above -Infinity: masked slots skip the exp (a NaN score,
     // from a NaN key, still goes through it and poisons the sum, as it must).
-    const p = x === -Infinity && max !== -Infinity ? 0 : Math.exp(x - max);
+    const p = x === -Infinity && maskedIsZero ? 0 : Math.exp(x - max);
     probs[j] = p;
     sum += p;
   }
-  for (let d = 0; d < vDim; d++) out[outOff + d] = 0;
-  for (let j = 0; j < n; j++) {
+  const outEnd = outOff + vDim;
+  for (let o = outOff; o < outEnd; o++) out[o] = 0;
+  let vb = s.vOff;
+  for (let j = 0; j < n; j++, vb += vStride) {
     const w = probs[j] as number;
-    const vb = j * s.vStride + s.vOff;
-    for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (s.values[vb + d] as number);
+    for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) + w * (values[vb + d] as number);
   }
-  for (let d = 0; d < vDim; d++) out[outOff + d] = (out[outOff + d] as number) / sum;
+  for (let o = outOff; o < outEnd; o++) out[o] = (out[o] as number) / sum;
   fc.flops += n * (2 * kDim + 2 * vDim + 2);
 }
 
@@ -137,79 +139,4 @@ export interface Chunk {
 
 export function blockTable(chunk: Chunk, group: number): number[] {
   return defined(chunk.blockTables[group], `block table of KV group ${group}`);
-}
-
-/** bf16 grouped-query attention (K/V per kv head in the page) + MLP. */
-export class GqaLayer {
-  private readonly q = new Scratch();
-  private readonly kv = new Scratch();
-  private readonly keys = new Scratch();
-  private readonly values = new Scratch();
-  private readonly probs = new Scratch();
-  private readonly tmp = new Scratch();
-  private readonly bounds = new Scratch();
-
-  constructor(
-    private readonly cfg: ModelConfig,
-    private readonly cache: CachePlace<FullAttentionSpec>,
-    private readonly numHeads: number,
-    private readonly w: GqaWeights,
-  ) {}
-
-  forward(chunk: Chunk, slabs: Uint8Array[], fc: FlopCounter): void {
-    const { cfg, cache, numHeads, w } = this;
-    const spec = cache.spec;
-    const slab = slabs[cache.slab] as Uint8Array;
-    const table = blockTable(chunk, cache.group);
-    const D = spec.headSize;
-    const kvDim = spec.numKvHeads * D;
-    const qDim = numHeads * D;
-    const n = chunk.hidden.length;
-    const q = this.q.get(n * qDim);
-    const kv = this.kv.get(2 * kvDim + cfg.hidden);
-    const xn = kv.subarray(2 * kvDim);
-    // 1. This chunk's K/V: project, rotate, write into their slots.
-    for (let i = 0; i < n; i++) {
-      const pos = chunk.startPos + i;
-      rmsNorm(chunk.hidden[i] as Float64Array, 0, cfg.hidden, w.norm, cfg.rmsEps, xn, 0);
-      matVec(w.wq, xn, 0, q, i * qDim, fc);
-      matVec(w.wk, xn, 0, kv, 0, fc);
-      matVec(w.wv, xn, 0, kv, kvDim, fc);
-      for (let h = 0; h < numHeads; h++) rope(q, i * qDim + h * D, D, pos, cfg.ropeTheta);
-      for (let h = 0; h < spec.numKvHeads; h++) rope(kv, h * D, D, pos, cfg.ropeTheta);
-      const { block, slot } = slotLocation(table, spec.blockSize, pos, cfg.numBlocks);
-      writeKvSlot(slab, spec, cfg.pageBytes, block, slot, kv, 0, kv, kvDim);
-    }
-    // 2. Read whole pages back (the chunk's own K/V included, quantized to bf16) and attend.
-    const slots = table.length * spec.blockSize;
-    const keys = this.keys.get(slots * kvDim);
-    const values = this.values.get(slots * kvDim);
-    readKvPages(slab, spec, cfg.pageBytes, table, keys, values);
-    const probs = this.probs.get(slots);
-    const tmp = this.tmp.get(qDim + cfg.hidden);
-    const att = tmp.subarray(0, qDim);
-    const proj = tmp.subarray(qDim, qDim + cfg.hidden);
-    const group = numHeads / spec.numKvHeads;
-    const scale = 1 / Math.sqrt(D);
-    const bounds = this.bounds.get(spec.numKvHeads * (slots + 1));
-    const sets = Array.from({ length: spec.numKvHeads }, (_, kvh) =>
-      withTailBound(
-        { numSlots: slots, keys, kStride: kvDim, kOff: kvh * D, values, vStride: kvDim, vOff: kvh * D },
-        D,
-        D,
-        bounds.subarray(kvh * (slots + 1), (kvh + 1) * (slots + 1)),
-      ),
-    );
-    for (let i = 0; i < n; i++) {
-      const pos = chunk.startPos + i;
-      for (let h = 0; h < numHeads; h++) {
-        const set = sets[Math.floor(h / group)] as SlotSet;
-        attendSlots(q, i * qDim + h * D, D, set, D, pos, scale, probs, att, h * D, fc);
-      }
-      matVec(w.wo, att, 0, proj, 0, fc);
-      const hid = chunk.hidden[i] as Float64Array;
-      for (let d = 0; d < cfg.hidden; d++) hid[d] = (hid[d] as number) + (proj[d] as number);
-      applyMlp(w.mlp, hid, cfg, fc);
-    }
-  }
 }

@@ -10,6 +10,7 @@ import { HandoffError } from '../util/errors.ts';
 import { isMicroPreset, presetKVGroups, type ModelPreset } from '../kv/presets.ts';
 import {
   layerPlacements,
+  rankSpec,
   type CompressorSpec,
   type FullAttentionSpec,
   type KVCacheConfig,
@@ -75,6 +76,8 @@ export interface ModelConfig {
   tiedEmbeddings: boolean;
   pageBytes: number;
   numBlocks: number;
+  /** Ranks the model is split over; each layer's cache place describes one rank's share (kv/spec.ts). */
+  tensorParallelSize: number;
   layers: LayerPlan[];
 }
 
@@ -94,7 +97,7 @@ function checkMatchesPreset(preset: ModelPreset, kvConfig: KVCacheConfig): void 
         got !== undefined &&
         got.groupId === g.groupId &&
         got.layerNames.join(',') === g.layerNames.join(',') &&
-        unpadded(got.spec) === unpadded(g.spec)
+        unpadded(got.spec) === unpadded(rankSpec(g.spec, kvConfig.tensorParallelSize))
       );
     });
   if (!same) throw new HandoffError('BAD_CONFIG', `KV cache config does not match the groups of preset ${preset}`);
@@ -121,6 +124,7 @@ export function modelConfig(preset: ModelPreset, kvConfig: KVCacheConfig): Model
       byLayer.get(index) as Map<string, CachePlace<KVCacheSpec>>,
       hiddenOf(preset),
       queryHeadsOf(preset),
+      kvConfig.tensorParallelSize,
     );
   });
   return {
@@ -133,6 +137,7 @@ export function modelConfig(preset: ModelPreset, kvConfig: KVCacheConfig): Model
     tiedEmbeddings: false,
     pageBytes: kvConfig.pageBytes,
     numBlocks: kvConfig.numBlocks,
+    tensorParallelSize: kvConfig.tensorParallelSize,
     layers,
   };
 }
@@ -147,12 +152,15 @@ function layerPlan(
   parts: Map<string, CachePlace<KVCacheSpec>>,
   hidden: number,
   numHeads: number,
+  tp: number,
 ): LayerPlan {
   const attn = parts.get('attn');
   const comp = parts.get('compressor');
   const mamba = parts.get('mamba');
+  if (numHeads % tp !== 0) throw new HandoffError('BAD_CONFIG', `${numHeads} query heads cannot be split over ${tp}`);
   if (mamba && !attn && !comp && mamba.spec.type === 'mamba') {
-    if (mamba.spec.convDim !== hidden) throw new HandoffError('BAD_CONFIG', `mamba convDim must be ${hidden}`);
+    if (mamba.spec.convDim * tp !== hidden)
+      throw new HandoffError('BAD_CONFIG', `mamba convDim must be ${hidden} (${hidden / tp} per rank)`);
     return { kind: 'mamba', index, cache: { ...mamba, spec: mamba.spec } };
   }
   if (attn?.spec.type === 'mla' && comp?.spec.type === 'compressor' && !mamba) {

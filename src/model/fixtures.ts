@@ -10,11 +10,11 @@ import type { ForwardOutput, ForwardRequest, SamplingParams } from './types.ts';
 
 export const GREEDY: SamplingParams = { temperature: 0, seed: 0, outputIndex: 0 };
 
-export function kvConfigFor(preset: ModelPreset, numBlocks = 64): KVCacheConfig {
-  return makeKVCacheConfig(presetKVGroups(preset), numBlocks);
+export function kvConfigFor(preset: ModelPreset, numBlocks = 64, tp = 1): KVCacheConfig {
+  return makeKVCacheConfig(presetKVGroups(preset), numBlocks, tp);
 }
 
-/** One zeroed slab per layer index; over SharedArrayBuffers when `shared`. */
+/** One zeroed slab per layer index on every rank; over SharedArrayBuffers when `shared`. */
 export function makeSlabs(kv: KVCacheConfig, shared = false): Uint8Array[] {
   const bytes = kv.numBlocks * kv.pageBytes;
   return Array.from(

@@ -1,6 +1,6 @@
 /**
- * Proves the forward's declared footprint: reads cover exactly the whole pages of the request's
- * tables (Mamba: only when resuming), writes exactly the new tokens' slot bytes; and, against the
+ * Proves the forward's declared footprint: reads cover exactly the real bytes of the pages of the
+ * request's tables (Mamba: only when resuming), writes exactly the new tokens' slot bytes; and, against the
  * real model, that every byte the forward changes lies in a declared write and that bytes outside
  * the declared reads cannot influence it (they are filled with NaN and the output is unchanged).
  */
@@ -45,19 +45,22 @@ test('dsv4-mini: whole-page reads of every table page in both slabs; writes of e
   assert.deepEqual(forwardFootprint(kv, args), want);
 });
 
-test('hybrid-mini: K and V are separate write ranges; the Mamba page is read only when resuming, always written whole', () => {
+test('hybrid-mini: K and V are separate write ranges; the Mamba state is read only when resuming, always written whole; padding is never read', () => {
   const kv = kvConfigFor('hybrid-mini');
   const kvSlot = 2 * 16 * 2; // numKvHeads * headSize * bf16
+  const state = (3 * 64 + 64 * 8) * 4; // the Mamba page: the common page size at 16 tokens per page
+  assert.equal(kv.pageBytes, state);
+  const attnReal = 16 * 2 * kvSlot; // 2048 B of K and V: the attention page is padded to 2816
   const first = forwardFootprint(kv, { step: 0, requests: [request('r', [5, 6], 0, [[1], [7]])] });
   const resumed = forwardFootprint(kv, { step: 1, requests: [request('r', [8], 2, [[1], [7]])] });
   const attn = (start: number, n: number): PageAccess[] =>
     [0, 1].flatMap((slab) => [
-      page(slab, 1, kv.pageBytes),
+      page(slab, 1, attnReal),
       w(slab, 1, start * kvSlot, (start + n) * kvSlot),
       w(slab, 1, 16 * kvSlot + start * kvSlot, 16 * kvSlot + (start + n) * kvSlot),
     ]);
   const mamba = (read: boolean): PageAccess[] =>
-    [0, 1].flatMap((slab) => [...(read ? [page(slab, 7, kv.pageBytes)] : []), w(slab, 7, 0, kv.pageBytes)]);
+    [0, 1].flatMap((slab) => [...(read ? [page(slab, 7, state)] : []), w(slab, 7, 0, state)]);
   const order = (xs: PageAccess[]): PageAccess[] =>
     [...xs].sort(
       (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,
@@ -76,9 +79,9 @@ test('two requests sharing a read-only prefix page: one read entry per (slab, bl
   assert.equal(acc.filter((a) => a.write).length, 2 * 2 * 2); // requests x slabs x (K, V)
 });
 
-for (const preset of MODEL_PRESETS) {
-  test(`${preset}: the real forward writes only declared bytes and reads nothing outside the declared reads`, () => {
-    const kv = kvConfigFor(preset);
+for (const [preset, tp] of MODEL_PRESETS.flatMap((p) => [1, 2].map((t) => [p, t] as const))) {
+  test(`${preset} TP=${tp}: the real forward writes only declared bytes and reads nothing outside the declared reads`, () => {
+    const kv = kvConfigFor(preset, 64, tp);
     const pages = new PageCounter(kv, 2);
     const tables = pages.cover([], 40);
     const model = createModel(preset, 4, kv);

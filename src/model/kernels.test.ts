@@ -36,7 +36,7 @@ test('createKernels: forward on SharedArrayBuffer slabs equals the in-process mo
   const slabs = makeSlabs(init.kvConfig, true);
   assert.ok(slabs[0]?.buffer instanceof SharedArrayBuffer);
   const kernels = await createKernels(structuredClone(init), slabs);
-  assert.deepEqual(Object.keys(kernels), ['forward']);
+  assert.deepEqual(Object.keys(kernels), ['forward', 'matmul']);
   const result = kernels.forward?.(structuredClone(args), slabs) as ForwardResult;
   const want = expected();
   assert.deepEqual(result, want.result);

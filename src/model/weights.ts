@@ -121,12 +121,15 @@ class WeightMaker {
     };
   }
 
+  /** Whole weights (every shard's): a plan's cache specs are one rank's share, so split sizes are scaled by TP. */
   layer(plan: LayerPlan, cfg: ModelConfig): LayerWeights {
     const p = `layers.${plan.index}`;
     const h = cfg.hidden;
+    const tp = cfg.tensorParallelSize;
     switch (plan.kind) {
       case 'gqa': {
-        const { numKvHeads, headSize } = plan.cache.spec;
+        const headSize = plan.cache.spec.headSize;
+        const numKvHeads = plan.cache.spec.numKvHeads * tp;
         return {
           kind: 'gqa',
           norm: this.norm(`${p}.attn_norm`, h),
@@ -139,7 +142,7 @@ class WeightMaker {
       }
       case 'mla': {
         const { latentDim, ropeDim } = plan.cache.spec;
-        const stateDim = plan.compressor.spec.stateDim;
+        const stateDim = plan.compressor.spec.stateDim * tp;
         return {
           kind: 'mla',
           norm: this.norm(`${p}.attn_norm`, h),
@@ -156,7 +159,8 @@ class WeightMaker {
         };
       }
       case 'mamba': {
-        const { convDim: d, convWidth, ssmStateDim: n } = plan.cache.spec;
+        const { convWidth, ssmStateDim: n } = plan.cache.spec;
+        const d = plan.cache.spec.convDim * tp;
         const aNoise = this.uniform(`${p}.mamba.a_noise`, d * n, 1, 0.2);
         const aNeg = new Float32Array(d * n);
         for (let i = 0; i < d * n; i++) aNeg[i] = -((i % n) + 1) * (aNoise[i] as number);
@@ -200,7 +204,7 @@ export function buildWeights(cfg: ModelConfig, seed: number): ModelWeights {
   };
 }
 
-/** Weights are immutable, so instances of one (preset, seed) in a process share them. */
+/** Weights are immutable (and whole at any TP), so instances of one (preset, seed) in a process share them. */
 const CACHE_MAX = 4;
 const cache = new Map<string, ModelWeights>();
 

@@ -33,6 +33,8 @@ export interface GenerationObserver {
   firstToken(ttftMs: number): void;
   interToken(itlMs: number): void;
   finished(reason: 'stop' | 'length' | 'abort' | 'error', promptTokens: number, completionTokens: number): void;
+  /** A request that computed its own prompt finished: its prompt tokens, and those its prefix cache held. */
+  prefixCache?(promptTokens: number, cachedTokens: number): void;
 }
 
 /** What a generation needs of the engine (LLMEngine satisfies it). */
@@ -48,6 +50,7 @@ export class Generation {
   private lastTokenMs: number | null = null;
   private completionTokens = 0;
   private charsSoFar = 0;
+  private cachedTokens = 0;
   private finished = false;
   private cancelled = false;
 
@@ -103,6 +106,7 @@ export class Generation {
   private onOutput(o: EngineOutput): void {
     if (this.finished) return;
     assert(o.requestId === this.requestId, 'an output for another request');
+    this.cachedTokens = o.numCachedTokens;
     const piece = emptyPiece();
     let stoppedByString = false;
     o.newTokenIds.forEach((id, i) => {
@@ -131,6 +135,7 @@ export class Generation {
       this.finished = true;
       this.engine.abort(this.requestId); // free the pages now; the abort output is ignored
       this.observer?.finished('stop', this.api.promptTokenIds.length, this.completionTokens);
+      this.reportPrefixCache();
       this.sink.onFinish({ piece, finishReason: 'stop', kvTransferParams: null, usage: this.usage() });
       return;
     }
@@ -147,6 +152,7 @@ export class Generation {
       );
       return;
     }
+    this.reportPrefixCache();
     const tail = this.stops.push(this.decoder.flush());
     piece.text += tail.text + this.stops.flush();
     this.sink.onFinish({
@@ -155,6 +161,12 @@ export class Generation {
       kvTransferParams: o.kvTransferParams,
       usage: this.usage(),
     });
+  }
+
+  /** A request that loaded its KV from a prefill instance computed no prompt here: not a prefix-cache query. */
+  private reportPrefixCache(): void {
+    if (this.api.kvTransferParams?.do_remote_prefill !== true)
+      this.observer?.prefixCache?.(this.api.promptTokenIds.length, this.cachedTokens);
   }
 
   private timeToken(): void {

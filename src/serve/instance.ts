@@ -13,17 +13,19 @@ import { HandoffError } from '../util/errors.ts';
 import { hexId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
+import { kvEventEpoch } from '../kv/kv_events.ts';
 import type { TransferBackend } from '../transfer/core/types.ts';
 import { parseKvTransferConfig, type OneSidedConfig } from '../connector/config.ts';
 import type { OneSidedConnector } from '../connector/factory.ts';
 import { simDevice, threadedDevice } from '../engine/devices.ts';
-import type { PeerAllowList } from '../connector/peer_directory.ts';
+import { LOOPBACK_PEERS, type PeerAllowList } from '../connector/peer_directory.ts';
 import { buildInstance, type InstanceConnectorOptions } from '../engine/build_instance.ts';
 import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
-import { InstanceServer, type InstanceInfo, type ServeRole } from './instance_server.ts';
+import { InstanceServer, type InstanceInfo, type ServedEngine, type ServeRole } from './instance_server.ts';
 import type { InstanceStatsSnapshot } from './metrics.ts';
+import type { InstanceLoad } from './kv_event_stream.ts';
 
 export interface InstanceOptions {
   role: ServeRole;
@@ -32,8 +34,10 @@ export interface InstanceOptions {
   /** 0 = a free port. */
   port: number;
   numBlocks: number;
-  /** Tokens per KV page; prefill and decode must agree (the handshake refuses otherwise). */
+  /** Tokens per KV page; prefill and decode may differ (the connector maps tokens between sizes, issue 14). */
   blockSize: number;
+  /** Ranks the model and its cache are split over; prefill and decode must agree (the handshake refuses otherwise). */
+  tensorParallelSize: number;
   modelSeed: number;
   raceCheck: boolean;
   /** vLLM-style kv_transfer_config (JSON text or object); null = the role's default. */
@@ -61,6 +65,7 @@ export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
   port: 8000,
   numBlocks: 1024,
   blockSize: 16,
+  tensorParallelSize: 1,
   modelSeed: 0,
   raceCheck: false,
   kvTransferConfig: null,
@@ -110,6 +115,8 @@ export interface Instance {
   url: string;
   info: InstanceInfo;
   close(): Promise<void>;
+  /** Drain (no new requests; in-flight requests and held pages finish, bounded by timeoutMs), then close. */
+  drainAndClose(timeoutMs: number): Promise<boolean>;
 }
 
 function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
@@ -139,9 +146,11 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       modelSeed: opts.modelSeed,
       numBlocks: opts.numBlocks,
       blockSize: opts.blockSize,
+      tensorParallelSize: opts.tensorParallelSize,
       asyncScheduling: true,
       scheduler,
       idlePollMs: 5,
+      kvEventsEpoch: kvEventEpoch(env.wallMs(), engineId),
       makeDevice: deviceFactory(opts),
       connector: transferConfig && connectorOptions(opts, transferConfig, engineId),
     },
@@ -154,22 +163,18 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
         log?.error({ invariant: v.invariant, block: v.block }, `page lifecycle violation: ${v.message}`),
       )
     : null;
-  const info = instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen);
+  const info = {
+    ...instanceInfo(opts, transferConfig, connector ? engineId : null, connector, maxModelLen),
+    prefix_cache_groups: e.kv.prefixCacheGroups(),
+    kv_events_epoch: e.kvEvents.epoch,
+  };
   const readStats = (): InstanceStatsSnapshot => ({
     ...snapshot(e, connector),
     lifecycleViolations: lifecycle?.violations() ?? null,
   });
-  const served = {
-    submit: e.submit.bind(e),
-    abort: e.abort.bind(e),
-    releaseUnused: e.releaseUnused.bind(e),
-    get crashed() {
-      return e.core.crashed;
-    },
-  };
   const server = new InstanceServer(
-    served,
-    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info },
+    servedEngine(e),
+    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info, prefillerPeers: opts.kvPeers ?? LOOPBACK_PEERS },
     env,
     readStats,
     log,
@@ -184,6 +189,27 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     close: async () => {
       await server.close();
       await e.close();
+    },
+    drainAndClose: async (timeoutMs) => {
+      const drained = await server.drain(timeoutMs);
+      await server.close();
+      await e.close();
+      return drained;
+    },
+  };
+}
+
+/** What the HTTP server drives: the engine's submit/abort/release, its KV events and load. */
+function servedEngine(e: LLMEngine): ServedEngine {
+  return {
+    submit: e.submit.bind(e),
+    abort: e.abort.bind(e),
+    releaseUnused: e.releaseUnused.bind(e),
+    kvEvents: e.kvEvents,
+    load: () => loadOf(e),
+    resetPrefixCache: () => e.kv.resetPrefixCache(),
+    get crashed() {
+      return e.core.crashed;
     },
   };
 }
@@ -233,7 +259,7 @@ function instanceInfo(
   engineId: string | null,
   connector: OneSidedConnector | null,
   maxModelLen: number,
-): InstanceInfo {
+): Omit<InstanceInfo, 'prefix_cache_groups' | 'kv_events_epoch'> {
   const addr = connector?.transfer.address() ?? null;
   const ports = connector?.transfer.ports() ?? null;
   return {
@@ -248,6 +274,19 @@ function instanceInfo(
     data_port: ports?.data ?? null,
     max_model_len: maxModelLen,
     num_pages: opts.numBlocks - 1,
+    block_size: opts.blockSize,
+  };
+}
+
+/** What a router weighs: queued and running requests, pages held for a peer, free pages. */
+function loadOf(e: LLMEngine): InstanceLoad {
+  return {
+    running: e.scheduler.numRunning,
+    waiting: e.scheduler.numWaiting,
+    held_for_send: e.scheduler.numHeldForSend,
+    held_for_send_pages: e.scheduler.transfers.numHeldPages,
+    free_pages: e.kv.getNumFreeBlocks(),
+    total_pages: e.kvConfig.numBlocks - 1,
   };
 }
 
@@ -264,6 +303,7 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     pagesZeroListed: s.pagesZeroListed,
     pagesExcludedFromZeroing: s.pagesExcludedFromZeroing,
     pagesZeroed: e.runner.stats.pagesZeroed,
+    pagesTailZeroed: c?.worker.stats.tailsZeroed ?? 0,
     kvLoadFailures: s.loadFailures,
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
     engineSteps: e.core.stats.steps,

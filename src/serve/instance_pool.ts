@@ -2,13 +2,15 @@
  * InstancePool: the prefill (or decode) instances behind the proxy, their health and their load.
  * `pick()` returns a healthy member: round robin, or least loaded (fewest requests in flight through
  * this proxy, ties broken in round-robin order). Unhealthy members are skipped until a health check
- * (or a successful request) brings them back.
+ * (or a successful request) brings them back. `kv-aware` is KvRouter's (kv_router.ts); where no prompt
+ * is known (e.g. /v1/models) the pool picks least loaded for it.
  */
 import { assert } from '../util/assert.ts';
 import type { InstanceInfo } from './instance_server.ts';
+import type { InstanceLoad } from './kv_event_stream.ts';
 
-export type RoutingPolicy = 'round-robin' | 'least-loaded';
-export const ROUTING_POLICIES: readonly RoutingPolicy[] = ['round-robin', 'least-loaded'];
+export type RoutingPolicy = 'round-robin' | 'least-loaded' | 'kv-aware';
+export const ROUTING_POLICIES: readonly RoutingPolicy[] = ['round-robin', 'least-loaded', 'kv-aware'];
 
 export interface PoolMember {
   readonly url: string;
@@ -19,6 +21,8 @@ export interface PoolMember {
   lastError: string | null;
   /** Requests sent to it (for tests and /metrics). */
   served: number;
+  /** Its last reported load (KV event heartbeats; kv-aware only), null until one arrived. */
+  load: InstanceLoad | null;
 }
 
 export class InstancePool {
@@ -32,21 +36,29 @@ export class InstancePool {
   ) {
     assert(urls.length > 0, `the ${side} pool needs at least one instance`);
     assert(new Set(urls).size === urls.length, `duplicate ${side} instance URLs`);
-    this.members = urls.map((url) => ({ url, healthy: false, inflight: 0, info: null, lastError: null, served: 0 }));
+    this.members = urls.map((url) => ({
+      url,
+      healthy: false,
+      inflight: 0,
+      info: null,
+      lastError: null,
+      served: 0,
+      load: null,
+    }));
   }
 
   get numHealthy(): number {
     return this.members.filter((m) => m.healthy).length;
   }
 
-  /** A healthy member by the policy, or null when none is healthy. Does not acquire it. */
-  pick(): PoolMember | null {
+  /** A healthy member (not in `exclude`) by the policy, or null when none is. Does not acquire it. */
+  pick(exclude: ReadonlySet<PoolMember> = new Set()): PoolMember | null {
     const n = this.members.length;
     let best: { m: PoolMember; i: number } | null = null;
     for (let k = 0; k < n; k++) {
       const i = (this.next + k) % n;
       const m = this.members[i] as PoolMember;
-      if (!m.healthy) continue;
+      if (!m.healthy || exclude.has(m)) continue;
       if (this.policy === 'round-robin') {
         best = { m, i };
         break;

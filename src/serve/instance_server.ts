@@ -8,6 +8,16 @@
  *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
  *   POST /handoff/release                         decode: {kv_transfer_params} of a request it will never
  *                                                 get (client gone after prefill answered): release them
+ *   GET  /handoff/kv_events[?since=SEQ]           the KV events as an NDJSON stream (kv_event_stream.ts)
+ *   GET  /handoff/kv_events/dump                  every cached block hash at the current seq
+ *   POST /handoff/reset_prefix_cache              forget every cached prefix (refused while pages are in use)
+ *
+ * Draining (SIGTERM): `drain()` turns /health and new completions into 503s at once, then waits
+ * (bounded) until nothing runs, waits, or is held for a peer's READ, and only then closes: an instance
+ * being stopped finishes its in-flight requests and transfers first.
+ *
+ * A decode instance in READ mode also speaks llm-d's sidecar protocol (sidecar.ts): a completion with an
+ * `x-prefiller-host-port` header is prefilled there first, then decoded here.
  *
  * /v1/* needs `Authorization: Bearer <key>` when an API key is set. X-Request-Id becomes the engine's
  * request id (a duplicate of a live request is a 400) and is echoed. A client that disconnects before
@@ -26,6 +36,9 @@ import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
 import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind } from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
 import { jsonSink, streamSink } from './response_sinks.ts';
+import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
+import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
+import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
 import type { GenerationSink } from './generation.ts';
 
@@ -44,6 +57,12 @@ export interface InstanceInfo {
   data_port: number | null;
   max_model_len: number;
   num_pages: number;
+  /** Tokens per KV page: a router hashes prompts by it (kv/block_hash.ts). */
+  block_size: number;
+  /** KV cache groups whose pages are prefix-cached and named by KV events (empty: no prefix caching). */
+  prefix_cache_groups: number[];
+  /** This life of the instance in its KV events (a restart changes it). */
+  kv_events_epoch: string;
 }
 
 export interface InstanceServerOptions {
@@ -52,6 +71,12 @@ export interface InstanceServerOptions {
   maxModelLen: number;
   info: InstanceInfo;
   tokenizerThreads?: TokenizerThreadsOptions;
+  /** Period of the KV event stream's heartbeats. */
+  kvHeartbeatMs?: number;
+  /** Prefillers an `x-prefiller-host-port` header may name (the --kv-peers allow-list). */
+  prefillerPeers: PeerAllowList;
+  /** Bound on the sidecar's prefill leg. */
+  sidecarTimeoutMs?: number;
 }
 
 /** What the server needs of an engine besides submit/abort. */
@@ -60,6 +85,10 @@ export interface ServedEngine extends EngineHandle {
   readonly crashed: Error | null;
   /** Decode: send prefill the release of a READ this instance will never load; true if queued. */
   releaseUnused(kvTransferParams: unknown): boolean;
+  readonly kvEvents: KvEventSource;
+  load(): InstanceLoad;
+  /** Forget every cached prefix; false (nothing changed) while any page is in use. */
+  resetPrefixCache(): boolean;
 }
 
 export class InstanceServer {
@@ -67,7 +96,9 @@ export class InstanceServer {
   private readonly server: Server;
   private readonly live = new Map<Generation, ServerResponse>();
   private readonly tokenizer: TokenizerThreads;
+  private readonly kvStreams: KvEventStreams;
   private closing = false;
+  private draining = false;
 
   constructor(
     private readonly engine: ServedEngine,
@@ -78,6 +109,7 @@ export class InstanceServer {
   ) {
     this.metrics = new InstanceMetrics({ role: opts.info.role, model: opts.modelName }, readStats);
     this.tokenizer = new TokenizerThreads(opts.tokenizerThreads ?? DEFAULT_TOKENIZER_THREADS);
+    this.kvStreams = new KvEventStreams(engine.kvEvents, () => engine.load(), env, opts.kvHeartbeatMs);
     this.server = createServer((req, res) => void this.route(req, res));
     this.server.keepAliveTimeout = 30_000;
   }
@@ -94,6 +126,29 @@ export class InstanceServer {
     return this.live.size;
   }
 
+  /**
+   * Stop taking new requests (503 on /health and on new completions), then wait until every live request
+   * is answered and no page is held for a peer (bounded by `timeoutMs`). Resolves true when it drained,
+   * false when time ran out. close() still has to be called.
+   */
+  async drain(timeoutMs: number): Promise<boolean> {
+    this.draining = true;
+    const deadline = this.env.nowMs() + timeoutMs;
+    const busy = (): boolean => {
+      const l = this.engine.load();
+      return this.live.size > 0 || l.running + l.waiting + l.held_for_send > 0;
+    };
+    while (busy()) {
+      if (this.env.nowMs() >= deadline) return false;
+      await this.env.sleep(20);
+    }
+    return true;
+  }
+
+  get isDraining(): boolean {
+    return this.draining;
+  }
+
   /** Stop accepting, end every live request (aborted in the engine), close all connections. */
   async close(): Promise<void> {
     this.closing = true;
@@ -103,6 +158,7 @@ export class InstanceServer {
       res.destroy();
     }
     this.live.clear();
+    this.kvStreams.closeAll();
     this.server.closeAllConnections();
     await Promise.all([closed, this.tokenizer.close()]);
   }
@@ -118,8 +174,13 @@ export class InstanceServer {
         return;
       }
       if (req.method === 'GET' && path === '/handoff/info') return sendJson(res, 200, this.opts.info);
-      if (path.startsWith('/v1/') || path === '/handoff/release') checkBearer(req, this.opts.apiKey);
+      if (path.startsWith('/v1/') || (path.startsWith('/handoff/') && path !== '/handoff/info'))
+        checkBearer(req, this.opts.apiKey);
       if (req.method === 'POST' && path === '/handoff/release') return await this.releaseUnused(req, res);
+      if (req.method === 'GET' && path === '/handoff/kv_events') return this.kvStreams.stream(req, res);
+      if (req.method === 'GET' && path === '/handoff/kv_events/dump') return this.kvStreams.dump(res);
+      if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
+        return sendJson(res, 200, { reset: this.engine.resetPrefixCache() });
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
       if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
       if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
@@ -134,12 +195,9 @@ export class InstanceServer {
 
   private health(res: ServerResponse): void {
     const crashed = this.engine.crashed;
-    if (crashed || this.closing) {
-      sendJson(
-        res,
-        503,
-        new HandoffError('INTERNAL', crashed ? `engine loop crashed: ${crashed.message}` : 'shutting down').toJSON(),
-      );
+    if (crashed || this.closing || this.draining) {
+      const why = crashed ? `engine loop crashed: ${crashed.message}` : this.closing ? 'shutting down' : 'draining';
+      sendJson(res, 503, new HandoffError(crashed ? 'INTERNAL' : 'OVERLOADED', why).toJSON());
       return;
     }
     sendJson(res, 200, { status: 'ok', role: this.opts.info.role });
@@ -199,9 +257,45 @@ export class InstanceServer {
 
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
     const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
-    const headers = { 'x-request-id': requestId };
     res.setHeader('x-request-id', requestId);
+    const prefiller = prefillerOf(req, this.opts.prefillerPeers);
     const body = await readJsonBody(req);
+    if (prefiller === null) return this.generateFrom(kind, body, requestId, res);
+    const { kv_role: kvRole, transfer_mode: mode } = this.opts.info;
+    if (kvRole !== 'kv_consumer' || mode !== 'read')
+      throw new HandoffError('BAD_REQUEST', `${PREFILLER_HEADER} needs a READ-mode decode instance`, {
+        param: PREFILLER_HEADER,
+      });
+    // Refuse what this instance would refuse before the prefiller computes anything for nothing.
+    validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
+    if (this.closing || this.draining) throw new HandoffError('OVERLOADED', 'the server is draining');
+    const client = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) client.abort();
+    });
+    const auth = req.headers['authorization'];
+    const call = {
+      prefiller,
+      path: pathOf(req),
+      body,
+      headers: { 'x-request-id': requestId, ...(typeof auth === 'string' ? { authorization: auth } : {}) },
+      signal: client.signal,
+      timeoutMs: this.opts.sidecarTimeoutMs ?? 600_000,
+    };
+    await runSidecar(this.env, call, {
+      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res),
+      releaseUnused: (params) => void this.engine.releaseUnused(params),
+    });
+  }
+
+  /** Validate, tokenize and run one completion here; resolves once it is under way (or refused). */
+  private async generateFrom(
+    kind: ApiKind,
+    body: Record<string, unknown>,
+    requestId: string,
+    res: ServerResponse,
+  ): Promise<void> {
+    const headers = { 'x-request-id': requestId };
     const limits = { maxModelLen: this.opts.maxModelLen };
     const v = validateApiRequest(kind, body, limits);
     if (v.model !== null && v.model !== this.opts.modelName) {
@@ -213,12 +307,12 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed || this.closing) {
+    if (res.destroyed || this.closing || this.draining) {
       // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
       if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
       if (res.destroyed)
         throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
-      throw new HandoffError('OVERLOADED', 'the server is shutting down');
+      throw new HandoffError('OVERLOADED', this.draining ? 'the server is draining' : 'the server is shutting down');
     }
     const api = tokenizedApiRequest(v, promptTokenIds, limits);
     const ctx: ResponseContext = {
@@ -242,6 +336,7 @@ export class InstanceServer {
       firstToken: (ms) => this.metrics.observeTtftMs(ms),
       interToken: (ms) => this.metrics.observeItlMs(ms),
       finished: (reason, p, c) => this.metrics.observeFinished(reason, p, c, this.env.nowMs() - arrivedMs),
+      prefixCache: (p, c) => this.metrics.observePrefixCache(p, c),
     });
     gen.start(); // throws (PROMPT_TOO_LONG, BAD_TRANSFER_PARAMS, duplicate id, ...) before anything is allocated
     this.live.set(gen, res);

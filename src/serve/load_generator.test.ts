@@ -28,6 +28,16 @@ test('workload: same seed same prompts; lengths within the ranges; different see
   }
 });
 
+test('shared-prefix workload: every prompt is one of K prefixes plus its own suffix; random prompts unchanged', () => {
+  const spec = { requests: 40, promptLen: [2, 5] as [number, number], outputLen: [1, 2] as [number, number], seed: 9 };
+  const w = makeWorkload({ ...spec, workload: { kind: 'shared-prefix', prefixes: 3, prefixLen: 12 } });
+  const prefixes = new Set(w.map((x) => x.prompt.slice(0, 12).join(',')));
+  assert.equal(prefixes.size, 3, 'exactly three distinct prefixes over 40 requests');
+  for (const x of w) assert.ok(x.prompt.length >= 14 && x.prompt.length <= 17);
+  assert.equal(new Set(w.map((x) => x.prompt.join(','))).size, 40, 'suffixes make every prompt unique');
+  assert.deepEqual(makeWorkload({ ...spec, workload: { kind: 'random' } }), makeWorkload(spec));
+});
+
 test('summary: errors counted, their latencies left out, tokens per second over the wall time', () => {
   const ok = (ttft: number, itl: number[], tokens: number): RequestOutcome => ({
     ok: true,

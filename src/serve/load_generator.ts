@@ -1,9 +1,11 @@
 /**
  * The load generator behind `handoff bench serve` (in the style of `vllm bench serve`): seeded random
- * prompts (token ids) and output lengths, sent as streaming /v1/completions with ignore_eos, either a
- * fixed number in flight (--concurrency) or Poisson arrivals (--rate). Per request: TTFT = first
- * streamed token − send; ITL = gaps between streamed tokens. Reported: p50/p99 of both, output tokens
- * per second over the whole run, and the number of failed requests.
+ * prompts (token ids) and output lengths (or a shared-prefix workload: each prompt is one of K shared
+ * prefixes followed by its own random suffix, like system prompts or few-shot templates), sent as
+ * streaming /v1/completions with ignore_eos, either a fixed number in flight (--concurrency) or Poisson
+ * arrivals (--rate). Per request: TTFT = first streamed token − send; ITL = gaps between streamed
+ * tokens. Reported: p50/p99 of both, output tokens per second over the whole run, and the number of
+ * failed requests.
  */
 import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import { SeededRng, type Env } from '../util/env.ts';
@@ -24,7 +26,12 @@ export interface LoadSpec {
   apiKey: string | null;
   /** Bound on one request. */
   timeoutMs: number;
+  /** Default: random prompts of promptLen tokens. */
+  workload?: Workload;
 }
+
+/** shared-prefix: prompt = one of `prefixes` shared prefixes of `prefixLen` tokens + a promptLen suffix. */
+export type Workload = { kind: 'random' } | { kind: 'shared-prefix'; prefixes: number; prefixLen: number };
 
 /** `handoff bench serve --json` (DESIGN.md §10): exactly these keys. */
 export interface BenchServeResult {
@@ -58,13 +65,16 @@ export function percentile(sorted: readonly number[], p: number): number {
 
 /** The request bodies of a run: a pure function of the spec's seed. */
 export function makeWorkload(
-  spec: Pick<LoadSpec, 'requests' | 'promptLen' | 'outputLen' | 'seed'>,
+  spec: Pick<LoadSpec, 'requests' | 'promptLen' | 'outputLen' | 'seed' | 'workload'>,
 ): Array<{ prompt: number[]; maxTokens: number }> {
   const rng = new SeededRng(spec.seed);
   const between = ([lo, hi]: [number, number]): number => lo + rng.int(hi - lo + 1);
+  const tokens = (n: number): number[] => Array.from({ length: n }, () => rng.int(EOS_TOKEN_ID)); // any id below EOS
+  const w = spec.workload ?? { kind: 'random' };
+  const prefixes = w.kind === 'shared-prefix' ? Array.from({ length: w.prefixes }, () => tokens(w.prefixLen)) : [];
   return Array.from({ length: spec.requests }, () => {
-    const n = between(spec.promptLen);
-    const prompt = Array.from({ length: n }, () => rng.int(EOS_TOKEN_ID)); // any id below EOS
+    const prefix = prefixes.length > 0 ? (prefixes[rng.int(prefixes.length)] as number[]) : [];
+    const prompt = [...prefix, ...tokens(between(spec.promptLen))];
     return { prompt, maxTokens: between(spec.outputLen) };
   });
 }

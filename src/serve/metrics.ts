@@ -19,6 +19,8 @@ export interface InstanceStatsSnapshot {
   pagesZeroListed: number;
   pagesExcludedFromZeroing: number;
   pagesZeroed: number;
+  /** Pages a load filled only in part whose clipped tail was zeroed once it landed (issue 14). */
+  pagesTailZeroed: number;
   kvLoadFailures: number;
   leasesExpired: number;
   engineSteps: number;
@@ -89,6 +91,11 @@ function registerEngineMetrics(f: ScrapedFamilies): void {
   f.mirror('handoff_preemptions_total', 'requests preempted for lack of pages', (x) => x.preemptions);
   f.mirror('handoff_pages_zero_listed_total', 'new pages put on the zeroing list', (x) => x.pagesZeroListed);
   f.mirror('handoff_pages_zeroed_total', 'pages zeroed by the worker', (x) => x.pagesZeroed);
+  f.mirror(
+    'handoff_pages_tail_zeroed_total',
+    'pages a load filled only in part (decode pages larger than prefill pages) whose tail was zeroed once it landed',
+    (x) => x.pagesTailZeroed,
+  );
   f.mirror(
     'handoff_pages_excluded_from_zeroing_total',
     'READ destination pages removed from the zeroing list',
@@ -210,6 +217,8 @@ export class InstanceMetrics {
   private readonly promptTokens: Counter;
   private readonly generationTokens: Counter;
   private readonly httpErrors: Counter<'code'>;
+  private readonly prefixQueries: Counter;
+  private readonly prefixHits: Counter;
 
   constructor(labels: { role: string; model: string }, read: () => InstanceStatsSnapshot) {
     const reg = this.registry;
@@ -250,6 +259,18 @@ export class InstanceMetrics {
       help: 'tokens generated',
       registers: [reg],
     });
+    // Like vLLM's prefix_cache_queries/hits, in tokens, counted where a prompt is computed: a colocated or
+    // prefill request, or a decode request served without a remote prefill (not one that loads its KV).
+    this.prefixQueries = new Counter({
+      name: 'handoff_prefix_cache_queries_total',
+      help: 'prompt tokens of requests this instance computed itself, looked up in its prefix cache',
+      registers: [reg],
+    });
+    this.prefixHits = new Counter({
+      name: 'handoff_prefix_cache_hits_total',
+      help: 'of those, tokens found in its prefix cache (not computed)',
+      registers: [reg],
+    });
     this.httpErrors = new Counter({
       name: 'handoff_http_errors_total',
       help: 'requests answered with an error, by error code',
@@ -269,6 +290,10 @@ export class InstanceMetrics {
     this.promptTokens.inc(promptTokens);
     this.generationTokens.inc(completionTokens);
     this.e2e.observe(e2eMs / 1000);
+  }
+  observePrefixCache(queries: number, hits: number): void {
+    this.prefixQueries.inc(queries);
+    this.prefixHits.inc(hits);
   }
   countError(code: string): void {
     this.httpErrors.inc({ code });

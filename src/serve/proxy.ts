@@ -8,13 +8,20 @@
  *              The flow itself (order, params, which error is the answer) is pdFlow (pd_flow.ts), the
  *              same function the simulator runs; this file supplies the two HTTP legs.
  *
+ * Routing (kv_router.ts): round robin, least loaded, or kv-aware (decode first by prefix overlap from
+ * the RouterIndex that KvEventFeeds keep current from every instance's KV events, minus load; no remote
+ * prefill when decode already holds all but a short rest of the prompt). A request whose instance died
+ * (connection refused or reset) or was draining (503) before anything was streamed to the client is
+ * retried once on other instances.
+ *
  * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
- * ones are skipped. Errors of either side reach the client as one OpenAI error JSON with the upstream's
- * status; X-Request-Id is generated if absent and forwarded to both; a client that disconnects aborts
- * both upstream requests (the instances then abort theirs and free the pages). Long prompts are
- * tokenized (to refuse what decode would refuse) on a tokenizer thread, off the event loop.
+ * ones are skipped. A healthy instance whose check times out once (a busy machine) stays in; twice in a
+ * row, or refused, or answering 503, it is out. Errors of either side reach the client as one OpenAI
+ * error JSON with the upstream's status; X-Request-Id is generated if absent and forwarded to both; a
+ * client that disconnects aborts both upstream requests (the instances then abort theirs and free the
+ * pages). Long prompts are tokenized (to refuse what decode would refuse) on a tokenizer thread, off the
+ * event loop.
  */
-import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { rethrowIfAssertion } from '../util/assert.ts';
@@ -28,9 +35,12 @@ import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseApiRequestAsync } from './openai_request.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
-import { pdFlow } from './pd_flow.ts';
+import { pdFlow, type TransferParams } from './pd_flow.ts';
+import { KvEventFeed } from './kv_event_feed.ts';
+import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDecision } from './kv_router.ts';
+import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
-import { SSE_DONE, sseEvent } from './sse.ts';
+import { relay } from './proxy_relay.ts';
 import { callUpstream, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
@@ -38,6 +48,8 @@ export interface ProxyOptions {
   decodeUrls: string[];
   mode: 'read' | 'write';
   policy: RoutingPolicy;
+  /** kv-aware scoring (kv_router.ts). */
+  router: KvRouterOptions;
   apiKey: string | null;
   healthIntervalMs: number;
   healthTimeoutMs: number;
@@ -48,6 +60,7 @@ export interface ProxyOptions {
 export const DEFAULT_PROXY_OPTIONS: Omit<ProxyOptions, 'prefillUrls' | 'decodeUrls'> = {
   mode: 'read',
   policy: 'round-robin',
+  router: DEFAULT_KV_ROUTER_OPTIONS,
   apiKey: null,
   healthIntervalMs: 2000,
   healthTimeoutMs: 1000,
@@ -55,6 +68,9 @@ export const DEFAULT_PROXY_OPTIONS: Omit<ProxyOptions, 'prefillUrls' | 'decodeUr
 };
 
 type Body = Record<string, unknown>;
+
+/** Health checks in a row that may time out before a healthy instance is marked down. */
+const SLOW_CHECKS_MAX = 2;
 
 /** An upstream failure answered with the upstream's own HTTP status. */
 function withStatus(err: HandoffError, status: number): HandoffError {
@@ -68,6 +84,13 @@ export class Proxy {
   readonly prefill: InstancePool;
   readonly decode: InstancePool;
   readonly metrics: ProxyMetrics;
+  /** What each instance's prefix cache holds, from its KV events (kv-aware only). */
+  readonly index = new RouterIndex();
+  readonly router: KvRouter;
+  private readonly feeds: KvEventFeed[] = [];
+  /** Health checks in a row that timed out, per member still considered healthy. */
+  private readonly slowChecks = new Map<PoolMember, number>();
+  private rechecking: Promise<void> | null = null;
   private readonly server: Server;
   private readonly tokenizer = new TokenizerThreads(DEFAULT_TOKENIZER_THREADS);
   private timer: TimerHandle | null = null;
@@ -81,13 +104,22 @@ export class Proxy {
     this.prefill = new InstancePool('prefill', opts.prefillUrls, opts.policy);
     this.decode = new InstancePool('decode', opts.decodeUrls, opts.policy);
     this.metrics = new ProxyMetrics([this.prefill, this.decode]);
+    this.router = new KvRouter(this.index, opts.router);
     this.server = createServer((req, res) => void this.route(req, res));
     this.server.keepAliveTimeout = 30_000;
   }
 
-  /** One round of health checks now, then one every healthIntervalMs. */
+  /** One round of health checks now, then one every healthIntervalMs; kv-aware: every instance's KV events. */
   async start(): Promise<void> {
     await this.checkHealth();
+    if (this.opts.policy === 'kv-aware' && this.feeds.length === 0) {
+      for (const m of [...this.prefill.members, ...this.decode.members]) {
+        const feedOpts = { url: m.url, apiKey: this.opts.apiKey, retryMs: 500, stallMs: 5000 };
+        const feed = new KvEventFeed(m.url, this.index, { ...feedOpts, onLoad: (l) => (m.load = l) }, this.env);
+        feed.start();
+        this.feeds.push(feed);
+      }
+    }
     const tick = (): void => {
       this.timer = this.env.setTimer(this.opts.healthIntervalMs, () => {
         void this.checkHealth().finally(() => {
@@ -114,7 +146,13 @@ export class Proxy {
     this.timer?.cancel();
     const done = new Promise<void>((resolve) => this.server.close(() => resolve()));
     this.server.closeAllConnections();
-    await Promise.all([done, this.tokenizer.close()]);
+    await Promise.all([done, this.tokenizer.close(), ...this.feeds.map((f) => f.close())]);
+  }
+
+  /** One health round now, shared by every request that needs it (no herd of checks). */
+  private recheck(): Promise<void> {
+    this.rechecking ??= this.checkHealth().finally(() => (this.rechecking = null));
+    return this.rechecking;
   }
 
   async checkHealth(): Promise<void> {
@@ -147,8 +185,15 @@ export class Proxy {
       const why = info ? this.incompatibility(pool, info) : null;
       if (why) return this.down(pool, m, why);
       pool.markUp(m, info ?? undefined);
+      this.slowChecks.delete(m);
     } catch (e) {
       rethrowIfAssertion(e);
+      // One slow answer from a healthy instance (a busy machine) is not death: two in a row are.
+      const slow = (this.slowChecks.get(m) ?? 0) + 1;
+      if (e instanceof HandoffError && e.code === 'TIMEOUT' && m.healthy && slow < SLOW_CHECKS_MAX) {
+        this.slowChecks.set(m, slow);
+        return;
+      }
       this.down(pool, m, e instanceof Error ? e.message : String(e));
     }
   }
@@ -200,8 +245,8 @@ export class Proxy {
     }
   }
 
-  private pick(pool: InstancePool): PoolMember {
-    const m = pool.pick();
+  private pick(pool: InstancePool, exclude: ReadonlySet<PoolMember> = new Set()): PoolMember {
+    const m = pool.pick(exclude);
     if (!m) throw new HandoffError('PEER_UNAVAILABLE', `no healthy ${pool.side} instance`);
     return m;
   }
@@ -230,35 +275,97 @@ export class Proxy {
     res.on('close', () => {
       if (!res.writableFinished) client.abort();
     });
-    const headers = forwardHeaders(req, requestId);
-    const p = this.pick(this.prefill);
-    const d = this.pick(this.decode);
-    // Refuse what decode would refuse before prefill computes (and holds pages) for nothing. Instances
-    // without /handoff/info (e.g. vLLM) validate for themselves.
-    const maxModelLen = d.info?.max_model_len;
-    if (typeof maxModelLen === 'number') {
-      await parseApiRequestAsync(path === '/v1/completions' ? 'completion' : 'chat', body, { maxModelLen }, (text) =>
-        this.tokenizer.encode(text),
-      );
+    const tokenIds = await this.promptTokens(path, body);
+    // A side with no healthy instance may only have missed one check (a slow start): ask again first.
+    if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
+    const exclude = new Set<PoolMember>();
+    for (let attempt = 1; ; attempt++) {
+      // A retry gets its own upstream id: the first attempt's may still name pages prefill holds.
+      const upstreamId = attempt === 1 ? requestId : `${requestId.slice(0, 120)}.retry${attempt - 1}`;
+      const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
+      const route = this.routeOf(tokenIds, exclude);
+      const failed: Failed = { m: null, held: null };
+      try {
+        await this.serveRoute(route, call, failed);
+        this.metrics.count('ok');
+        return;
+      } catch (e) {
+        rethrowIfAssertion(e);
+        if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
+        exclude.add(failed.m);
+        this.metrics.retried();
+        this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
+        this.releaseHeld(failed, exclude, call.headers);
+      }
     }
+  }
+
+  /** A decode that failed after prefill answered will never read: have another decode release the pages. */
+  private releaseHeld(failed: Failed, exclude: ReadonlySet<PoolMember>, headers: Record<string, string>): void {
+    const other = failed.held === null ? null : this.decode.pick(exclude);
+    if (other !== null && failed.held !== null) void this.releaseUnused(other, failed.held, headers);
+  }
+
+  /**
+   * Refuse what decode would refuse before prefill computes (and holds pages) for nothing, and learn the
+   * prompt's token ids for kv-aware routing. Null when no decode published its limits (e.g. vLLM, which
+   * validates for itself).
+   */
+  private async promptTokens(path: string, body: Body): Promise<number[] | null> {
+    const lens = this.decode.members.flatMap((m) => (m.info ? [m.info.max_model_len] : []));
+    if (lens.length === 0) return null;
+    const kind = path === '/v1/completions' ? 'completion' : 'chat';
+    const api = await parseApiRequestAsync(kind, body, { maxModelLen: Math.min(...lens) }, (text) =>
+      this.tokenizer.encode(text),
+    );
+    return api.promptTokenIds;
+  }
+
+  /** Decode and prefill for this request (prefill null: decode computes the prompt itself). */
+  private routeOf(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>): RouteDecision {
+    if (this.opts.policy === 'kv-aware' && tokenIds !== null) {
+      const r = this.router.route({ prefill: this.prefill, decode: this.decode }, tokenIds, exclude);
+      if (r !== null) return r;
+    }
+    const decode = this.pick(this.decode, exclude);
+    return { decode, prefill: this.pick(this.prefill, exclude), decodeHitTokens: 0, prefillHitTokens: 0 };
+  }
+
+  private async serveRoute(route: RouteDecision, call: Call, failed: Failed): Promise<void> {
+    const { path, body, headers, res, client } = call;
+    const d = route.decode;
+    const relayTo = (signal: AbortSignal) => (r: Response) => relay(r, res, signal);
+    if (route.prefill === null) {
+      this.metrics.routed('decode-only');
+      const plain = { ...body };
+      delete plain['kv_transfer_params'];
+      return this.post('decode', d, { path, body: plain, headers, signal: client }, relayTo(client), failed);
+    }
+    const p = route.prefill;
+    this.metrics.routed('pd');
     const transferId = `xfer-${hexId(this.env, 16)}`;
     await pdFlow<void>(
       {
         prefill: async (ask, signal) => {
           // Once prefill answers, its answer is read even if the client left: pdFlow then has its pages released.
-          const call = { path, body: prefillBody(body, ask), headers, signal, signalUntilHeaders: true };
-          const answer = await this.post('prefill', p, call, async (r) => (await r.json()) as Body);
+          const c = { path, body: prefillBody(body, ask), headers, signal, signalUntilHeaders: true };
+          const answer = await this.post('prefill', p, c, async (r) => (await r.json()) as Body, failed);
           return { kvTransferParams: answer['kv_transfer_params'] };
         },
-        decode: (params, signal) =>
-          this.post('decode', d, { path, body: decodeBody(body, params), headers, signal }, (r) =>
-            relay(r, res, signal),
-          ),
+        decode: (params, signal) => {
+          if (this.opts.mode === 'read') failed.held = params;
+          return this.post(
+            'decode',
+            d,
+            { path, body: decodeBody(body, params), headers, signal },
+            relayTo(signal),
+            failed,
+          );
+        },
         releaseUnused: (params) => void this.releaseUnused(d, params, headers),
       },
-      { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client.signal },
+      { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client },
     );
-    this.metrics.count('ok');
   }
 
   /** Ask decode to release prefill's pages for a request it will never get; best effort (the lease is the fallback). */
@@ -281,14 +388,18 @@ export class Proxy {
     }
   }
 
-  /** Run `fn` with `m` counted as loaded; a connection failure marks it down at once. */
-  private async using<T>(pool: InstancePool, m: PoolMember, fn: () => Promise<T>): Promise<T> {
+  /**
+   * Run `fn` with `m` counted as loaded. A connection failure marks it down at once; it and a 503 (a
+   * draining or overloaded instance) name `m` in `failed`: the request may be retried elsewhere.
+   */
+  private async using<T>(pool: InstancePool, m: PoolMember, fn: () => Promise<T>, failed?: Failed): Promise<T> {
     pool.acquire(m);
     try {
       return await fn();
     } catch (e) {
-      if (e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined)
-        this.down(pool, m, e.message);
+      const dead = e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined;
+      if (dead) this.down(pool, m, e.message);
+      if (failed && (dead || (e instanceof HandoffError && e.details?.['upstreamStatus'] === 503))) failed.m = m;
       throw e;
     } finally {
       pool.release(m);
@@ -307,25 +418,49 @@ export class Proxy {
       signalUntilHeaders?: boolean;
     },
     onOk: (response: Response) => Promise<T>,
+    failed?: Failed,
   ): Promise<T> {
-    return this.using(role === 'prefill' ? this.prefill : this.decode, m, async () => {
-      const u = await callUpstream(this.env, {
-        method: 'POST',
-        url: `${m.url}${call.path}`,
-        body: call.body,
-        headers: call.headers,
-        signal: call.signal,
-        signalUntilHeaders: call.signalUntilHeaders ?? false,
-        timeoutMs: this.opts.upstreamTimeoutMs,
-      });
-      try {
-        if (!u.response.ok) throw withStatus(await upstreamError(role, u.response), u.response.status);
-        return await onOk(u.response);
-      } finally {
-        u.done();
-      }
-    });
+    const pool = role === 'prefill' ? this.prefill : this.decode;
+    return this.using(
+      pool,
+      m,
+      async () => {
+        const u = await callUpstream(this.env, {
+          method: 'POST',
+          url: `${m.url}${call.path}`,
+          body: call.body,
+          headers: call.headers,
+          signal: call.signal,
+          signalUntilHeaders: call.signalUntilHeaders ?? false,
+          timeoutMs: this.opts.upstreamTimeoutMs,
+        });
+        try {
+          if (!u.response.ok) throw withStatus(await upstreamError(role, u.response), u.response.status);
+          return await onOk(u.response);
+        } finally {
+          u.done();
+        }
+      },
+      failed,
+    );
   }
+}
+
+/** One client request as the legs need it. */
+interface Call {
+  path: string;
+  body: Body;
+  headers: Record<string, string>;
+  res: ServerResponse;
+  /** The client went away. */
+  client: AbortSignal;
+}
+
+/** The instance whose failure made an attempt fail in a way another instance may not (dead, draining). */
+interface Failed {
+  m: PoolMember | null;
+  /** The params of pages prefill holds for this attempt's decode (READ), once prefill answered. */
+  held: TransferParams | null;
 }
 
 /** Headers sent upstream: the request id and the client's credentials. */
@@ -334,27 +469,4 @@ function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<
   if (requestId !== null) h['x-request-id'] = requestId;
   if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
   return h;
-}
-
-/** Stream the decode response back unchanged (status, content type, bytes). */
-async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Promise<void> {
-  const contentType = r.headers.get('content-type') ?? 'application/json';
-  res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
-  if (!r.body) {
-    res.end();
-    return;
-  }
-  try {
-    for await (const chunk of r.body) {
-      if (!res.write(chunk)) await once(res, 'drain', { signal });
-    }
-    res.end();
-  } catch (e) {
-    rethrowIfAssertion(e);
-    if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
-    // The decode instance died mid-response: say so in the stream's own format, then end it.
-    const err = new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
-    if (contentType.startsWith('text/event-stream')) res.end(sseEvent(err.toJSON()) + SSE_DONE);
-    else res.destroy();
-  }
 }

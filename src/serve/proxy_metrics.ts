@@ -7,6 +7,8 @@ export type ProxyOutcome = 'ok' | 'error' | 'client_abort';
 export class ProxyMetrics {
   readonly registry = new Registry();
   private readonly requests: Counter<'outcome'>;
+  private readonly routes: Counter<'path'>;
+  private readonly retries: Counter;
 
   constructor(pools: readonly InstancePool[]) {
     const reg = this.registry;
@@ -14,6 +16,17 @@ export class ProxyMetrics {
       name: 'handoff_proxy_requests_total',
       help: 'completions handled, by outcome',
       labelNames: ['outcome'],
+      registers: [reg],
+    });
+    this.routes = new Counter({
+      name: 'handoff_proxy_routes_total',
+      help: 'requests by path: pd (prefill then decode) or decode-only (decode held the prefix: no remote prefill)',
+      labelNames: ['path'],
+      registers: [reg],
+    });
+    this.retries = new Counter({
+      name: 'handoff_proxy_retries_total',
+      help: 'requests retried on another instance (one died or was draining before anything was streamed)',
       registers: [reg],
     });
     const perMember = (name: string, help: string, f: (m: InstancePool['members'][number]) => number): void => {
@@ -40,6 +53,12 @@ export class ProxyMetrics {
 
   count(outcome: ProxyOutcome): void {
     this.requests.inc({ outcome });
+  }
+  routed(path: 'pd' | 'decode-only'): void {
+    this.routes.inc({ path });
+  }
+  retried(): void {
+    this.retries.inc();
   }
 
   async text(): Promise<{ contentType: string; body: string }> {

@@ -122,6 +122,9 @@ test('WRITE bodies: decode names the prefill engine and its side channel, with t
     data_port: 4001,
     max_model_len: 1024,
     num_pages: 10,
+    block_size: 16,
+    prefix_cache_groups: [0, 1],
+    kv_events_epoch: 'prefill-9',
   };
   const dec = decodeBody({ prompt: 'p' }, decodeParamsWrite(prefillIdentityOf(info), 'xfer-2'));
   assert.deepEqual(dec['kv_transfer_params'], {

@@ -6,7 +6,9 @@
  * staggered arrivals, so new requests' READs are posted while the decode stream still runs the previous
  * forward: the window in which a zeroing queued behind that forward can land after the READ.
  * Per variant: requests equal to the reference (tokens and logits), mismatches, races reported by the
- * race checker on the decode device, decode tokens/s and ITL p50. With `trace`, also the decode
+ * race checker on the decode device, decode tokens/s and ITL p50. With tensor parallel pairs
+ * (prefillTp = decodeTp = N) the reference stays colocated at TP=1, so "exact" also says that N ranks, their
+ * per-rank slabs and transfers change no bit. With `trace`, also the decode
  * instance's timeline (real_trace.ts): compute ops timed in the compute thread, NIC work requests,
  * requests, and the racing pairs highlighted.
  */
@@ -16,7 +18,7 @@ import { isHandoffError } from '../util/errors.ts';
 import type { RaceChecker } from '../device/race/race_checker.ts';
 import { deviceTimeline } from '../device/threaded.ts';
 import { TransferEngineCore } from '../transfer/core/transfer_engine.ts';
-import type { ModelPreset } from '../kv/presets.ts';
+import { BLOCK_SIZE, type ModelPreset } from '../kv/presets.ts';
 import type { ZeroExclusion } from '../connector/zero_exclusion.ts';
 import { threadedDevice } from '../engine/devices.ts';
 import { buildInstance } from '../engine/build_instance.ts';
@@ -47,6 +49,10 @@ export interface AbVariantResult {
   itlMsP50: number;
   /** Extra detail (not part of the JSON contract's required keys). */
   errors: number;
+  /** Requests whose READ failed and that decode recomputed instead (the gate wants none). */
+  loadFailures: number;
+  /** Decode pages whose clipped tail was zeroed after their READ landed (decode pages larger than prefill's). */
+  tailsZeroed: number;
   nanRequests: number;
   pagesZeroed: number;
   pagesExcludedFromZeroing: number;
@@ -59,7 +65,12 @@ export interface AbVariantResult {
 export interface AbReport {
   model: ModelPreset;
   requests: number;
+  /** Tokens per KV page of prefill and decode (they may differ: issue 14). */
+  prefillBlockSize: number;
+  decodeBlockSize: number;
   variants: AbVariantResult[];
+  /** Tensor parallel ranks of each pair's instances (the reference is colocated at TP=1). */
+  tensorParallelSize: number;
 }
 
 export interface AbOptions {
@@ -74,6 +85,12 @@ export interface AbOptions {
   trace?: boolean;
   /** Extra compute-stream time after each decode forward (emulates a bigger model's forward). */
   forwardPadMs?: number;
+  /** Tokens per KV page of each instance (default 16); the colocated reference pages by 16. */
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+  /** Tensor parallel ranks of each pair's prefill and decode (equal); the colocated reference stays at TP=1. */
+  prefillTp?: number;
+  decodeTp?: number;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -111,12 +128,20 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
   const variants: AbVariantResult[] = [];
   for (const v of opts.variants ?? AB_VARIANTS)
     variants.push(await runVariant(v, { opts, common, prompts, reference }, env));
-  return { model: opts.preset, requests: opts.requests, variants };
+  return {
+    model: opts.preset,
+    requests: opts.requests,
+    prefillBlockSize: opts.prefillBlockSize ?? BLOCK_SIZE,
+    decodeBlockSize: opts.decodeBlockSize ?? BLOCK_SIZE,
+    variants,
+    tensorParallelSize: opts.decodeTp ?? 1,
+  };
 }
 
-/** Instance settings shared by the reference and every variant's pair. */
+/** Instance settings shared by the reference and every variant's pair (pages enough at the smaller size). */
 function instanceCommon(opts: AbOptions) {
-  const numBlocks = 64 + opts.requests * Math.ceil((128 + opts.maxTokens) / 16) * 2;
+  const bs = Math.min(opts.prefillBlockSize ?? BLOCK_SIZE, opts.decodeBlockSize ?? BLOCK_SIZE, BLOCK_SIZE);
+  const numBlocks = (64 * BLOCK_SIZE) / bs + opts.requests * Math.ceil((128 + opts.maxTokens) / bs) * 2;
   return {
     preset: opts.preset,
     modelSeed: opts.seed,
@@ -168,7 +193,11 @@ async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariant
       decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' },
       raceCheck: true,
       name: `ab-${v.name}`,
+      ...(opts.prefillBlockSize !== undefined ? { prefillBlockSize: opts.prefillBlockSize } : {}),
+      ...(opts.decodeBlockSize !== undefined ? { decodeBlockSize: opts.decodeBlockSize } : {}),
       ...(opts.forwardPadMs ? { decodeForwardPadMs: opts.forwardPadMs } : {}),
+      ...(opts.prefillTp !== undefined ? { prefillTp: opts.prefillTp } : {}),
+      ...(opts.decodeTp !== undefined ? { decodeTp: opts.decodeTp } : {}),
     },
     env,
   );
@@ -271,6 +300,8 @@ function variantResult(
     tokensPerSec: tokens / (elapsedMs / 1000),
     itlMsP50: p50(itls),
     errors,
+    loadFailures: pair.decode.scheduler.stats.loadFailures,
+    tailsZeroed: pair.decodeConnector.worker.reads.stats.tailsZeroed,
     nanRequests: results.filter((r) => r?.nanLogits).length,
     pagesZeroed: pair.decode.scheduler.stats.pagesZeroListed,
     pagesExcludedFromZeroing: pair.decode.scheduler.stats.pagesExcludedFromZeroing,

@@ -48,6 +48,14 @@ test('the syncBeforeRead fix variant gates on its own when it is the only fix ch
   assert.deepEqual(r.gating, ['all-read-groups+syncBeforeRead']);
 });
 
+test('a fix variant whose READ failed and was recomputed fails the gate even though its tokens match', () => {
+  const r = abVerdict([{ ...v('all-read-groups', 'all-read-groups'), loadFailures: 2 }]);
+  assert.equal(r.ok, false);
+  assert.deepEqual(r.failures, [
+    'all-read-groups: 0 mismatched request(s), 0 race(s), 2 load failure(s) recomputed locally',
+  ]);
+});
+
 test('only buggy variants chosen: nothing gates, corruption does not fail, and the summary says so', () => {
   const r = abVerdict(buggy);
   assert.equal(r.ok, true);
@@ -55,7 +63,7 @@ test('only buggy variants chosen: nothing gates, corruption does not fail, and t
   assert.match(r.summary, /gate: none/);
 });
 
-test('CLI: a small real A/B exits 0 with the verdict in its JSON; the buggy variant races without failing it', () => {
+test('CLI: a small real A/B (prefill 8, decode 32 tokens per page) exits 0 with the verdict in its JSON; the buggy variant races without failing it', () => {
   const env: NodeJS.ProcessEnv = { ...process.env, HANDOFF_LOG_LEVEL: 'error' };
   delete env['NODE_TEST_CONTEXT'];
   const args = [
@@ -72,14 +80,21 @@ test('CLI: a small real A/B exits 0 with the verdict in its JSON; the buggy vari
     '2',
     '--variant',
     'none,all-read-groups',
+    '--prefill-block-size',
+    '8',
+    '--decode-block-size',
+    '32',
     '--json',
   ];
   const r = spawnSync(process.execPath, [HANDOFF_BIN, ...args], { encoding: 'utf8', env, timeout: 120_000 });
   assert.equal(r.status, 0, `exit code (stderr: ${r.stderr.slice(-2000)})`);
   const report = JSON.parse(r.stdout) as {
+    prefillBlockSize: number;
+    decodeBlockSize: number;
     gate: { ok: boolean; gating: string[] };
     variants: Array<{ name: string; races: number }>;
   };
+  assert.deepEqual([report.prefillBlockSize, report.decodeBlockSize], [8, 32]);
   assert.deepEqual(report.gate.gating, ['all-read-groups']);
   assert.equal(report.gate.ok, true);
   assert.ok(

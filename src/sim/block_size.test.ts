@@ -1,14 +1,22 @@
 /**
  * Block size per deployment (`--block-size`, both instances alike): with 8 and 32 tokens per page the
  * P/D worlds still pass every oracle (P/D == colocated against a reference paged by 16: the output does
- * not depend on the page size), and the seed's bug is still caught. Different sizes on the two sides
- * are refused at the handshake (transfer/core/metadata.ts compatibilityProblem).
+ * not depend on the page size), and the seed's bug is still caught.
+ *
+ * Heterogeneous sizes (issue 14, `--prefill-block-size` / `--decode-block-size`): the hetero table, every
+ * pairing of {8, 16, 32} on each micro preset, passes every oracle on hetero-block (READ or WRITE by seed;
+ * 0 races, P/D == colocated token for token and logit for logit); the loads really move the KV across
+ * sizes (no load fails, clipped tails are zeroed); forgetting the tail's zeroing is caught at seed 1.
+ * Sizes that cannot be mapped are refused at the handshake (transfer/core/metadata.test.ts).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isHandoffError } from '../util/errors.ts';
+import { MICRO_PRESETS, type ModelPreset } from '../kv/presets.ts';
+import type { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
+import { judgeEnd } from './oracles.ts';
 import { runSim } from './run_sim.ts';
-import { buildScenario } from './scenarios.ts';
+import { buildScenario, HETERO_PAIRINGS } from './scenarios.ts';
 import { SimWorld } from './world.ts';
 
 for (const blockSize of [8, 32]) {
@@ -38,9 +46,99 @@ test('block size: both engines page by it; pools keep their capacity in tokens; 
     );
   await w.shutdown();
   assert.equal(buildScenario('preempt', 'dsv4-micro', 1, { blockSize: 8 }).decode.numBlocks, 1 + 24);
+  assert.equal(buildScenario('preempt', 'dsv4-micro', 1, { decodeBlockSize: 32 }).prefill.blockSize, 16);
   assert.equal(buildScenario('1p1d', 'dsv4-micro', 1).decode.numBlocks, 64);
   assert.throws(
     () => buildScenario('1p1d', 'dsv4-micro', 1, { blockSize: 12 }),
     (e: unknown) => isHandoffError(e) && e.code === 'BAD_CONFIG',
   );
+});
+
+const SIZES = [8, 16, 32];
+
+for (const model of MICRO_PRESETS) {
+  test(`hetero table, ${model}: every pairing of {8, 16, 32} (prefill x decode) passes every oracle on hetero-block`, async () => {
+    for (const prefillBlockSize of SIZES)
+      for (const decodeBlockSize of SIZES) {
+        const r = await runSim({
+          scenario: 'hetero-block',
+          strategy: 'random',
+          seeds: 1,
+          model,
+          prefillBlockSize,
+          decodeBlockSize,
+        });
+        assert.equal(
+          r.firstFailingSeed,
+          null,
+          `P${prefillBlockSize}/D${decodeBlockSize}: ${r.violations[0]?.message ?? ''}`,
+        );
+      }
+  });
+}
+
+/** Runs hetero-block seeds and sums what decode's connector and scheduler counted. */
+async function loads(model: ModelPreset, prefillBlockSize: number, decodeBlockSize: number, seeds: number[]) {
+  const sum = { violations: 0, reads: 0, writes: 0, failed: 0, tails: 0 };
+  for (const seed of seeds) {
+    const w = await SimWorld.create({
+      scenario: 'hetero-block',
+      preset: model,
+      seed,
+      strategy: 'random',
+      prefillBlockSize,
+      decodeBlockSize,
+    });
+    await w.run();
+    await judgeEnd(w);
+    await w.shutdown();
+    const worker = w.D.engine.connector?.worker as OneSidedConnectorWorker;
+    sum.violations += w.violations.length;
+    sum.reads += worker.reads.stats.readsPosted;
+    sum.writes += (w.P.engine.connector?.worker as OneSidedConnectorWorker).saves.stats.writesPosted;
+    sum.failed += w.D.engine.scheduler.stats.loadFailures;
+    sum.tails += worker.reads.stats.tailsZeroed + worker.recvs.stats.tailsZeroed;
+  }
+  return sum;
+}
+
+test("hetero: the KV really moves across sizes (READs and WRITEs, none fails); decode pages larger than prefill's get their tails zeroed, smaller ones none", async () => {
+  // Seeds 1 and 2 of hetero-block: one WRITE world and one READ world (the mode is drawn from the seed).
+  assert.deepEqual([1, 2].map((s) => buildScenario('hetero-block', 'dsv4-micro', s).mode).sort(), ['read', 'write']);
+  const up = await loads('dsv4-micro', 8, 32, [1, 2]);
+  assert.deepEqual({ ...up, tails: up.tails > 0 }, { violations: 0, reads: 4, writes: 4, failed: 0, tails: true });
+  const down = await loads('dsv4-micro', 32, 8, [1, 2]);
+  assert.deepEqual(down, { violations: 0, reads: 4, writes: 4, failed: 0, tails: 0 });
+  const llama = await loads('llama-micro', 8, 32, [1, 2]);
+  assert.equal(llama.tails, 0, 'one precision, no Mamba: nothing is zeroed, stale bytes are harmless');
+});
+
+test('clip-tail-not-zeroed: caught at seed 1 with P 8 / D 32 (random and pct) as I2; the replay names both sizes', async () => {
+  for (const strategy of ['random', 'pct'] as const) {
+    const r = await runSim({
+      scenario: 'hetero-block',
+      strategy,
+      seeds: 1,
+      prefillBlockSize: 8,
+      decodeBlockSize: 32,
+      mutant: 'clip-tail-not-zeroed',
+    });
+    assert.equal(r.firstFailingSeed, 1, strategy);
+    assert.ok(r.violations.some((v) => v.invariant === 'I2' && /clipped tail left stale/.test(v.message)));
+    assert.match(r.replay ?? '', /--prefill-block-size 8 --decode-block-size 32 --replay$/);
+  }
+});
+
+test('hetero-block: the pairing is drawn from the seed among the unequal ones unless the options name sizes; pools keep tokens per side', () => {
+  const drawn = new Set<string>();
+  for (let seed = 1; seed <= 40; seed++) {
+    const c = buildScenario('hetero-block', 'dsv4-micro', seed);
+    assert.notEqual(c.prefill.blockSize, c.decode.blockSize);
+    drawn.add(`${c.prefill.blockSize}/${c.decode.blockSize}`);
+  }
+  assert.equal(drawn.size, HETERO_PAIRINGS.length);
+  const c = buildScenario('hetero-block', 'dsv4-micro', 1, { blockSize: 8, decodeBlockSize: 32 });
+  assert.deepEqual([c.prefill.blockSize, c.decode.blockSize], [8, 32]);
+  assert.deepEqual([c.prefill.numBlocks, c.decode.numBlocks], [1 + 126, 1 + 32]);
+  assert.equal(buildScenario('hetero-block', 'hybrid-micro', 1).mode, 'read', 'WRITE needs a model without Mamba');
 });

@@ -71,11 +71,12 @@ test('read-done-early: the release reaches the producer before the READ landed (
   assert.ok(r.violations.some((v) => v.invariant === 'I5' && /release for xfer-\d+ sent while READ/.test(v.message)));
 });
 
-test('prefix-shift moves remote pages only when decode has a cached prefix (skip > 0); the correct mapping skips both', () => {
-  const aligned = { local: [5, 6, 7, 8], remote: [1, 2, 3, 4] };
-  const ok = mutationsFor(undefined).skipLocalPrefix;
-  const bad = mutationsFor('prefix-shift').skipLocalPrefix;
-  assert.deepEqual(ok(aligned, 2), { local: [7, 8], remote: [3, 4] });
-  assert.deepEqual(bad(aligned, 2), { local: [7, 8], remote: [1, 2] });
-  assert.deepEqual(bad(aligned, 0), ok(aligned, 0));
+test('prefix-shift moves remote pages only when decode has a cached prefix; the correct mapping keeps token t <- token t', () => {
+  const remote = [1, 2, 3, 4];
+  const ok = mutationsFor(undefined).readSources;
+  const bad = mutationsFor('prefix-shift').readSources;
+  assert.deepEqual(ok(remote, 32, 16), remote);
+  // Two local pages cached: remote page 0 now sits where token 32 is read (local page 2), and so on.
+  assert.deepEqual(bad(remote, 32, 16), [1, 2, 1, 2, 3, 4]);
+  assert.deepEqual(bad(remote, 0, 16), ok(remote, 0, 16));
 });

@@ -9,8 +9,16 @@ import { DporSearch, type DporSystem } from './dpor.ts';
 import { DporWorldExplorer } from './dpor_world.ts';
 import { coverageReport, mergeCounts, type OrderCounts } from './coverage.ts';
 import { judgeEnd } from './oracles.ts';
-import { DEFAULT_SIM_PRESET, replayCommand, type SimOptions, type SimReport, type SimViolation } from './run_sim.ts';
+import {
+  DEFAULT_SIM_PRESET,
+  replayCommand,
+  tensorParallelOf,
+  type SimOptions,
+  type SimReport,
+  type SimViolation,
+} from './run_sim.ts';
 import { SimWorld, type Violation } from './world.ts';
+import { blockSizeOptions } from './scenarios.ts';
 
 export const DPOR_DEPTH_DEFAULT = 40;
 export const DPOR_MAX_SCHEDULES_DEFAULT = 10_000;
@@ -39,7 +47,8 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
         faults: false,
         ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
         ...(o.requests !== undefined ? { requests: o.requests } : {}),
-        ...(o.blockSize !== undefined ? { blockSize: o.blockSize } : {}),
+        ...blockSizeOptions(o),
+        ...tensorParallelOf(o),
         makeExplorer: (w) => new DporWorldExplorer(w, chooser),
       });
       await world.run();

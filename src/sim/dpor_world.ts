@@ -4,6 +4,7 @@
  *
  * Footprint of a choice (objects `inst/thing`; `inst/*` is all of inst; when unsure, dependent):
  *   X.op#n  compute op      writes X/host (its completion runs X's engine), the blocks it writes;
+ *   X.op#n.rK               (rank K's part of a zero or copy: the op's footprint, every rank's: conservative)
  *                           reads the blocks it reads (race-checker footprint: zero, copy, forward)
  *   net#n   READ  X<-Y      writes X/host and X's destination blocks; reads Y's source blocks and
  *                           Y/grant:<transfer> (the grant is checked where it lives)
@@ -56,8 +57,13 @@ export class DporWorldExplorer implements Explorer {
   ) {
     w.fabric.onEvent((ev) => {
       if (ev.t === 'post') {
-        const pb = w.D.kvConfig.pageBytes;
-        this.itemBlocks.set(ev.item.id, { local: blocksOf(ev.local, pb), remote: blocksOf(ev.remote, pb) });
+        // Each side's offsets are in its own pages (the two sides' block sizes, so page sizes, may differ).
+        const [poster, peer] = [w.instanceOf(ev.item.from), w.instanceOf(ev.item.to)];
+        const pb = (inst: typeof poster): number => (inst ?? w.D).kvConfig.pageBytes;
+        this.itemBlocks.set(ev.item.id, {
+          local: blocksOf(ev.local, pb(poster)),
+          remote: blocksOf(ev.remote, pb(peer)),
+        });
       } else if (ev.t === 'grant' && this.pending !== null) {
         this.pending.extra.push(`${w.instanceOf(ev.engineId)?.name ?? ev.engineId}/grant:${ev.transferId}`);
       } else if (ev.t === 'engine-closed' && this.pending !== null) {
@@ -101,7 +107,7 @@ export class DporWorldExplorer implements Explorer {
 
   footprint(c: ChoiceInfo): Footprint {
     const costMs = c.costMs ?? 0;
-    const op = /^(\w+)\.op#(\d+)$/.exec(c.key);
+    const op = /^(\w+)\.op#(\d+)(?:\.r\d+)?$/.exec(c.key);
     if (op !== null) {
       const inst = this.w.instances.find((x) => x.name === op[1]);
       const info = inst?.ops.get(Number(op[2]));

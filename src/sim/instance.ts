@@ -12,6 +12,7 @@ import type { SimDevice } from '../device/sim.ts';
 import type { OpSubmission, PageAccess } from '../device/types.ts';
 import { watchPool, watchStream } from '../kv/lifecycle_watch.ts';
 import type { ModelPreset } from '../kv/presets.ts';
+import { kvEventEpoch } from '../kv/kv_events.ts';
 import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
 import type { SimFabric } from '../transfer/sim/sim_fabric.ts';
 import { SimTransferEngine } from '../transfer/sim/sim.ts';
@@ -30,6 +31,7 @@ export interface InstanceSpec {
   modelSeed: number;
   numBlocks: number;
   blockSize: number;
+  tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
   idlePollMs: number;
@@ -38,7 +40,7 @@ export interface InstanceSpec {
 
 /** What the world learns about each op enqueued on an instance's compute stream. */
 export interface OpInfo {
-  kind: 'zero' | 'copy' | 'sleep' | 'kernel';
+  kind: 'zero' | 'zero-spans' | 'copy' | 'sleep' | 'kernel';
   what: string;
   step: number | null;
   requestIds: string[];
@@ -90,9 +92,11 @@ export class SimInstance {
         modelSeed: spec.modelSeed,
         numBlocks: spec.numBlocks,
         blockSize: spec.blockSize,
+        tensorParallelSize: spec.tensorParallelSize,
         asyncScheduling: true,
         scheduler: spec.scheduler,
         idlePollMs: spec.idlePollMs,
+        kvEventsEpoch: kvEventEpoch(env.wallMs(), inst.engineId),
         // The oracles watch the stream from its first op: instrument the device before anything uses it.
         makeDevice: async (kv) => {
           const device = await makeDevice(kv);
@@ -145,7 +149,7 @@ export class SimInstance {
           step: sub.label.step ?? null,
           requestIds: sub.label.requestIds ?? [],
           tokens: op.kind === 'kernel' ? forwardTokens(op.args) : 0,
-          pages: op.kind === 'zero' ? op.blockIds.length : op.kind === 'copy' ? op.pairs.length : 0,
+          pages: pagesOf(op),
           ...blocksOf(op, sub.footprint ?? []),
         };
         this.ops.set(opId, info);
@@ -162,9 +166,9 @@ export class SimInstance {
     watchPool(this.lifecycle, this.engine.kv.blockPool);
   }
 
-  /** Execute ready op `opId` (the observers tell the lifecycle). */
-  runOp(opId: number): void {
-    this.device.runOp(opId);
+  /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); observers tell the lifecycle. */
+  runOp(opId: number, rank: number | null = null): void {
+    this.device.runOp(opId, rank);
   }
 
   /** Stop serving without a goodbye (peer death): the NIC fails everything queued to or from it. */
@@ -183,8 +187,16 @@ function blocksOf(op: OpSubmission['op'], declared: readonly PageAccess[]): Pick
   const read = new Set<number>(declared.filter((a) => !a.write).map((a) => a.block));
   const write = new Set<number>(declared.filter((a) => a.write).map((a) => a.block));
   if (op.kind === 'zero') for (const b of op.blockIds) write.add(b);
+  if (op.kind === 'zero-spans') for (const s of op.spans) write.add(s.block);
   if (op.kind === 'copy') for (const [src, dst] of op.pairs) (read.add(src), write.add(dst));
   return { readBlocks: [...read].sort((a, b) => a - b), writeBlocks: [...write].sort((a, b) => a - b) };
+}
+
+/** Pages a zero, zero-spans or copy op touches (its cost); 0 for the others. */
+function pagesOf(op: OpSubmission['op']): number {
+  if (op.kind === 'zero') return op.blockIds.length;
+  if (op.kind === 'zero-spans') return new Set(op.spans.map((s) => s.block)).size;
+  return op.kind === 'copy' ? op.pairs.length : 0;
 }
 
 function forwardTokens(args: unknown): number {

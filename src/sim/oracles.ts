@@ -8,6 +8,7 @@
  *                        token and logits hash for logits hash, with no NaN logits
  *   leak                 both live instances are quiescent with every page back in the pool
  *   lease, cancel        held prefill pages and cancellations (cancel_oracles.ts)
+ *   router-index         xpyd: the router's index equals the pools after the last heartbeats (xpyd.ts)
  */
 import { colocatedReference } from './reference.ts';
 import type { SimWorld } from './world.ts';
@@ -20,6 +21,7 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
     w.scenario.killPrefillMidRead ||
     w.cancels.applied.length > 0;
   w.cancelOracles.judgeEnd();
+  w.xpyd?.judgeEnd();
   for (const r of w.proxy.requests) {
     const o = r.outcome;
     if (o === null) {

@@ -30,6 +30,17 @@ export interface PdPairOptions {
   decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
   name: string;
+  /** Tensor parallel ranks of each side (default 1). Unequal degrees are refused at the handshake. */
+  prefillTp?: number;
+  decodeTp?: number;
+  /** Tokens per KV page of each instance (default 16); they may differ (issue 14). */
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+}
+
+function sideBlockSize(o: PdPairOptions, role: 'producer' | 'consumer'): { blockSize?: number } {
+  const bs = role === 'producer' ? o.prefillBlockSize : o.decodeBlockSize;
+  return bs === undefined ? {} : { blockSize: bs };
 }
 
 export class PdPair {
@@ -46,6 +57,8 @@ export class PdPair {
           preset: o.preset,
           modelSeed: o.modelSeed,
           numBlocks: o.numBlocks,
+          ...sideBlockSize(o, role),
+          tensorParallelSize: (role === 'producer' ? o.prefillTp : o.decodeTp) ?? 1,
           asyncScheduling: true,
           scheduler: o.scheduler ?? {},
           idlePollMs: 2,

@@ -4,7 +4,9 @@
  *   READ:  prefill with max_tokens 1 + do_remote_decode, then decode with the params prefill returned;
  *   WRITE: both at once; decode names the prefill engine, prefill pushes when its forward is done.
  * Each request ends exactly once: success (tokens + logits hashes), or a typed failure. A prefill
- * that died fails the requests it held with PEER_UNAVAILABLE, like a dropped connection.
+ * that died fails the requests it held with PEER_UNAVAILABLE, like a dropped connection. With a
+ * `route` (the xpyd world's KV-aware router) each request goes to the instances it names; no prefill
+ * means decode computes the prompt itself (no kv_transfer_params), like the HTTP proxy's decode-only path.
  */
 import { AssertionFailure, rethrowIfAssertion } from '../util/assert.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
@@ -43,6 +45,13 @@ export interface ProxyRequest {
   endMs: number | null;
   /** Prefill finished and returned these params at this time (READ: it now holds its pages for decode). */
   prefillAnswer: { params: Record<string, unknown> | null; atMs: number } | null;
+  /** Where it was routed (null before it arrived; prefill null: decode-only). */
+  route: SimRoute | null;
+}
+
+export interface SimRoute {
+  prefill: SimInstance | null;
+  decode: SimInstance;
 }
 
 function failure(code: string | null, message: string, finishReason = 'error'): RequestOutcome {
@@ -70,6 +79,8 @@ export class SimProxy {
     private readonly onEvent: (r: ProxyRequest, what: string) => void,
     /** Set: prefill's answer travels back to the proxy as a world choice (`deliver` when it arrives). */
     private readonly answerHop: ((r: ProxyRequest, deliver: () => void) => void) | null = null,
+    /** Set: where each request goes (default: the one prefill and the one decode). */
+    private readonly router: ((r: ProxyRequest) => SimRoute) | null = null,
   ) {
     this.requests = specs.map((spec) => ({
       spec,
@@ -79,6 +90,7 @@ export class SimProxy {
       startMs: null,
       endMs: null,
       prefillAnswer: null,
+      route: null,
     }));
   }
 
@@ -98,21 +110,26 @@ export class SimProxy {
     if (r.phase === 'done') return; // its client went away before it arrived
     r.startMs = this.nowMs();
     this.onEvent(r, 'arrive');
-    if (!this.prefill.alive) return this.finish(r, failure('PEER_UNAVAILABLE', 'prefill instance is down'));
+    const route = this.router?.(r) ?? { prefill: this.prefill, decode: this.decode };
+    r.route = route;
+    if (route.prefill === null) return this.decodeOnly(r, route.decode);
+    const prefill = route.prefill;
+    const decode = route.decode;
+    if (!prefill.alive) return this.finish(r, failure('PEER_UNAVAILABLE', 'prefill instance is down'));
     r.phase = 'prefill';
     const client = new AbortController();
     this.clients.set(r.spec.index, client);
-    const addr = this.prefill.transfer.address();
+    const addr = prefill.transfer.address();
     const identity = {
-      engineId: this.prefill.engineId,
+      engineId: prefill.engineId,
       sideChannelHost: addr.host,
       sideChannelPort: addr.port,
-      transferMode: this.prefill.spec.connector.mode,
+      transferMode: prefill.spec.connector.mode,
     };
     const legs: PdLegs<RequestOutcome> = {
       prefill: (ask, signal) =>
         this.leg(
-          this.prefill,
+          prefill,
           r,
           this.prefillId(r),
           { ...r.spec.sampling, maxTokens: ask.maxTokens },
@@ -122,15 +139,34 @@ export class SimProxy {
       decode: (params, signal) => {
         r.phase = 'decode';
         if (this.mode === 'read') this.onEvent(r, 'decode');
-        return this.leg(this.decode, r, this.decodeId(r), r.spec.sampling, params, signal).then((o) => o.outcome);
+        return this.leg(decode, r, this.decodeId(r), r.spec.sampling, params, signal).then((o) => o.outcome);
       },
       // What the HTTP proxy's POST /handoff/release does on the decode instance.
       releaseUnused: (params) => {
         this.onEvent(r, 'release unused');
-        if (this.decode.alive) this.decode.engine.releaseUnused(params);
+        if (decode.alive) decode.engine.releaseUnused(params);
       },
     };
-    pdFlow(legs, { mode: this.mode, transferId: r.transferId, prefill: identity, signal: client.signal }).then(
+    this.settled(
+      r,
+      pdFlow(legs, { mode: this.mode, transferId: r.transferId, prefill: identity, signal: client.signal }),
+    );
+  }
+
+  /** Decode holds the prefix: it computes the prompt itself, no remote prefill, no transfer. */
+  private decodeOnly(r: ProxyRequest, decode: SimInstance): void {
+    if (!decode.alive) return this.finish(r, failure('PEER_UNAVAILABLE', 'decode instance is down'));
+    r.phase = 'decode';
+    this.onEvent(r, 'decode-only');
+    const client = new AbortController();
+    this.clients.set(r.spec.index, client);
+    const run = this.leg(decode, r, this.decodeId(r), r.spec.sampling, null, client.signal).then((o) => o.outcome);
+    this.settled(r, run);
+  }
+
+  /** The request ends with `flow`'s outcome, or its typed failure. */
+  private settled(r: ProxyRequest, flow: Promise<RequestOutcome>): void {
+    flow.then(
       (outcome) => this.finish(r, outcome),
       (e: unknown) => {
         this.clients.delete(r.spec.index);
@@ -150,7 +186,7 @@ export class SimProxy {
   crashed: AssertionFailure | null = null;
   private readonly clients = new Map<number, AbortController>();
   /** Prefill legs in flight: a prefill that dies fails them like a dropped connection. */
-  private readonly prefillLegs = new Map<string, (e: LegFailure) => void>();
+  private readonly prefillLegs = new Map<string, { inst: SimInstance; fail: (e: LegFailure) => void }>();
 
   /** One side of the flow: submit to `inst`; resolves on success, rejects with the failure's outcome. */
   private leg(
@@ -158,7 +194,7 @@ export class SimProxy {
     r: ProxyRequest,
     requestId: string,
     sampling: SimRequestSpec['sampling'],
-    params: Record<string, unknown>,
+    params: Record<string, unknown> | null,
     signal: AbortSignal,
   ): Promise<{ outcome: RequestOutcome; kvTransferParams: Record<string, unknown> | null }> {
     let pending = true;
@@ -172,12 +208,12 @@ export class SimProxy {
       pending = false;
       this.prefillLegs.delete(requestId);
       if (!outcome.ok) return reject(new LegFailure(outcome));
-      if (inst === this.prefill) r.prefillAnswer = { params: kvTransferParams, atMs: this.nowMs() };
-      if (inst === this.prefill && this.answerHop !== null)
-        return this.answerHop(r, () => resolve({ outcome, kvTransferParams }));
+      const isPrefill = inst.spec.role === 'producer';
+      if (isPrefill) r.prefillAnswer = { params: kvTransferParams, atMs: this.nowMs() };
+      if (isPrefill && this.answerHop !== null) return this.answerHop(r, () => resolve({ outcome, kvTransferParams }));
       resolve({ outcome, kvTransferParams });
     };
-    if (inst === this.prefill) this.prefillLegs.set(requestId, (e) => settle(e.outcome, null));
+    if (inst.spec.role === 'producer') this.prefillLegs.set(requestId, { inst, fail: (e) => settle(e.outcome, null) });
     signal.addEventListener(
       'abort',
       () => {
@@ -195,7 +231,7 @@ export class SimProxy {
     r: ProxyRequest,
     requestId: string,
     sampling: SimRequestSpec['sampling'],
-    params: Record<string, unknown>,
+    params: Record<string, unknown> | null,
     done: (o: RequestOutcome, kvTransferParams: Record<string, unknown> | null) => void,
   ): void {
     const tokens: number[] = [];
@@ -252,10 +288,11 @@ export class SimProxy {
     this.clients.get(r.spec.index)?.abort();
   }
 
-  /** The prefill instance died: requests waiting on it fail like a dropped connection. */
-  prefillDied(): void {
+  /** A prefill instance died: requests waiting on it fail like a dropped connection. */
+  prefillDied(dead: SimInstance): void {
     const err = new HandoffError('PEER_UNAVAILABLE', 'prefill instance died');
-    for (const fail of [...this.prefillLegs.values()]) fail(new LegFailure(failure(err.code, err.message)));
+    for (const leg of [...this.prefillLegs.values()])
+      if (leg.inst === dead) leg.fail(new LegFailure(failure(err.code, err.message)));
   }
 }
 

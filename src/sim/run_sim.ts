@@ -11,7 +11,7 @@ import { coverageReport, formatCoverage, mergeCounts, type CoverageReport, type 
 import { runDpor } from './dpor_run.ts';
 import { judgeEnd } from './oracles.ts';
 import { SimThreads } from './sim_threads.ts';
-import { buildScenario, type ScenarioName } from './scenarios.ts';
+import { blockSizeOptions, buildScenario, type ScenarioName } from './scenarios.ts';
 import type { SimTrace } from './trace.ts';
 import { DEFAULT_MAX_STEPS, SimWorld, type Violation } from './world.ts';
 
@@ -32,8 +32,14 @@ export interface SimOptions {
   faults?: boolean;
   maxSteps?: number;
   requests?: number;
-  /** Tokens per KV page on both instances (default 16). */
+  /** Tokens per KV page on both instances (default 16; hetero-block: drawn from the seed). */
   blockSize?: number;
+  /** Tokens per KV page of one instance (wins over blockSize). */
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+  /** Tensor parallel ranks of prefill and decode (default 1; equal, or BAD_CONFIG). */
+  prefillTp?: number;
+  decodeTp?: number;
   pctDepth?: number;
   dfsDepth?: number;
   /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
@@ -106,6 +112,10 @@ export function replayCommand(
     | 'pctDepth'
     | 'dfsDepth'
     | 'blockSize'
+    | 'prefillBlockSize'
+    | 'decodeBlockSize'
+    | 'prefillTp'
+    | 'decodeTp'
   > & { schedule?: readonly number[] },
   seed: number,
 ): string {
@@ -115,7 +125,13 @@ export function replayCommand(
   if (o.faults === false) parts.push('--no-faults');
   if (o.maxSteps !== undefined && o.maxSteps !== DEFAULT_MAX_STEPS) parts.push(`--max-steps ${o.maxSteps}`);
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
-  if (o.blockSize !== undefined && o.blockSize !== BLOCK_SIZE) parts.push(`--block-size ${o.blockSize}`);
+  // hetero-block draws its sizes from the seed unless told: there even the default size must be named.
+  if (o.blockSize !== undefined && (o.blockSize !== BLOCK_SIZE || o.scenario === 'hetero-block'))
+    parts.push(`--block-size ${o.blockSize}`);
+  if (o.prefillBlockSize !== undefined) parts.push(`--prefill-block-size ${o.prefillBlockSize}`);
+  if (o.decodeBlockSize !== undefined) parts.push(`--decode-block-size ${o.decodeBlockSize}`);
+  if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1)
+    parts.push(`--prefill-tp ${o.prefillTp ?? 1} --decode-tp ${o.decodeTp ?? 1}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
   if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
@@ -135,7 +151,8 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.faults !== undefined ? { faults: o.faults } : {}),
     ...(o.maxSteps !== undefined ? { maxSteps: o.maxSteps } : {}),
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
-    ...(o.blockSize !== undefined ? { blockSize: o.blockSize } : {}),
+    ...blockSizeOptions(o),
+    ...tensorParallelOf(o),
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
@@ -238,14 +255,37 @@ class Tally {
  * before any seed runs on a thread.
  */
 export function checkPlayable(
-  o: Pick<SimOptions, 'scenario' | 'model' | 'requests' | 'mutant' | 'blockSize'>,
+  o: Pick<
+    SimOptions,
+    | 'scenario'
+    | 'model'
+    | 'requests'
+    | 'mutant'
+    | 'blockSize'
+    | 'prefillBlockSize'
+    | 'decodeBlockSize'
+    | 'prefillTp'
+    | 'decodeTp'
+  >,
   seed = 1,
 ): void {
   buildScenario(o.scenario, o.model ?? DEFAULT_SIM_PRESET, seed, {
     requests: o.requests,
     mutant: o.mutant,
-    blockSize: o.blockSize,
+    ...blockSizeOptions(o),
+    ...tensorParallelOf(o),
   });
+}
+
+/** The tensor parallel options of a run, only those set (worlds and scenarios default to 1). */
+export function tensorParallelOf(o: Pick<SimOptions, 'prefillTp' | 'decodeTp'>): {
+  prefillTp?: number;
+  decodeTp?: number;
+} {
+  return {
+    ...(o.prefillTp !== undefined ? { prefillTp: o.prefillTp } : {}),
+    ...(o.decodeTp !== undefined ? { decodeTp: o.decodeTp } : {}),
+  };
 }
 
 /** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */

@@ -17,11 +17,33 @@
  *   cancel-everywhere-write  the same in WRITE mode (the transfer point is then its WRITE)
  *   tight-write      WRITE, 8 requests, a 16-page decode pool: landed loads hold most pages while the
  *                    head waits for more (vLLM #57841; deadlocked before page holders went first)
+ *   hetero-block     prefill and decode with different block sizes (issue 14): unless the options say
+ *                    otherwise, the pairing is drawn from the seed among the six unequal pairings of
+ *                    {8, 16, 32}, and so is the mode (READ or WRITE; READ for Mamba models); 4 requests:
+ *                    one a multiple of 32 tokens (decode's lookahead tail), the others a shared 32-token
+ *                    prefix (prefix hits on both sides) plus 3-40 tokens, so transfers end mid-page on
+ *                    either side; the second has 2-8 (mod 32) tokens in all, so whenever decode's pages
+ *                    are the larger, its last decode page is filled only in part (a clipped tail), on
+ *                    Mamba models (prefill computes N-1) too
+ *
+ * Block sizes: `blockSize` sets both sides, `prefillBlockSize` / `decodeBlockSize` one each (they win);
+ * the pools keep their capacity in tokens (pagesFor).
+ *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
+ *                    follows every instance's KV events through a channel that loses, duplicates and
+ *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
+ *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts)
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { BLOCK_SIZE, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import {
+  BLOCK_SIZE,
+  checkEqualTensorParallel,
+  checkTensorParallelSize,
+  isBlockSize,
+  kvTwin,
+  type ModelPreset,
+} from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -40,6 +62,8 @@ export const SCENARIOS = [
   'cancel-everywhere',
   'cancel-everywhere-write',
   'tight-write',
+  'hetero-block',
+  'xpyd',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -49,6 +73,10 @@ export function isScenarioName(s: string): s is ScenarioName {
 
 export interface SideConfig {
   numBlocks: number;
+  /** Tokens per KV page on this side. */
+  blockSize: number;
+  /** Tensor parallel ranks of the instance (equal on both sides, checkEqualTensorParallel). */
+  tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
 }
@@ -56,8 +84,6 @@ export interface SideConfig {
 export interface ScenarioConfig {
   name: ScenarioName;
   preset: ModelPreset;
-  /** Tokens per KV page on both instances. */
-  blockSize: number;
   modelSeed: number;
   mode: 'read' | 'write';
   requests: SimRequestSpec[];
@@ -72,6 +98,17 @@ export interface ScenarioConfig {
   answerHop: boolean;
   idlePollMs: number;
   notifyTimeoutMs: number;
+  /** xpyd: the extra instances and the router (null: one prefill and one decode, the proxy's flow). */
+  xpyd: XpydScenario | null;
+}
+
+export interface XpydScenario {
+  prefills: number;
+  decodes: number;
+  kvWeight: number;
+  skipPrefillMaxTokens: number;
+  /** The decode that restarts once idle (index into the decodes). */
+  restartDecode: number;
 }
 
 /** Where in a request's life its client may go away (cancel_points.ts offers each as an explorer action). */
@@ -107,18 +144,30 @@ function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
 function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const prefix = name === 'prefix-hit' ? prompt(rng, 32, vocab) : [];
+  const shared = name === 'prefix-hit' || name === 'hetero-block';
+  const prefix = shared ? prompt(rng, 32, vocab) : [];
+  const xpydPrefixes = name === 'xpyd' ? [prompt(rng, 32, vocab), prompt(rng, 32, vocab)] : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
     let len: number;
     if (name === 'chunked-prefill') len = 60 + rng.int(90);
     else if (name === 'preempt') len = 20 + rng.int(25);
+    else if (index === 0 && name === 'hetero-block')
+      len = 32 * (1 + rng.int(2)); // aligned to every block size: decode's lookahead adds a tail page
     else if (index === 0)
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
+    // Draws stay in the order each scenario was measured with (the bug zoo's seed bounds depend on it).
+    const heteroSuffix = name !== 'hetero-block' ? 0 : index === 1 ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
     const tokens =
-      name === 'prefix-hit' ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)] : prompt(rng, len, vocab);
-    arrivalMs += name === 'prefix-hit' ? 15 + rng.int(10) : rng.int(4);
+      name === 'prefix-hit'
+        ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
+        : name === 'hetero-block' && index > 0
+          ? [...prefix, ...prompt(rng, heteroSuffix, vocab)]
+          : name === 'xpyd'
+            ? [...(xpydPrefixes[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]
+            : prompt(rng, len, vocab);
+    arrivalMs += shared || name === 'xpyd' ? 15 + rng.int(10) : rng.int(4);
     return {
       index,
       promptTokenIds: tokens,
@@ -153,9 +202,55 @@ function scenarioConnector(
     'read-done-early': 'consumer',
     'prefix-shift': 'consumer',
     'leak-on-cancel': 'consumer',
+    'clip-tail-not-zeroed': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
+}
+
+/** Tokens per page: `blockSize` both sides, `prefillBlockSize` / `decodeBlockSize` one side each (they win). */
+export interface BlockSizeOptions {
+  blockSize?: number;
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+}
+
+/** The options' block sizes that are set (to pass them on). */
+export function blockSizeOptions(o: BlockSizeOptions): BlockSizeOptions {
+  const out: BlockSizeOptions = {};
+  if (o.blockSize !== undefined) out.blockSize = o.blockSize;
+  if (o.prefillBlockSize !== undefined) out.prefillBlockSize = o.prefillBlockSize;
+  if (o.decodeBlockSize !== undefined) out.decodeBlockSize = o.decodeBlockSize;
+  return out;
+}
+
+/** The unequal pairings hetero-block draws from: [prefill, decode] tokens per page. */
+export const HETERO_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
+  [8, 16],
+  [8, 32],
+  [16, 32],
+  [16, 8],
+  [32, 8],
+  [32, 16],
+];
+
+/** [prefill, decode] tokens per page: the options, else (hetero-block) a pairing drawn from the seed, else 16. */
+function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions): [number, number] {
+  const drawn = name === 'hetero-block' ? HETERO_PAIRINGS[rng.int(HETERO_PAIRINGS.length)] : undefined;
+  const both = o.blockSize;
+  return [
+    o.prefillBlockSize ?? both ?? drawn?.[0] ?? BLOCK_SIZE,
+    o.decodeBlockSize ?? both ?? drawn?.[1] ?? BLOCK_SIZE,
+  ];
+}
+
+/** READ or WRITE: by name; hetero-block draws it from the seed (READ on Mamba models: WRITE needs none). */
+function scenarioMode(name: ScenarioName, preset: ModelPreset, rng: SeededRng): 'read' | 'write' {
+  if (name === 'hetero-block') {
+    const write = rng.int(2) === 1;
+    return write && kvTwin(preset) !== 'hybrid-mini' ? 'write' : 'read';
+  }
+  return ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name) ? 'write' : 'read';
 }
 
 /** A pool of `pages16` pages of 16 tokens, as pages of `blockSize` tokens holding as many tokens (+ the null page). */
@@ -163,22 +258,42 @@ function pagesFor(pages16: number, blockSize: number): number {
   return 1 + Math.ceil(((pages16 - 1) * BLOCK_SIZE) / blockSize);
 }
 
+/** Requests per world where a scenario wants other than 3. */
+const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
+  preempt: 4,
+  'prefix-hit': 4,
+  'hetero-block': 4,
+  'tight-write': 8,
+  xpyd: 6,
+};
+
+/** Tensor parallel degrees [prefill, decode] (equal, each dividing the shards) and block sizes, or BAD_CONFIG. */
+function checkGeometryOptions(
+  preset: ModelPreset,
+  opts: { prefillTp?: number; decodeTp?: number } & BlockSizeOptions,
+): [number, number] {
+  const prefillTp = checkTensorParallelSize(preset, opts.prefillTp ?? 1, 'prefill-tp');
+  const decodeTp = checkTensorParallelSize(preset, opts.decodeTp ?? 1, 'decode-tp');
+  checkEqualTensorParallel(prefillTp, decodeTp);
+  for (const bs of [opts.blockSize, opts.prefillBlockSize, opts.decodeBlockSize])
+    if (bs !== undefined && !isBlockSize(bs))
+      throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${bs}`);
+  return [prefillTp, decodeTp];
+}
+
 export function buildScenario(
   name: ScenarioName,
   preset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName; blockSize?: number } = {},
+  opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
 ): ScenarioConfig {
-  if (opts.blockSize !== undefined && !isBlockSize(opts.blockSize))
-    throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${opts.blockSize}`);
-  const blockSize = opts.blockSize ?? BLOCK_SIZE;
+  const [prefillTp, decodeTp] = checkGeometryOptions(preset, opts);
   const rng = new SeededRng(streamSeed(seed, 3));
-  const mode = ['1p1d-write', 'abort-write', 'cancel-everywhere-write', 'tight-write'].includes(name)
-    ? 'write'
-    : 'read';
+  const [prefillBs, decodeBs] = sideBlockSizes(name, rng, opts);
+  const mode = scenarioMode(name, preset, rng);
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
-  const n = opts.requests ?? (name === 'preempt' || name === 'prefix-hit' ? 4 : name === 'tight-write' ? 8 : 3);
+  const n = opts.requests ?? DEFAULT_REQUESTS[name] ?? 3;
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
   const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
@@ -196,13 +311,20 @@ export function buildScenario(
   return {
     name,
     preset,
-    blockSize,
     modelSeed: 1,
     mode,
     requests,
-    prefill: { numBlocks: pagesFor(64, blockSize), scheduler: sched('producer'), connector: connector('producer') },
+    prefill: {
+      numBlocks: pagesFor(64, prefillBs),
+      blockSize: prefillBs,
+      tensorParallelSize: prefillTp,
+      scheduler: sched('producer'),
+      connector: connector('producer'),
+    },
     decode: {
-      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, blockSize),
+      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
+      blockSize: decodeBs,
+      tensorParallelSize: decodeTp,
       scheduler: sched('consumer'),
       connector: connector('consumer'),
     },
@@ -212,5 +334,10 @@ export function buildScenario(
     answerHop: isCancelScenario(name),
     idlePollMs: 2,
     notifyTimeoutMs: 50,
+    // Drawn last: the other scenarios' draws stay as they were.
+    xpyd:
+      name === 'xpyd'
+        ? { prefills: 2, decodes: 2, kvWeight: 4, skipPrefillMaxTokens: 24, restartDecode: rng.int(2) }
+        : null,
   };
 }

@@ -24,14 +24,15 @@ import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
 import { OrderCoverage } from './coverage.ts';
-import { buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
+import { blockSizeOptions, buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
 import { CancelPoints } from './cancel_points.ts';
 import { CancelOracles } from './cancel_oracles.ts';
+import { XpydRouting } from './xpyd.ts';
 
 export type OracleName =
-  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel';
+  'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel' | 'router-index';
 
 export interface Violation {
   oracle: OracleName;
@@ -56,8 +57,13 @@ export interface WorldOptions {
   /** Stop at the first violation (default); a trace run goes on to show what followed. */
   stopOnViolation?: boolean;
   requests?: number;
-  /** Tokens per KV page on both instances (default 16). */
+  /** Tokens per KV page: both instances, or each (scenarios.ts BlockSizeOptions; default 16). */
   blockSize?: number;
+  prefillBlockSize?: number;
+  decodeBlockSize?: number;
+  /** Tensor parallel ranks of prefill and decode (default 1; they must be equal). */
+  prefillTp?: number;
+  decodeTp?: number;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
 }
@@ -100,6 +106,9 @@ export class SimWorld {
   ballast: { blocks: KVCacheBlock[]; releaseAtStep: number } | null = null;
   P!: SimInstance;
   D!: SimInstance;
+  /** xpyd: the other instances (and restarted ones) and the KV-aware router over all of them. */
+  readonly extra: SimInstance[] = [];
+  xpyd: XpydRouting | null = null;
   proxy!: SimProxy;
   coverage!: OrderCoverage;
   cancels!: CancelPoints;
@@ -125,32 +134,25 @@ export class SimWorld {
     const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
       requests: opts.requests,
       mutant: opts.mutant,
-      blockSize: opts.blockSize,
+      ...blockSizeOptions(opts),
+      prefillTp: opts.prefillTp,
+      decodeTp: opts.decodeTp,
     });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
     const onViolation = (name: string) => (v: LifecycleViolation) => w.lifecycleViolation(name, v);
     const common = {
       preset: scenario.preset,
-      blockSize: scenario.blockSize,
       modelSeed: scenario.modelSeed,
       idlePollMs: scenario.idlePollMs,
       notifyTimeoutMs: scenario.notifyTimeoutMs,
     };
-    w.P = await SimInstance.create(
-      { ...common, ...scenario.prefill, name: 'P', role: 'producer' },
-      w.env,
-      w.fabric,
-      observer,
-      onViolation('P'),
-    );
-    w.D = await SimInstance.create(
-      { ...common, ...scenario.decode, name: 'D', role: 'consumer' },
-      w.env,
-      w.fabric,
-      observer,
-      onViolation('D'),
-    );
+    const build = (name: string, role: 'producer' | 'consumer'): Promise<SimInstance> => {
+      const side = role === 'producer' ? scenario.prefill : scenario.decode;
+      return SimInstance.create({ ...common, ...side, name, role }, w.env, w.fabric, observer, onViolation(name));
+    };
+    w.P = await build('P', 'producer');
+    w.D = await build('D', 'consumer');
     w.proxy = new SimProxy(
       scenario.requests,
       w.P,
@@ -159,7 +161,9 @@ export class SimWorld {
       () => w.env.nowMs(),
       (r, what) => w.proxyEvent(r, what),
       scenario.answerHop ? (r, deliver) => w.cancels.hop(r, deliver) : null,
+      scenario.xpyd ? (r) => (w.xpyd as XpydRouting).route(r) : null,
     );
+    if (scenario.xpyd) w.xpyd = await XpydRouting.create(w, scenario.xpyd, build);
     w.cancels = new CancelPoints(w);
     w.cancels.install();
     w.cancelOracles = new CancelOracles(w, w.cancels);
@@ -170,11 +174,11 @@ export class SimWorld {
   }
 
   instanceOf(engineId: string): SimInstance | null {
-    return engineId === this.P.engineId ? this.P : engineId === this.D.engineId ? this.D : null;
+    return this.instances.find((i) => i.engineId === engineId) ?? null;
   }
 
   get instances(): SimInstance[] {
-    return [this.P, this.D];
+    return [this.P, this.D, ...this.extra];
   }
 
   violate(oracle: OracleName, message: string, invariant?: Invariant): void {
@@ -189,7 +193,7 @@ export class SimWorld {
   }
 
   private lifecycleViolation(instance: string, v: LifecycleViolation): void {
-    const inst = instance === 'P' ? this.P : this.D;
+    const inst = this.instances.find((i) => i.name === instance);
     if (inst !== undefined && !inst.alive) return; // a dead instance's memory no longer matters
     this.violate('lifecycle', `${v.invariant}: ${v.message}`, v.invariant);
     this.trace?.instant({
@@ -220,7 +224,7 @@ export class SimWorld {
       atMs: this.env.nowMs(),
       args: { key, step: info.step, requests: info.requestIds },
     });
-    if (info.kind === 'zero' && this.buggify.fire('delay-zero'))
+    if ((info.kind === 'zero' || info.kind === 'zero-spans') && this.buggify.fire('delay-zero'))
       this.delayedZeros.set(key, this.step + 1 + this.buggify.int(40));
     if (
       inst === this.D &&
@@ -265,7 +269,7 @@ export class SimWorld {
   private opCost(info: OpInfo | undefined): number {
     if (info === undefined) return COST.actionMs;
     if (info.kind === 'kernel') return forwardCostMs(info.tokens);
-    if (info.kind === 'zero') return zeroCostMs(info.pages);
+    if (info.kind === 'zero' || info.kind === 'zero-spans') return zeroCostMs(info.pages);
     if (info.kind === 'copy') return COST.copyPerPageMs * info.pages;
     return 0;
   }
@@ -278,9 +282,11 @@ export class SimWorld {
       for (const r of inst.device.readyOps()) {
         const info = inst.ops.get(r.id);
         const key = `${inst.name}.op#${r.id}`;
+        // With tensor parallel ranks a zero or copy runs per rank: one choice (and one agent) per rank part.
+        const rank = r.rank === null ? '' : `.r${r.rank}`;
         const c: Choice = {
-          key,
-          agent: `${inst.name}.compute`,
+          key: `${key}${rank}`,
+          agent: `${inst.name}.compute${rank}`,
           costMs: this.opCost(info),
           process: inst.name,
           lane: 'compute',
@@ -291,7 +297,7 @@ export class SimWorld {
             tokens: info?.tokens ?? 0,
             pages: info?.pages ?? 0,
           },
-          apply: () => inst.runOp(r.id),
+          apply: () => inst.runOp(r.id, r.rank),
         };
         if ((this.delayedZeros.get(key) ?? -1) > this.step) held.push(c);
         else out.push(c);
@@ -378,6 +384,7 @@ export class SimWorld {
       await settle();
       this.checkRacesAndCrashes();
       this.cancelOracles.afterStep();
+      this.xpyd?.afterStep();
       if ((this.violations.length > 0 && this.opts.stopOnViolation !== false) || this.isDone()) {
         this.explorer.ended?.(this.choices().map((c) => c.key));
         break;

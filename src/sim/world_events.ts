@@ -12,6 +12,7 @@
  *     and the abort scenario's abort from decode's WRITE grant on (decode awaits prefill's WRITE);
  *   - records NIC slices and maps race-checker work-request ids to them for the trace.
  */
+import type { PageSpan } from '../device/types.ts';
 import type { RaceReport } from '../device/race/race_report.ts';
 import type { WireRange } from '../transfer/core/ranges.ts';
 import type { FabricEvent, FabricItem } from '../transfer/sim/sim_fabric.ts';
@@ -23,6 +24,8 @@ import type { SimWorld } from './world.ts';
 interface Pages {
   local: number[];
   remote: number[];
+  /** The bytes written at the destination (local for a READ, remote for a WRITE), per page. */
+  dstSpans: PageSpan[];
 }
 
 export class WorldEvents {
@@ -36,14 +39,21 @@ export class WorldEvents {
 
   constructor(private readonly w: SimWorld) {}
 
-  private pagesOf(ranges: readonly WireRange[]): number[] {
-    const pageBytes = this.w.D.kvConfig.pageBytes;
-    const out = new Set<number>();
+  /** The pages (and the byte spans inside each) that ranges of an instance with `pageBytes` pages touch. */
+  private spansOf(ranges: readonly WireRange[], pageBytes: number): PageSpan[] {
+    const out: PageSpan[] = [];
     for (const r of ranges) {
-      for (let b = Math.floor(r.offset / pageBytes); b <= Math.floor((r.offset + r.length - 1) / pageBytes); b++)
-        out.add(b);
+      for (let b = Math.floor(r.offset / pageBytes); b <= Math.floor((r.offset + r.length - 1) / pageBytes); b++) {
+        const start = Math.max(r.offset, b * pageBytes) - b * pageBytes;
+        const end = Math.min(r.offset + r.length, (b + 1) * pageBytes) - b * pageBytes;
+        out.push({ slab: r.slab, block: b, start, end });
+      }
     }
-    return [...out].sort((a, b) => a - b);
+    return out;
+  }
+
+  private pagesOf(spans: readonly PageSpan[]): number[] {
+    return [...new Set(spans.map((s) => s.block))].sort((a, b) => a - b);
   }
 
   handle(ev: FabricEvent): void {
@@ -92,7 +102,14 @@ export class WorldEvents {
     const poster = this.w.instanceOf(item.from);
     const peer = this.w.instanceOf(item.to);
     if (poster === null || peer === null) return;
-    const p: Pages = { local: this.pagesOf(localRanges), remote: this.pagesOf(remoteRanges) };
+    // Each side's offsets are in its own pages: the two sides' page sizes differ with their block sizes.
+    const local = this.spansOf(localRanges, poster.kvConfig.pageBytes);
+    const remote = this.spansOf(remoteRanges, peer.kvConfig.pageBytes);
+    const p: Pages = {
+      local: this.pagesOf(local),
+      remote: this.pagesOf(remote),
+      dstSpans: item.kind === 'read' ? local : remote,
+    };
     this.pages.set(item.id, p);
     if (rcId !== null) this.rcItems.set(`${poster.name}:${rcId}`, item.id);
     const owner = this.checkOwner(
@@ -132,7 +149,7 @@ export class WorldEvents {
     if (p === undefined || poster === null || peer === null) return;
     const [dst, dstPages, src, srcPages] =
       item.kind === 'read' ? [poster, p.local, peer, p.remote] : [peer, p.remote, poster, p.local];
-    dst.lifecycle.inboundDone(item.id, dstPages, landed);
+    dst.lifecycle.inboundDone(item.id, dstPages, landed, p.dstSpans);
     if (landed) src.lifecycle.outboundRan(item.id, srcPages);
     else src.lifecycle.outboundDone(item.id, srcPages);
     if (item.kind === 'write' && landed) this.writes.get(`${item.from}|${item.transferId}`)?.landed.add(item.id);
@@ -167,7 +184,8 @@ export class WorldEvents {
   private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
     const r = this.requestOf(item);
     if (r === undefined || !dst.alive) return '';
-    const idOf = (q: ProxyRequest): string => (dst === this.w.D ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q));
+    const idOf = (q: ProxyRequest): string =>
+      dst.spec.role === 'consumer' ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q);
     const owner = idOf(r);
     const mine = new Set(dst.engine.kv.getBlockIds(owner).flat());
     for (const q of this.w.proxy.requests) {
@@ -213,16 +231,20 @@ export class WorldEvents {
     }
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
     if (abortHere) this.offerAbort(r, inFlight);
+    const peer = w.instanceOf(item.to); // a READ's producer (1P1D: P)
     const kill =
-      item.kind === 'read' && w.P.alive && (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
-    if (kill && !w.actions.has('act:kill:P')) {
+      item.kind === 'read' &&
+      peer !== null &&
+      peer.alive &&
+      (w.scenario.killPrefillMidRead || w.buggify.fire('kill-peer', 0.1));
+    if (kill && !w.actions.has(`act:kill:${peer.name}`)) {
       w.addAction({
-        key: 'act:kill:P',
+        key: `act:kill:${peer.name}`,
         name: 'kill prefill',
-        enabled: () => inFlight() && w.P.alive,
+        enabled: () => inFlight() && peer.alive,
         run: () => {
-          w.P.kill();
-          w.proxy.prefillDied();
+          peer.kill();
+          w.proxy.prefillDied(peer);
         },
       });
     }
@@ -242,8 +264,10 @@ export class WorldEvents {
 
   /** Highlight a race's two accesses in the trace. */
   markRace(instance: string, r: RaceReport, blocks: number[]): void {
+    // The checker numbers ops as the device does, except rank parts (TP > 1): those are not highlighted.
+    const ranked = (this.w.instances.find((i) => i.name === instance)?.device.ranks ?? 1) > 1;
     const keyOf = (x: RaceReport['a']): string | null => {
-      if (x.source === 'op') return `${instance}.op#${x.id}`;
+      if (x.source === 'op') return ranked ? null : `${instance}.op#${x.id}`;
       if (x.source === 'nic') {
         const item = this.rcItems.get(`${instance}:${x.id}`);
         return item === undefined ? null : `net#${item}`;

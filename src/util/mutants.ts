@@ -18,6 +18,10 @@ export const MUTANTS = {
     'READ mapping skips decode’s cached prefix on the local side only: remote page i lands in local skip+i',
   'leak-on-cancel':
     'decode never releases a READ it will not load (client gone after prefill answered): prefill waits for the lease',
+  'clip-tail-not-zeroed':
+    'a decode page only partly filled by the transfer (larger than the prefill pages it receives) keeps the stale bytes past the transferred tokens: the zeroing after the load is forgotten',
+  'kv-index-ignores-seq':
+    'the router applies KV event batches as they arrive (no sequence order, no gap detection, no dump)',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -45,10 +49,17 @@ export interface Mutations {
   readonly fenceAbortedWrites: boolean;
   /** READ consumer: a READ is complete when its bytes landed in our pages (not when it was posted). */
   readonly readDoneWhenLanded: boolean;
-  /** READ consumer: leave out decode's `skip` locally cached pages from an aligned local/remote pairing. */
-  skipLocalPrefix(aligned: { local: number[]; remote: number[] }, skip: number): { local: number[]; remote: number[] };
+  /**
+   * READ consumer: prefill's pages (from its token 0) that decode's tokens from `hitTokens` on map onto.
+   * Correct: all of them, unchanged (local token t <- remote token t).
+   */
+  readSources(remote: number[], hitTokens: number, remoteBlockSize: number): number[];
+  /** READ and WRITE consumers: a destination page's slots past the transferred tokens are zeroed after the load. */
+  readonly zeroClippedTails: boolean;
   /** READ consumer: a load that will never run (cancelled, refused) still sends the producer its release. */
   readonly releaseUnusedLoads: boolean;
+  /** Router index: batches apply in sequence order; a gap or a heartbeat ahead of it asks for a dump. */
+  readonly orderKvEventsBySeq: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -59,8 +70,10 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   writeDoneAfterData: true,
   fenceAbortedWrites: true,
   readDoneWhenLanded: true,
-  skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(skip) }),
+  readSources: (remote) => remote,
+  zeroClippedTails: true,
   releaseUnusedLoads: true,
+  orderKvEventsBySeq: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -73,10 +86,13 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'write-done-early': { writeDoneAfterData: false },
   'stale-writer': { fenceAbortedWrites: false },
   'read-done-early': { readDoneWhenLanded: false },
+  // Remote page i lands in the local page of token hitTokens + i * remoteBlockSize: shifted by the local hit.
   'prefix-shift': {
-    skipLocalPrefix: (a, skip) => ({ local: a.local.slice(skip), remote: a.remote.slice(0, a.remote.length - skip) }),
+    readSources: (remote, hitTokens, bs) => [...remote.slice(0, Math.floor(hitTokens / bs)), ...remote],
   },
   'leak-on-cancel': { releaseUnusedLoads: false },
+  'clip-tail-not-zeroed': { zeroClippedTails: false },
+  'kv-index-ignores-seq': { orderKvEventsBySeq: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {

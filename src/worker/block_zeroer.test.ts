@@ -58,3 +58,30 @@ test('hybrid-mini: a Mamba state page not in the list keeps its bytes; llama-min
   const llama = makeKVCacheConfig(presetKVGroups('llama-mini'), 6);
   assert.throws(() => new BlockZeroer(d, llama), /only when the KV cache needs zeroing/);
 });
+
+test('TP=2: the listed pages of every rank’s attention slabs are zeroed (one part per rank on its own stream)', async () => {
+  const cfg = makeKVCacheConfig(presetKVGroups('dsv4-mini'), 8, 2);
+  const d = createSimDevice({
+    numSlabs: cfg.numSlabs,
+    numBlocks: cfg.numBlocks,
+    pageBytes: cfg.pageBytes,
+    tensorParallelSize: 2,
+  });
+  d.slabs.forEach((s, i) => s.fill(0x40 + i));
+  const z = new BlockZeroer(d, cfg);
+  assert.deepEqual(z.slabs, [0, 1, 2, 3], 'rank 0 slabs 0-1, rank 1 slabs 2-3');
+  const t = z.zeroBlockIds([3], 1);
+  assert.deepEqual(
+    d.readyOps().map((r) => [r.rank, r.stream]),
+    [
+      [0, 'compute.r0'],
+      [1, 'compute.r1'],
+    ],
+  );
+  d.runAll();
+  await t?.done;
+  for (const s of d.slabs) {
+    assert.ok(s.subarray(3 * cfg.pageBytes, 4 * cfg.pageBytes).every((x) => x === 0));
+    assert.ok(s.subarray(2 * cfg.pageBytes, 3 * cfg.pageBytes).every((x) => x !== 0));
+  }
+});

@@ -4,12 +4,21 @@
  * share one type instead of an `unknown` cast.
  */
 
-/** READ consumer: pull these pages this step. Lists are per transfer group (attention groups, then Mamba). */
+/**
+ * READ consumer: pull these pages this step. Lists are per transfer group (attention groups, then Mamba):
+ * tokens [start, end) of tokenRuns[g] move from the remote pages to the local ones (token t <-> token t;
+ * the two sides' block sizes may differ), a Mamba group's state page moves whole.
+ */
 export interface RecvReqMeta {
   requestId: string;
   transferId: string;
+  /** Destination pages (decode), in token order: the first holds token floor(start / blockSize) * blockSize. */
   localBlockIds: number[][];
+  /** Source pages (prefill), in token order, in prefill's block size. */
   remoteBlockIds: number[][];
+  tokenRuns: Array<[start: number, end: number]>;
+  /** prefill's tokens per page (remote_block_ids are in these units). */
+  remoteBlockSize: number;
   remoteEngineId: string;
   remoteHost: string;
   remotePort: number;
@@ -27,10 +36,15 @@ export interface SaveReqMeta {
 export interface NotifyReqMeta {
   requestId: string;
   transferId: string;
-  /** Every page of the request per transfer group; page i receives the producer's page i. */
+  /** Every page of the request per transfer group, from its token 0 (decode's block size). */
   localBlockIds: number[][];
   /** Leading pages of each attention group that are decode's local prefix hit: never written. */
   skipBlocks: number;
+  /**
+   * The WRITE covers tokens [skipBlocks * blockSize, endToken): what prefill's pages hold, clipped to
+   * decode's. The slots of decode's last page past it are zeroed once the WRITE landed.
+   */
+  endToken: number;
   remoteEngineId: string;
   remoteHost: string;
   remotePort: number;

@@ -2,24 +2,33 @@
  * Test kit (not used in production): the real step kernel with injected device failures, loaded by URL
  * like src/worker/kernels.ts. A request whose id starts with FAIL_REQUEST_PREFIX throws inside its own
  * forward (a device error for one sequence); one whose id starts with FAIL_STEP_PREFIX makes the whole
- * step op throw (every request of that step is lost).
+ * step op throw (every request of that step is lost); one whose id starts with FAIL_LAST_RANK_PREFIX throws
+ * on the last tensor parallel rank only (the others must learn it through the collective).
  */
 import { createModel } from '../model/model.ts';
 import type { ModelKernelInit } from '../model/types.ts';
-import type { KernelFn } from '../device/types.ts';
+import type { KernelFn, KernelRanks } from '../device/types.ts';
 import { createStepKernel, type StepArgs } from './kernels.ts';
 
 export const FAIL_REQUEST_PREFIX = 'fail-kernel-';
 export const FAIL_STEP_PREFIX = 'fail-step-';
+export const FAIL_LAST_RANK_PREFIX = 'fail-last-rank-';
 export const FAILING_KERNELS_URL = new URL('./kernels_testkit.ts', import.meta.url).href;
 
-export async function createKernels(init: ModelKernelInit, _slabs: Uint8Array[]): Promise<Record<string, KernelFn>> {
-  const model = createModel(init.preset, init.seed, init.kvConfig);
+export async function createKernels(
+  init: ModelKernelInit,
+  _slabs: Uint8Array[],
+  ranks?: KernelRanks,
+): Promise<Record<string, KernelFn>> {
+  const model = createModel(init.preset, init.seed, init.kvConfig, ranks);
+  const lastRank = ranks !== undefined && ranks.ranks.includes(ranks.size - 1);
   const step = createStepKernel((args, slabs) => {
     if (args.requests.some((r) => r.requestId.startsWith(FAIL_REQUEST_PREFIX)))
       throw new Error('injected kernel failure');
+    if (lastRank && args.requests.some((r) => r.requestId.startsWith(FAIL_LAST_RANK_PREFIX)))
+      throw new Error('injected failure on the last rank');
     return model.forward(args, slabs);
-  });
+  }, ranks?.collective ?? null);
   return {
     step: (raw: unknown, slabs: Uint8Array[]) => {
       if ((raw as StepArgs).requests.some((r) => r.requestId.startsWith(FAIL_STEP_PREFIX)))

@@ -5,6 +5,8 @@
  * same prompt and seed (greedy and seeded sampling); /metrics parses and free pages return to their
  * start value; bad requests get 4xx JSON and the servers keep serving; and a vLLM-style proxy flow done
  * by hand (prefill max_tokens 1 + do_remote_decode, then decode with the returned params) works unchanged.
+ * Prefill pages by 8 tokens, decode by 32 and the colocated server by 16 (issue 14): every comparison
+ * below also proves the mapping between block sizes, clipped tails included, over real sockets.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -20,6 +22,7 @@ const common = {
   mode: 'read' as const,
   host: '127.0.0.1',
   serveArgs: ['--num-blocks', String(NUM_BLOCKS), '--max-model-len', '512'],
+  roleServeArgs: { prefill: ['--block-size', '8'], decode: ['--block-size', '32'] },
 };
 let prefill: ChildServer;
 let decode: ChildServer;
@@ -148,6 +151,7 @@ test('a vLLM-style proxy flow by hand: prefill (max_tokens 1, do_remote_decode) 
   for (const k of ['remote_engine_id', 'remote_block_ids', 'remote_host', 'remote_port', 'transfer_id', 'grant'])
     assert.ok(params[k] !== undefined && params[k] !== null, k);
   assert.equal(params['do_remote_prefill'], true);
+  assert.equal(params['remote_block_size'], 8, 'prefill names its block size; decode pages by 32');
   const dec = await fetch(`${decode.url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', 'x-request-id': 'by-hand-1' },
@@ -215,6 +219,8 @@ test('/metrics parses; transfers counted; free pages return to the start value o
       assert.ok(metric(d!, 'handoff_transfer_reads_total') > 0);
       assert.ok(metric(d!, 'handoff_kv_read_seconds_count') > 0, 'READ latency observed');
       assert.equal(metric(p!, 'handoff_transfer_grants_refused_total'), 0);
+      assert.equal(metric(d!, 'handoff_kv_load_failures_total'), 0, 'every READ loaded across block sizes');
+      assert.ok(metric(d!, 'handoff_pages_tail_zeroed_total') > 0, 'decode pages of 32 got their clipped tails zeroed');
       assert.ok(
         metric(d!, 'handoff_pages_excluded_from_zeroing_total') > 0,
         'READ destinations left off the zeroing list (dsv4-mini)',

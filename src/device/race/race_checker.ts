@@ -20,7 +20,7 @@
 import { assert } from '../../util/assert.ts';
 import { ClockTable } from './clock_table.ts';
 import type { RaceReport } from './race_report.ts';
-import { ShadowMemory, type AccessOwner, type NewAccess, type ShadowEntry } from './shadow_memory.ts';
+import { ShadowMemory, type AccessOwner, type NewAccess, type RaceSink, type ShadowEntry } from './shadow_memory.ts';
 import type { OpLabel, PageAccess, RaceCheckerLike } from '../types.ts';
 import { VectorClock } from './vector_clock.ts';
 
@@ -111,6 +111,15 @@ export class RaceChecker implements RaceCheckerLike {
     this.host.tick(HOST);
     const clock = s.clock.copy();
     clock.join(this.host);
+    return this.events.add(clock, this.host);
+  }
+
+  /** An event recorded on several streams at once (every rank of a RankedStream): reached when all are. */
+  recordEventOn(streams: readonly string[]): number {
+    assert(streams.length > 0, 'an event needs at least one stream');
+    this.host.tick(HOST);
+    const clock = this.host.copy();
+    for (const name of streams) clock.join(this.stream(name).clock);
     return this.events.add(clock, this.host);
   }
 
@@ -216,14 +225,13 @@ export class RaceChecker implements RaceCheckerLike {
     owner: AccessOwner,
   ): void {
     for (const acc of accesses) {
-      assert(
-        Number.isInteger(acc.start) && Number.isInteger(acc.end) && acc.start >= 0 && acc.start < acc.end,
-        () => `bad access range [${acc.start},${acc.end}) in '${owner.label.what}'`,
-      );
-      const access: NewAccess = { ...acc, component, tick, owner, clock };
-      this.shadow.record(access, (a, b, overlap) => this.report(a, b, acc.slab, acc.block, overlap));
+      if (!(Number.isInteger(acc.start) && Number.isInteger(acc.end) && acc.start >= 0 && acc.start < acc.end))
+        assert(false, `bad access range [${acc.start},${acc.end}) in '${owner.label.what}'`);
+      this.shadow.record(acc, component, tick, owner, clock, this.onRace);
     }
   }
+
+  private readonly onRace: RaceSink = (a, b, overlap) => this.report(a, b, b.slab, b.block, overlap);
 
   private report(
     a: ShadowEntry,

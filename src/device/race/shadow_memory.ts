@@ -16,7 +16,7 @@
  */
 import { assert } from '../../util/assert.ts';
 import type { AccessSource } from './race_report.ts';
-import type { OpLabel } from '../types.ts';
+import type { OpLabel, PageAccess } from '../types.ts';
 import type { VectorClock } from './vector_clock.ts';
 
 /** Who made an access, without the byte range. */
@@ -52,41 +52,60 @@ export const SHADOW_ENTRIES_PER_PAGE_MAX = 4096;
 export class ShadowMemory {
   private readonly pages = new Map<number, ShadowEntry[]>();
 
-  record(access: NewAccess, onRace: RaceSink): void {
-    assert(access.start < access.end, `empty access [${access.start},${access.end})`);
-    assert(access.block >= 0 && access.block < BLOCK_KEY_SPAN, `block ${access.block} out of range`);
-    assert(access.slab >= 0 && Number.isInteger(access.slab), `bad slab ${access.slab}`);
-    const key = access.slab * BLOCK_KEY_SPAN + access.block;
-    const kept = this.pages.get(key) ?? [];
-    const next: ShadowEntry[] = [];
-    for (const a of kept) {
-      const start = Math.max(a.start, access.start);
-      const end = Math.min(a.end, access.end);
-      if (start >= end) {
-        next.push(a);
-        continue;
-      }
-      const ordered = access.clock.get(a.component) >= a.tick;
-      if (!ordered && (a.write || access.write)) onRace(a, access, { start, end });
-      const dominated = ordered && (access.write || !a.write);
-      if (!dominated) {
-        next.push(a);
-        continue;
-      }
-      // Invariant: only the bytes the later access covers are dropped; the rest of `a` stays.
-      if (a.start < start) next.push({ ...a, end: start });
-      if (end < a.end) next.push({ ...a, start: end });
+  /**
+   * Record access `acc` by `component` at `tick` (its agent's clock `clock`), reporting every race with a kept
+   * entry to `onRace`. Allocation-light, as this runs for every page of every op: the kept list is compacted in
+   * place, and copied only when an entry must be split (its order is kept either way, so reports come out in
+   * the same order).
+   */
+  record(
+    acc: PageAccess,
+    component: number,
+    tick: number,
+    owner: AccessOwner,
+    clock: VectorClock,
+    onRace: RaceSink,
+  ): void {
+    if (!(acc.start < acc.end)) assert(false, `empty access [${acc.start},${acc.end})`);
+    if (!(acc.block >= 0 && acc.block < BLOCK_KEY_SPAN)) assert(false, `block ${acc.block} out of range`);
+    if (!(acc.slab >= 0 && Number.isInteger(acc.slab))) assert(false, `bad slab ${acc.slab}`);
+    const key = acc.slab * BLOCK_KEY_SPAN + acc.block;
+    let kept = this.pages.get(key);
+    if (kept === undefined) {
+      kept = [];
+      this.pages.set(key, kept);
     }
-    next.push({
-      start: access.start,
-      end: access.end,
-      write: access.write,
-      component: access.component,
-      tick: access.tick,
-      owner: access.owner,
-    });
-    assert(next.length <= SHADOW_ENTRIES_PER_PAGE_MAX, `shadow page (${access.slab}, ${access.block}) over its bound`);
-    this.pages.set(key, next);
+    const n = kept.length;
+    let w = 0;
+    // Becomes a copy of the survivors so far at the first split; null while compacting in place.
+    let next: ShadowEntry[] | null = null;
+    for (let i = 0; i < n; i++) {
+      const a = kept[i] as ShadowEntry;
+      const start = Math.max(a.start, acc.start);
+      const end = Math.min(a.end, acc.end);
+      const overlaps = start < end;
+      const ordered = overlaps && clock.get(a.component) >= a.tick;
+      if (overlaps && !ordered && (a.write || acc.write)) {
+        onRace(a, { ...acc, component, tick, owner, clock }, { start, end });
+      }
+      if (!(ordered && (acc.write || !a.write))) {
+        if (next !== null) next.push(a);
+        else kept[w++] = a;
+        continue;
+      }
+      // Dominated: only the bytes the later access covers are dropped; the rest of `a` stays, in place.
+      if (a.start < start || end < a.end) {
+        next ??= kept.slice(0, w);
+        if (a.start < start) next.push({ ...a, end: start });
+        if (end < a.end) next.push({ ...a, start: end });
+      }
+    }
+    const list = next ?? kept;
+    if (next === null) kept.length = w;
+    else this.pages.set(key, next);
+    list.push({ start: acc.start, end: acc.end, write: acc.write, component, tick, owner });
+    if (list.length > SHADOW_ENTRIES_PER_PAGE_MAX)
+      assert(false, `shadow page (${acc.slab}, ${acc.block}) over its bound`);
   }
 
   /** Kept entries over all pages (for the memory-bound tests). */

@@ -50,3 +50,68 @@ test('layoutFromKvConfig: presets give different cache hashes; the same preset w
   assert.equal(compatibilityProblem(meta('a', small), meta('b', large)), null);
   assert.notEqual(compatibilityProblem(meta('a', small), meta('b', llama)), null);
 });
+
+test('with page formats: other block sizes and page sizes are compatible when every token group can be mapped', () => {
+  const meta = (id: string, preset: string, bs: number) =>
+    buildMetadata({
+      engineId: id,
+      modelName: 'm',
+      preset,
+      ...layoutFromKvConfig(makeKVCacheConfig(presetKVGroups(preset as 'dsv4-mini', bs), 8)),
+    });
+  for (const preset of ['dsv4-mini', 'hybrid-mini', 'llama-mini'])
+    for (const p of [1, 8, 16, 32, 256])
+      for (const d of [8, 16, 32]) {
+        assert.equal(compatibilityProblem(meta('a', preset, d), meta('b', preset, p)), null, `${preset} ${p}/${d}`);
+        assert.equal(compatibilityProblem(meta('b', preset, p), meta('a', preset, d)), null, `${preset} ${d}/${p}`);
+      }
+  assert.match(compatibilityProblem(meta('a', 'dsv4-mini', 16), meta('b', 'llama-mini', 16)) ?? '', /preset/);
+});
+
+test('with page formats: sizes that cannot be mapped, formats that differ and pages too small are refused by name', () => {
+  const formats = [{ kind: 'tokens' as const, regionTokenBytes: [80] }];
+  const at = (id: string, bs: number, pageBytes = bs * 80, f = formats) =>
+    buildMetadata({ ...base, engineId: id, layout: { ...base.layout, pageBytes }, blockSizes: [bs], pageFormats: f });
+  assert.equal(compatibilityProblem(at('a', 16), at('b', 64)), null);
+  assert.match(
+    compatibilityProblem(at('a', 16), at('b', 24)) ?? '',
+    /blockSizes \[24\] and \[16\] cannot be mapped: group 0 has pages of 24 and 16 tokens, and one must be a multiple of the other/,
+  );
+  assert.match(
+    compatibilityProblem(at('a', 16), at('b', 32, 1280)) ?? '',
+    /32 tokens need 2560 bytes, more than a page of 1280/,
+  );
+  const other = [{ kind: 'tokens' as const, regionTokenBytes: [40, 40] }];
+  assert.match(compatibilityProblem(at('a', 16), at('b', 16, 1280, other)) ?? '', /page formats differ/);
+  // A bare peer (no formats) still needs the same page size and block sizes.
+  const bare = buildMetadata({ ...base, engineId: 'c', layout: { ...base.layout, pageBytes: 2560 }, blockSizes: [32] });
+  assert.match(compatibilityProblem(at('a', 16), bare) ?? '', /pageBytes 2560 != 1280; blockSizes \[32\] != \[16\]/);
+});
+
+test('different tensor parallel sizes are refused first, naming both degrees and both engines; equal ones pass', () => {
+  const one = buildMetadata(base);
+  const two = buildMetadata({
+    ...base,
+    engineId: 'b',
+    layout: { numSlabs: 4, numBlocks: 8, pageBytes: 640, tensorParallelSize: 2 },
+  });
+  const problem = compatibilityProblem(one, two) ?? 'compatible';
+  assert.match(problem, /tensor parallel size 2 != 1/);
+  assert.match(problem, /peer b runs TP=2, engine a TP=1/);
+  assert.match(compatibilityProblem(two, one) ?? 'compatible', /tensor parallel size 1 != 2/);
+  const twoAgain = buildMetadata({ ...base, engineId: 'c', layout: { ...two.layout } });
+  assert.equal(compatibilityProblem(two, twoAgain), null);
+  assert.equal(two.layout.tensorParallelSize, 2);
+  assert.equal(one.layout.tensorParallelSize, 1, 'absent means TP=1');
+  assert.notEqual(
+    one.compatHash,
+    buildMetadata({ ...base, layout: { ...base.layout, tensorParallelSize: 2 } }).compatHash,
+  );
+});
+
+test('layoutFromKvConfig carries the tensor parallel size: TP=2 registers every rank’s slabs of half-head pages', () => {
+  const l1 = layoutFromKvConfig(makeKVCacheConfig(presetKVGroups('llama-mini'), 8));
+  const l2 = layoutFromKvConfig(makeKVCacheConfig(presetKVGroups('llama-mini'), 8, 2));
+  assert.deepEqual([l1.layout.tensorParallelSize, l2.layout.tensorParallelSize], [1, 2]);
+  assert.deepEqual([l2.layout.numSlabs, l2.layout.pageBytes], [2 * l1.layout.numSlabs, l1.layout.pageBytes / 2]);
+});

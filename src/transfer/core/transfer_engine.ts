@@ -182,6 +182,10 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     );
   }
 
+  peerMetadata(peerEngineId: string): EngineMetadata | null {
+    return this.peers.get(peerEngineId) ?? null;
+  }
+
   postRead(req: TransferRequest): TransferHandle {
     return this.post('read', req);
   }

@@ -12,6 +12,7 @@
 import type { OpLabel, PageAccess, RaceCheckerLike } from '../../device/types.ts';
 import type { Env } from '../../util/env.ts';
 import type { HandoffError } from '../../util/errors.ts';
+import type { PageFormat } from '../../kv/token_map.ts';
 
 export type TransferBackend = 'inproc' | 'tcp' | 'sim';
 
@@ -21,20 +22,31 @@ export interface PeerAddress {
   port: number;
 }
 
-/** Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. */
+/**
+ * Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. With tensor
+ * parallel ranks every rank registers its own slabs, rank-major: slab index = rank * (numSlabs / TP) +
+ * layer slab, and rank r's page holds rank r's share of the KV heads (kv/spec.ts, kv/tp_layout.ts). Two
+ * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side.
+ */
 export interface SlabLayout {
   numSlabs: number;
   numBlocks: number;
   pageBytes: number;
+  /** Tensor parallel ranks the slabs belong to (default 1). */
+  tensorParallelSize?: number;
 }
 
-/** What peers exchange at handshake. Peers are compatible when everything but numBlocks agrees. */
+/**
+ * What peers exchange at handshake. Peers are compatible when model, preset, slabs and specs agree and
+ * their geometries can be mapped (core/metadata.ts compatibilityProblem); numBlocks may differ.
+ */
 export interface EngineMetadata {
   engineId: string;
   modelName: string;
   preset: string;
-  layout: SlabLayout & { blockSizes: number[] };
-  /** sha256 over model, preset, numSlabs, pageBytes, blockSizes and the caller's cacheHash. */
+  /** pageFormats: per group, absent for a bare engine (then pages are copied whole). */
+  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[] };
+  /** sha256 over model, preset, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
 
@@ -143,6 +155,8 @@ export interface TransferEngineOptions {
   layout: SlabLayout;
   /** Block size (tokens per page) per KV cache group. */
   blockSizes: number[];
+  /** Page format per KV cache group; lets a peer with other block sizes map tokens (kv/token_map.ts). */
+  pageFormats?: PageFormat[];
   /** Extra compatibility input, e.g. a hash of the cache group specs. */
   cacheHash?: string;
   /** The registered regions: one SharedArrayBuffer per slab, numBlocks * pageBytes long. */
@@ -194,6 +208,8 @@ export interface TransferEngine {
 
   /** Metadata exchange, once per peer; PEER_INCOMPATIBLE, UNAUTHORIZED or PEER_UNAVAILABLE on failure. */
   handshake(peer: PeerAddress): Promise<EngineMetadata>;
+  /** What a peer sent at a handshake (either direction), or null if none completed. */
+  peerMetadata(peerEngineId: string): EngineMetadata | null;
   postRead(req: TransferRequest): TransferHandle;
   postWrite(req: TransferRequest): TransferHandle;
   poll(handle: TransferHandle): PollResult;

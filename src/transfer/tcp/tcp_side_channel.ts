@@ -31,7 +31,18 @@ const metaSchema = z.object({
     numSlabs: posInt,
     numBlocks: posInt,
     pageBytes: posInt,
+    // Absent in peers from before tensor parallelism: they run TP=1.
+    tensorParallelSize: z.number().int().min(1).max(1024).default(1),
     blockSizes: z.array(posInt).min(1).max(64),
+    pageFormats: z
+      .array(
+        z.discriminatedUnion('kind', [
+          z.object({ kind: z.literal('tokens'), regionTokenBytes: z.array(posInt).min(1).max(16) }),
+          z.object({ kind: z.literal('state'), stateBytes: posInt }),
+        ]),
+      )
+      .max(64)
+      .optional(),
   }),
   compatHash: z.string().max(128),
 });

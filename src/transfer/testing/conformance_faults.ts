@@ -70,6 +70,13 @@ export function registerFaultConformance(s: ConformanceSuite): void {
     const otherModel = await make(4, { engineId: 'other', modelName: 'other-model' });
     await rejectsWith(D.engine.handshake(otherModel.engine.address()), 'PEER_INCOMPATIBLE', /model/);
     assert.equal(otherModel.engine.stats().handshakesRefused, 1);
+    // Another tensor parallel degree: refused by name, whatever else agrees (a rank's page is a head slice).
+    const tp2 = await make(6, { engineId: 'tp2', layout: { ...LAYOUT, tensorParallelSize: 2 } });
+    await rejectsWith(
+      D.engine.handshake(tp2.engine.address()),
+      'PEER_INCOMPATIBLE',
+      /tensor parallel size (2 != 1|1 != 2).*TP=2.*TP=1|tensor parallel size (2 != 1|1 != 2).*TP=1.*TP=2/,
+    );
     const sameShapeMoreBlocks = await make(5, { engineId: 'more', layout: { ...LAYOUT, numBlocks: 32 } });
     await D.engine.handshake(sameShapeMoreBlocks.engine.address());
     const gone =
@@ -78,6 +85,25 @@ export function registerFaultConformance(s: ConformanceSuite): void {
         : { host: '127.0.0.1', port: otherModel.engine.ports().sideChannel };
     if (backend === 'tcp') await otherModel.engine.close();
     await rejectsWith(D.engine.handshake(gone), 'PEER_UNAVAILABLE');
+  });
+
+  test('geometry at the handshake: page formats cross the side channel, mappable block sizes are admitted and each side learns the other’s; unmappable ones are refused by name', async () => {
+    const pageFormats = [{ kind: 'tokens' as const, regionTokenBytes: [32] }];
+    const at = (id: string, bs: number) =>
+      make(7, { engineId: id, blockSizes: [bs], pageFormats, layout: { ...LAYOUT, pageBytes: bs * 32 } });
+    const [p8, d32, odd] = await Promise.all([at('geo-p8', 8), at('geo-d32', 32), at('geo-24', 24)]);
+    const meta = await d32.engine.handshake(p8.engine.address());
+    assert.deepEqual(meta.layout, { ...LAYOUT, pageBytes: 256, tensorParallelSize: 1, blockSizes: [8], pageFormats });
+    assert.deepEqual(d32.engine.peerMetadata(p8.engine.engineId)?.layout.blockSizes, [8]);
+    assert.deepEqual(p8.engine.peerMetadata(d32.engine.engineId)?.layout, {
+      ...LAYOUT,
+      pageBytes: 1024,
+      tensorParallelSize: 1,
+      blockSizes: [32],
+      pageFormats,
+    });
+    assert.equal(d32.engine.peerMetadata('nobody'), null);
+    await rejectsWith(d32.engine.handshake(odd.engine.address()), 'PEER_INCOMPATIBLE', /cannot be mapped/);
   });
 
   test('with a side channel secret, handshakes without it or with a wrong one are refused; the right one works', async () => {

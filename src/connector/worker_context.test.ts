@@ -1,0 +1,98 @@
+/**
+ * Proves the worker side's byte plan of a transfer: coalesced ranges on both sides with each side's page
+ * size, a footprint of exactly the bytes moved, one access per page even when a range runs over several
+ * of our pages, and the clipped tail of a decode page larger than the prefill pages it receives.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { SimEnv } from '../util/env.ts';
+import { mutationsFor } from '../util/mutants.ts';
+import type { Device } from '../device/types.ts';
+import { presetKVGroups } from '../kv/presets.ts';
+import { makeKVCacheConfig } from '../kv/spec.ts';
+import type { TransferEngine } from '../transfer/core/types.ts';
+import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
+import type { PeerDirectory } from './peer_directory.ts';
+import { WorkerContext } from './worker_context.ts';
+
+function context(blockSize: number, preset: 'dsv4-mini' | 'llama-mini' = 'dsv4-mini'): WorkerContext {
+  const kv = makeKVCacheConfig(presetKVGroups(preset, blockSize), 64);
+  const unused = {} as unknown;
+  return new WorkerContext(
+    DEFAULT_ONE_SIDED_CONFIG,
+    kv,
+    unused as TransferEngine,
+    unused as Device,
+    kv.groups.map((g) => g.groupId),
+    new SimEnv(1),
+    unused as PeerDirectory,
+    mutationsFor(undefined),
+    undefined,
+  );
+}
+
+test('equal sizes: contiguous pages on both sides coalesce into one range per slab; the footprint has one access per page', () => {
+  const ctx = context(16, 'llama-mini'); // one group, 2 slabs, 16 tokens x 128 B = 2048 B pages
+  const plan = { local: [[5, 6]], remote: [[10, 11]], runs: [[0, 32]] as Array<[number, number]> };
+  const { ranges, footprint } = ctx.rangesFor(plan, { pageBytes: 2048, blockSizes: [16] }, true);
+  assert.deepEqual(ranges, [
+    { slab: 0, localOffset: 5 * 2048, remoteOffset: 10 * 2048, length: 4096 },
+    { slab: 1, localOffset: 5 * 2048, remoteOffset: 10 * 2048, length: 4096 },
+  ]);
+  assert.deepEqual(
+    footprint.map((a) => [a.slab, a.block, a.start, a.end, a.write]),
+    [
+      [0, 5, 0, 2048, true],
+      [0, 6, 0, 2048, true],
+      [1, 5, 0, 2048, true],
+      [1, 6, 0, 2048, true],
+    ],
+  );
+  assert.deepEqual(ctx.clippedTails(plan), [], 'one precision: nothing to zero');
+});
+
+test('decode 32 / prefill 8 tokens per page on dsv4-mini: prefill pages map into slots of one decode page; its tail is named', () => {
+  const ctx = context(32); // MLA and compressor: 80 B per token, 2560 B pages
+  const plan = {
+    local: [[3], [4]],
+    remote: [
+      [7, 9, 8],
+      [17, 19, 18],
+    ],
+    runs: [
+      [0, 20],
+      [0, 20],
+    ] as Array<[number, number]>,
+  };
+  const { ranges, footprint } = ctx.rangesFor(plan, { pageBytes: 640, blockSizes: [8, 8] }, true);
+  // Group 0, slab 0: tokens 0-7 <- page 7, 8-15 <- page 9, 16-19 <- page 8 (contiguous locally, not remotely).
+  assert.deepEqual(
+    ranges.filter((r) => r.slab === 0 && r.localOffset < 4 * 2560),
+    [
+      { slab: 0, localOffset: 3 * 2560, remoteOffset: 7 * 640, length: 640 },
+      { slab: 0, localOffset: 3 * 2560 + 640, remoteOffset: 9 * 640, length: 640 },
+      { slab: 0, localOffset: 3 * 2560 + 1280, remoteOffset: 8 * 640, length: 320 },
+    ],
+  );
+  assert.ok(footprint.every((a) => a.end <= 2560 && a.end > a.start && a.write));
+  assert.deepEqual(
+    ctx.clippedTails(plan).map((s) => [s.slab, s.block, s.start, s.end]),
+    [
+      [0, 3, 1600, 2560],
+      [1, 3, 1600, 2560],
+      [0, 4, 1600, 2560],
+      [1, 4, 1600, 2560],
+    ],
+  );
+  assert.deepEqual(
+    ctx.clippedTails({
+      local: [[3], [4]],
+      runs: [
+        [0, 32],
+        [0, 32],
+      ],
+    }),
+    [],
+    'a whole page: no tail',
+  );
+});

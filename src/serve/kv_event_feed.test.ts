@@ -1,0 +1,85 @@
+/**
+ * The router's feed client against a scripted instance (a tiny HTTP server): batches applied in order,
+ * a gap answered with a dump, a hostile line breaking only the connection (the feed reconnects with the
+ * applied seq as `since`), heartbeat load recorded. And the line parser refuses what it must.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { RealEnv } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import { KvEventFeed, parseFeedLine } from './kv_event_feed.ts';
+import { RouterIndex } from './router_index.ts';
+
+const env = new RealEnv(3);
+const H = (c: string): string => c.repeat(64);
+const stored = (h: string) => ({
+  type: 'BlockStored',
+  block_hashes: [h],
+  parent_block_hash: null,
+  token_ids: [1],
+  block_size: 1,
+  lora_id: null,
+  medium: 'GPU',
+  group_idx: 0,
+});
+const batch = (seq: number, h: string) => JSON.stringify({ epoch: 'e', seq, ts: 1, events: [stored(h)] });
+const load = { running: 1, waiting: 2, held_for_send: 0, held_for_send_pages: 0, free_pages: 9, total_pages: 10 };
+const beat = (seq: number) => JSON.stringify({ epoch: 'e', seq, heartbeat: true, load });
+
+test('feed: applies batches, dumps on a gap, survives a hostile line by reconnecting with since', async () => {
+  const sinces: string[] = [];
+  let dumps = 0;
+  const server = createServer((req, res) => {
+    if (req.url === '/handoff/kv_events/dump') {
+      dumps++;
+      res.end(JSON.stringify({ epoch: 'e', seq: 2, block_hashes: [H('a'), H('b')] }));
+      return;
+    }
+    sinces.push(new URL(req.url ?? '/', 'http://x').searchParams.get('since') ?? '');
+    res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+    if (sinces.length === 1) {
+      // seq 1, then 3 (2 is missing: a gap), then a line that is not JSON.
+      res.write(`${batch(1, H('a'))}\n${batch(3, H('c'))}\n${beat(3)}\n{not json\n`);
+    } else res.write(`${batch(4, H('d'))}\n${beat(4)}\n`);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const index = new RouterIndex();
+  const feed = new KvEventFeed('p', index, { url, apiKey: null, retryMs: 20, stallMs: 5000 }, env);
+  feed.start();
+  try {
+    const deadline = env.nowMs() + 10_000;
+    while (index.position('p').seq < 4 && env.nowMs() < deadline) await env.sleep(10);
+    assert.equal(index.position('p').seq, 4);
+    assert.equal(dumps, 1, 'one dump for the gap');
+    assert.deepEqual([...index.hashesOf('p')].sort(), [H('a'), H('b'), H('c'), H('d')]);
+    assert.deepEqual(sinces.slice(0, 2), ['0', '3'], 'reconnected after the bad line with the applied seq');
+    assert.deepEqual(feed.load, load);
+  } finally {
+    await feed.close();
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
+});
+
+test('parseFeedLine refuses lines that are not batches or heartbeats', () => {
+  const refuse = (s: string) =>
+    assert.throws(
+      () => parseFeedLine(s),
+      (e: unknown) => e instanceof HandoffError && e.code === 'BAD_REQUEST',
+      s,
+    );
+  refuse('[]');
+  refuse('{"epoch":"e","seq":-1,"events":[]}');
+  refuse('{"epoch":"","seq":1,"events":[]}');
+  refuse('{"epoch":"e","seq":0,"events":[]}');
+  refuse('{"epoch":"e","seq":1,"events":[{"type":"Nope"}]}');
+  refuse('{"epoch":"e","seq":1,"events":[{"type":"BlockRemoved","block_hashes":["xyz"]}]}');
+  refuse(`{"epoch":"${'e'.repeat(200)}","seq":1,"events":[]}`);
+  const ok = parseFeedLine(batch(2, H('f')));
+  assert.equal(ok.kind, 'batch');
+  const hb = parseFeedLine(JSON.stringify({ epoch: 'e', seq: 0, heartbeat: true, load: { running: 'x' } }));
+  assert.deepEqual(hb, { kind: 'heartbeat', epoch: 'e', seq: 0, load: null }, 'a malformed load is dropped');
+});

@@ -1,0 +1,191 @@
+/**
+ * KvEventFeed: the router's side of one instance's KV event stream (kv_event_stream.ts). It keeps the
+ * RouterIndex entry of that instance current:
+ *
+ *   connect  GET /handoff/kv_events?since=<applied seq>  ──lines──> batch → index.applyBatch
+ *                                                                 heartbeat → index.heartbeat → load
+ *   gap      (a heartbeat ahead of what is applied, or a batch after a missing one)
+ *            GET /handoff/kv_events/dump → index.applyDump
+ *   broken   (connection lost, nothing heard for `stallMs`) → reconnect after `retryMs`, same `since`
+ *
+ * Every line is validated before it touches the index: the feed is input from the network.
+ */
+import { rethrowIfAssertion } from '../util/assert.ts';
+import type { Env, TimerHandle } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
+import type { InstanceLoad } from './kv_event_stream.ts';
+import type { RouterIndex } from './router_index.ts';
+
+/** Longest line accepted (a BlockStored of a whole long prompt with its token ids is far below). */
+export const KV_FEED_LINE_MAX_BYTES = 32 << 20;
+const HASH_RE = /^[0-9a-f]{64}$/;
+
+/** Split a byte stream into lines (without the newline), each at most `maxBytes`. */
+export async function* ndjsonLines(body: AsyncIterable<Uint8Array>, maxBytes: number): AsyncGenerator<string> {
+  const decoder = new TextDecoder();
+  let buf = '';
+  for await (const chunk of body) {
+    buf += decoder.decode(chunk, { stream: true });
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+      const line = buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+      if (line.trim().length > 0) yield line;
+    }
+    if (buf.length > maxBytes) throw new HandoffError('BAD_REQUEST', `KV event line longer than ${maxBytes} bytes`);
+  }
+}
+
+export type FeedLine =
+  { kind: 'batch'; batch: KvEventBatch } | { kind: 'heartbeat'; epoch: string; seq: number; load: InstanceLoad | null };
+
+const bad = (why: string): HandoffError => new HandoffError('BAD_REQUEST', `bad KV event line: ${why}`);
+const isSeq = (n: unknown): n is number => typeof n === 'number' && Number.isSafeInteger(n) && n >= 0;
+const isEpoch = (s: unknown): s is string => typeof s === 'string' && s.length > 0 && s.length <= 128;
+
+function hashesOf(v: unknown): string[] {
+  if (!Array.isArray(v) || v.some((h) => typeof h !== 'string' || !HASH_RE.test(h))) throw bad('block_hashes');
+  return v as string[];
+}
+
+function eventOf(v: unknown): KvCacheEvent {
+  const e = v as Record<string, unknown> | null;
+  if (e === null || typeof e !== 'object') throw bad('event is not an object');
+  if (e['type'] === 'AllBlocksCleared') return { type: 'AllBlocksCleared' };
+  if (e['type'] === 'BlockRemoved')
+    return { type: 'BlockRemoved', block_hashes: hashesOf(e['block_hashes']), medium: String(e['medium']) };
+  if (e['type'] !== 'BlockStored') throw bad(`unknown event type ${String(e['type']).slice(0, 40)}`);
+  // The router uses the hashes only; the rest is carried for consumers that re-hash tokens.
+  return { ...(e as unknown as KvCacheEvent & { type: 'BlockStored' }), block_hashes: hashesOf(e['block_hashes']) };
+}
+
+function loadOf(v: unknown): InstanceLoad | null {
+  const l = v as Record<string, unknown> | null;
+  const keys = ['running', 'waiting', 'held_for_send', 'held_for_send_pages', 'free_pages', 'total_pages'] as const;
+  if (l === null || typeof l !== 'object' || keys.some((k) => !isSeq(l[k]))) return null;
+  return Object.fromEntries(keys.map((k) => [k, l[k]])) as unknown as InstanceLoad;
+}
+
+/** One line of the feed, validated. */
+export function parseFeedLine(text: string): FeedLine {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch (e) {
+    if (!(e instanceof SyntaxError)) throw e;
+    throw bad('not JSON');
+  }
+  const o = v as Record<string, unknown> | null;
+  if (o === null || typeof o !== 'object' || !isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('epoch/seq');
+  if (o['heartbeat'] === true) return { kind: 'heartbeat', epoch: o['epoch'], seq: o['seq'], load: loadOf(o['load']) };
+  if (!Array.isArray(o['events']) || o['seq'] < 1) throw bad('events');
+  const ts = typeof o['ts'] === 'number' ? o['ts'] : 0;
+  return { kind: 'batch', batch: { epoch: o['epoch'], seq: o['seq'], ts, events: o['events'].map(eventOf) } };
+}
+
+export function parseDump(v: unknown): KvEventDump {
+  const o = v as Record<string, unknown> | null;
+  if (o === null || typeof o !== 'object' || !isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('dump epoch/seq');
+  return { epoch: o['epoch'], seq: o['seq'], block_hashes: hashesOf(o['block_hashes']) };
+}
+
+export interface KvEventFeedOptions {
+  url: string;
+  apiKey: string | null;
+  /** Reconnect delay after a failure. */
+  retryMs: number;
+  /** Silence (no line) after which the connection is considered dead. */
+  stallMs: number;
+  /** Each heartbeat's load. */
+  onLoad?: (load: InstanceLoad | null) => void;
+}
+
+export class KvEventFeed {
+  private closed = false;
+  private current: AbortController | null = null;
+  private loop: Promise<void> = Promise.resolve();
+  load: InstanceLoad | null = null;
+  stats = { connects: 0, lines: 0, dumps: 0, badLines: 0 };
+
+  constructor(
+    private readonly key: string,
+    private readonly index: RouterIndex,
+    private readonly opts: KvEventFeedOptions,
+    private readonly env: Env,
+    private readonly log?: Logger,
+  ) {}
+
+  start(): void {
+    this.loop = this.run();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    this.current?.abort();
+    await this.loop;
+  }
+
+  private headers(): Record<string, string> {
+    return this.opts.apiKey ? { authorization: `Bearer ${this.opts.apiKey}` } : {};
+  }
+
+  private async run(): Promise<void> {
+    while (!this.closed) {
+      try {
+        await this.connectOnce();
+      } catch (e) {
+        rethrowIfAssertion(e);
+        if (!this.closed) this.log?.debug({ url: this.opts.url, err: (e as Error).message }, 'KV event feed broke');
+      }
+      if (!this.closed) await this.env.sleep(this.opts.retryMs);
+    }
+  }
+
+  private async connectOnce(): Promise<void> {
+    const ac = new AbortController();
+    this.current = ac;
+    let stall: TimerHandle | null = null;
+    const arm = (): void => {
+      stall?.cancel();
+      stall = this.env.setTimer(this.opts.stallMs, () => ac.abort());
+    };
+    arm();
+    try {
+      const since = this.index.position(this.key).seq;
+      const r = await fetch(`${this.opts.url}/handoff/kv_events?since=${since}`, {
+        headers: this.headers(),
+        signal: ac.signal,
+      });
+      if (!r.ok || r.body === null) throw new HandoffError('PEER_UNAVAILABLE', `KV event feed answered ${r.status}`);
+      this.stats.connects++;
+      for await (const text of ndjsonLines(r.body, KV_FEED_LINE_MAX_BYTES)) {
+        arm();
+        await this.onLine(text);
+        if (this.closed) break;
+      }
+    } finally {
+      (stall as TimerHandle | null)?.cancel();
+      ac.abort();
+    }
+  }
+
+  private async onLine(text: string): Promise<void> {
+    this.stats.lines++;
+    const line = parseFeedLine(text);
+    if (line.kind === 'batch') this.index.applyBatch(this.key, line.batch);
+    else {
+      this.load = line.load;
+      this.opts.onLoad?.(line.load);
+      this.index.heartbeat(this.key, line.epoch, line.seq);
+    }
+    if (this.index.needsDump(this.key)) await this.fetchDump();
+  }
+
+  private async fetchDump(): Promise<void> {
+    const r = await fetch(`${this.opts.url}/handoff/kv_events/dump`, { headers: this.headers() });
+    if (!r.ok) throw new HandoffError('PEER_UNAVAILABLE', `KV event dump answered ${r.status}`);
+    this.index.applyDump(this.key, parseDump(await r.json()));
+    this.stats.dumps++;
+  }
+}

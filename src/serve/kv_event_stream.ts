@@ -1,0 +1,127 @@
+/**
+ * The instance's KV events over HTTP, for routers (one long-lived NDJSON response per subscriber):
+ *
+ *   GET /handoff/kv_events?since=SEQ   200 application/x-ndjson, one JSON object per line:
+ *     {epoch, seq, ts, events: [...]}                 a KvEventBatch (kv/kv_events.ts), in seq order
+ *     {epoch, seq, heartbeat: true, load: {...}}      where the publisher is: every batch up to seq has
+ *                                                     been written above it; sent first (after the replay of
+ *                                                     the batches after `since`, when the ring still has them)
+ *                                                     and then every heartbeatMs
+ *   GET /handoff/kv_events/dump        200 {epoch, seq, block_hashes}: the whole set at seq
+ *
+ * Why HTTP/NDJSON and not vLLM's ZMQ PUB + ROUTER replay socket: the instance already serves HTTP on one
+ * port with one API key, so the feed needs no second port, no extra dependency, and passes wherever the
+ * OpenAI API does; one TCP stream per subscriber keeps batches in order, `since` replaces the replay
+ * socket, and a heartbeat ahead of what the subscriber applied is the gap signal (answered by a dump).
+ * A subscriber that reads too slowly is cut off (bounded buffer) and reconnects with `since`.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Env, TimerHandle } from '../util/env.ts';
+import { HandoffError } from '../util/errors.ts';
+import type { KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
+
+/** What the stream needs of an engine's publisher (kv/kv_events.ts KvEventPublisher). */
+export interface KvEventSource {
+  readonly epoch: string;
+  readonly seq: number;
+  since(seq: number): KvEventBatch[] | null;
+  dump(): KvEventDump;
+  flush(): KvEventBatch | null;
+  subscribe(listener: (b: KvEventBatch) => void): () => void;
+}
+
+/** The load a router weighs (requests, pages), sent with every heartbeat. */
+export interface InstanceLoad {
+  running: number;
+  waiting: number;
+  held_for_send: number;
+  held_for_send_pages: number;
+  free_pages: number;
+  total_pages: number;
+}
+
+export interface KvHeartbeat {
+  epoch: string;
+  seq: number;
+  heartbeat: true;
+  load: InstanceLoad;
+}
+
+export const KV_EVENT_SUBSCRIBERS_MAX = 16;
+/** Bytes a subscriber may fall behind before it is cut off. */
+export const KV_EVENT_BACKLOG_MAX_BYTES = 8 << 20;
+export const DEFAULT_KV_HEARTBEAT_MS = 250;
+
+export class KvEventStreams {
+  private readonly open = new Set<ServerResponse>();
+
+  constructor(
+    private readonly source: KvEventSource,
+    private readonly load: () => InstanceLoad,
+    private readonly env: Env,
+    private readonly heartbeatMs: number = DEFAULT_KV_HEARTBEAT_MS,
+  ) {}
+
+  get numOpen(): number {
+    return this.open.size;
+  }
+
+  dump(res: ServerResponse): void {
+    const body = JSON.stringify(this.source.dump());
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  }
+
+  /** Serve one subscriber until it goes away (or the server closes). */
+  stream(req: IncomingMessage, res: ServerResponse): void {
+    const since = sinceOf(req.url ?? '');
+    if (this.open.size >= KV_EVENT_SUBSCRIBERS_MAX)
+      throw new HandoffError('OVERLOADED', `at most ${KV_EVENT_SUBSCRIBERS_MAX} KV event subscribers`);
+    res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache' });
+    this.open.add(res);
+    const write = (obj: unknown): void => {
+      if (res.writableLength > KV_EVENT_BACKLOG_MAX_BYTES) {
+        res.destroy(); // too slow: it reconnects with `since` and catches up from the ring or a dump
+        return;
+      }
+      res.write(`${JSON.stringify(obj)}\n`);
+    };
+    for (const b of since === null ? [] : (this.source.since(since) ?? [])) write(b);
+    const unsubscribe = this.source.subscribe(write);
+    let timer: TimerHandle | null = null;
+    const beat = (): void => {
+      this.source.flush(); // every batch up to the heartbeat's seq is written above it
+      write(this.heartbeat());
+      timer = this.env.setTimer(this.heartbeatMs, beat);
+    };
+    beat();
+    res.on('close', () => {
+      unsubscribe();
+      timer?.cancel();
+      this.open.delete(res);
+    });
+  }
+
+  heartbeat(): KvHeartbeat {
+    return { epoch: this.source.epoch, seq: this.source.seq, heartbeat: true, load: this.load() };
+  }
+
+  /** End every stream (server shutdown). */
+  closeAll(): void {
+    for (const res of this.open) res.end();
+    this.open.clear();
+  }
+}
+
+/** `since` of the query string: a non-negative integer, or null when absent; BAD_REQUEST otherwise. */
+export function sinceOf(url: string): number | null {
+  const q = url.indexOf('?');
+  const raw = q < 0 ? null : new URLSearchParams(url.slice(q + 1)).get('since');
+  if (raw === null) return null;
+  const n = Number(raw);
+  if (!/^\d{1,15}$/.test(raw) || !Number.isSafeInteger(n))
+    throw new HandoffError('BAD_REQUEST', `since must be a non-negative integer, got '${raw.slice(0, 40)}'`, {
+      param: 'since',
+    });
+  return n;
+}

@@ -1,0 +1,236 @@
+/**
+ * RouterIndex: what the router believes each instance's prefix cache holds, rebuilt from the instances'
+ * KV event batches (kv/kv_events.ts) and dumps.
+ *
+ *   hash ──> {instances holding it}            (the index a router scores with)
+ *   instance ──> {epoch, seq, hashes, pending batches (out of order), needsDump}
+ *
+ * Sequence numbers make delivery faults harmless: a batch at or below the applied seq is a duplicate
+ * (dropped); one beyond seq + 1 waits in `pending` for the missing ones (a reorder); when more than
+ * `maxPending` wait, or a heartbeat says the instance is further than anything received (lost tail),
+ * the instance needs a dump, which replaces its set at the dump's seq. A new epoch (the instance
+ * restarted) drops everything known about its old life; epochs are ordered by their start time
+ * (kvEventEpoch), and a retired or older epoch's late batch, dump or heartbeat is ignored, never
+ * resurrected. Invariant: once an instance's applied seq equals the instance's own seq (nothing
+ * pending), its set here equals its pool's cached-hash set.
+ */
+import { assert } from '../util/assert.ts';
+import { mutationsFor, type MutantName } from '../util/mutants.ts';
+import type { BlockHash } from '../kv/block_hash.ts';
+import { epochStartMs, type KvCacheEvent, type KvEventBatch, type KvEventDump } from '../kv/kv_events.ts';
+
+export type ApplyResult = 'applied' | 'duplicate' | 'buffered' | 'needs-dump';
+
+interface InstanceState {
+  epoch: string | null;
+  /** Every batch up to this seq is applied. */
+  seq: number;
+  hashes: Set<BlockHash>;
+  pending: Map<number, KvEventBatch>;
+  /** Batches were lost (a heartbeat ahead of us) or the feed broke a bound: only a dump helps. */
+  forced: boolean;
+  /** Epochs this instance left (it restarted): anything still arriving from them is stale. Bounded. */
+  retired: string[];
+}
+
+const RETIRED_EPOCHS_MAX = 16;
+
+export interface RouterIndexOptions {
+  /** The bug zoo's switch (simulator only): `kv-index-ignores-seq` applies batches as they arrive. */
+  mutant?: MutantName;
+  /** Out-of-order batches held per instance before asking for a dump (0: any gap asks at once). */
+  maxPending: number;
+  /** Bound on one instance's hashes (a hostile or broken feed cannot grow the index without end). */
+  maxHashesPerInstance: number;
+}
+
+export const DEFAULT_ROUTER_INDEX_OPTIONS: RouterIndexOptions = { maxPending: 0, maxHashesPerInstance: 1 << 20 };
+
+export class RouterIndex {
+  private readonly instances = new Map<string, InstanceState>();
+  private readonly holders = new Map<BlockHash, Set<string>>();
+  stats = { applied: 0, duplicates: 0, buffered: 0, dumps: 0, epochs: 0 };
+  private readonly bySeq: boolean;
+
+  constructor(private readonly opts: RouterIndexOptions = DEFAULT_ROUTER_INDEX_OPTIONS) {
+    assert(Number.isInteger(opts.maxPending) && opts.maxPending >= 0, 'maxPending is a count');
+    this.bySeq = mutationsFor(opts.mutant).orderKvEventsBySeq;
+  }
+
+  private state(key: string): InstanceState {
+    let st = this.instances.get(key);
+    if (st === undefined) {
+      st = { epoch: null, seq: 0, hashes: new Set(), pending: new Map(), forced: false, retired: [] };
+      this.instances.set(key, st);
+    }
+    return st;
+  }
+
+  /** Apply one batch of `key`'s events (any order, any number of times). */
+  applyBatch(key: string, batch: KvEventBatch): ApplyResult {
+    const st = this.state(key);
+    if (!this.admit(key, st, batch.epoch)) return this.stale();
+    if (!this.bySeq) {
+      this.applyEvents(key, st, batch.events);
+      st.seq = Math.max(st.seq, batch.seq);
+      return 'applied';
+    }
+    if (batch.seq <= st.seq || st.pending.has(batch.seq)) {
+      this.stats.duplicates++;
+      return 'duplicate';
+    }
+    if (batch.seq !== st.seq + 1) {
+      st.pending.set(batch.seq, batch);
+      this.stats.buffered++;
+      return this.needsDump(key) ? 'needs-dump' : 'buffered';
+    }
+    this.applyEvents(key, st, batch.events);
+    st.seq = batch.seq;
+    this.drainPending(key, st);
+    return 'applied';
+  }
+
+  /** Replace `key`'s set with a dump; pending batches after the dump's seq are applied on top. */
+  applyDump(key: string, dump: KvEventDump): void {
+    const st = this.state(key);
+    if (!this.admit(key, st, dump.epoch)) return void this.stale();
+    // An older dump than what is applied (a slow answer) changes nothing.
+    if (dump.seq < st.seq) return;
+    this.clearHashes(key, st);
+    for (const h of dump.block_hashes) this.add(key, st, h);
+    st.seq = dump.seq;
+    st.forced = false;
+    for (const s of [...st.pending.keys()]) if (s <= dump.seq) st.pending.delete(s);
+    this.drainPending(key, st);
+    this.stats.dumps++;
+  }
+
+  /**
+   * The instance says where it is (a heartbeat, /handoff/info): a new epoch, or a seq beyond what was
+   * received with nothing pending to fill it, means batches were lost: the instance needs a dump.
+   */
+  heartbeat(key: string, epoch: string, seq: number): boolean {
+    const st = this.state(key);
+    if (!this.admit(key, st, epoch)) {
+      this.stale();
+      return this.needsDump(key);
+    }
+    if (seq > st.seq && this.bySeq) st.forced = true;
+    return this.needsDump(key);
+  }
+
+  needsDump(key: string): boolean {
+    const st = this.instances.get(key);
+    return st !== undefined && (st.forced || st.pending.size > this.opts.maxPending);
+  }
+
+  /** Forget an instance entirely (removed from the pool). */
+  forget(key: string): void {
+    const st = this.instances.get(key);
+    if (st === undefined) return;
+    this.clearHashes(key, st);
+    this.instances.delete(key);
+  }
+
+  /** Leading hashes of `chain` that `key` holds (a prefix: stops at the first miss). */
+  prefixLength(key: string, chain: readonly BlockHash[]): number {
+    const st = this.instances.get(key);
+    if (st === undefined) return 0;
+    let n = 0;
+    while (n < chain.length && st.hashes.has(chain[n] as BlockHash)) n++;
+    return n;
+  }
+
+  /** Instances believed to hold `hash`. */
+  holdersOf(hash: BlockHash): ReadonlySet<string> {
+    return this.holders.get(hash) ?? new Set();
+  }
+
+  hashesOf(key: string): ReadonlySet<BlockHash> {
+    return this.instances.get(key)?.hashes ?? new Set();
+  }
+
+  /** Applied seq and epoch of `key` (0/null before anything arrived). */
+  position(key: string): { epoch: string | null; seq: number; pending: number } {
+    const st = this.instances.get(key);
+    return { epoch: st?.epoch ?? null, seq: st?.seq ?? 0, pending: st?.pending.size ?? 0 };
+  }
+
+  /** False for a message of an earlier life (retired, or started before the current one); a later life replaces it. */
+  private admit(key: string, st: InstanceState, epoch: string): boolean {
+    if (st.epoch === epoch) return true;
+    if (st.retired.includes(epoch)) return false;
+    const [mine, theirs] = [st.epoch === null ? null : epochStartMs(st.epoch), epochStartMs(epoch)];
+    if (mine !== null && theirs !== null && theirs < mine) {
+      st.retired.push(epoch);
+      if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
+      return false;
+    }
+    this.newEpoch(key, st, epoch);
+    return true;
+  }
+
+  /** Something from an instance's earlier life (a late batch, dump or heartbeat): ignored. */
+  private stale(): 'duplicate' {
+    this.stats.duplicates++;
+    return 'duplicate';
+  }
+
+  private newEpoch(key: string, st: InstanceState, epoch: string): void {
+    if (st.epoch !== null) {
+      this.stats.epochs++;
+      st.retired.push(st.epoch);
+      if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
+    }
+    this.clearHashes(key, st);
+    st.epoch = epoch;
+    st.seq = 0;
+    st.pending.clear();
+    st.forced = false;
+  }
+
+  private drainPending(key: string, st: InstanceState): void {
+    for (let next = st.pending.get(st.seq + 1); next !== undefined; next = st.pending.get(st.seq + 1)) {
+      st.pending.delete(next.seq);
+      this.applyEvents(key, st, next.events);
+      st.seq = next.seq;
+    }
+  }
+
+  private applyEvents(key: string, st: InstanceState, events: readonly KvCacheEvent[]): void {
+    for (const ev of events) {
+      if (ev.type === 'AllBlocksCleared') this.clearHashes(key, st);
+      else if (ev.type === 'BlockStored') for (const h of ev.block_hashes) this.add(key, st, h);
+      else for (const h of ev.block_hashes) this.remove(key, st, h);
+    }
+    this.stats.applied++;
+  }
+
+  private add(key: string, st: InstanceState, h: BlockHash): void {
+    if (st.hashes.has(h)) return;
+    if (st.hashes.size >= this.opts.maxHashesPerInstance) {
+      // Past the bound the feed cannot be trusted: start over from a dump.
+      this.clearHashes(key, st);
+      st.forced = true;
+      return;
+    }
+    st.hashes.add(h);
+    let set = this.holders.get(h);
+    if (set === undefined) {
+      set = new Set();
+      this.holders.set(h, set);
+    }
+    set.add(key);
+  }
+
+  private remove(key: string, st: InstanceState, h: BlockHash): void {
+    if (!st.hashes.delete(h)) return;
+    const set = this.holders.get(h);
+    set?.delete(key);
+    if (set?.size === 0) this.holders.delete(h);
+  }
+
+  private clearHashes(key: string, st: InstanceState): void {
+    for (const h of [...st.hashes]) this.remove(key, st, h);
+  }
+}
