@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { benchTransfer } from './bench.ts';
+import { benchTransfer, benchTransferPoint } from './bench.ts';
 
 for (const backend of ['inproc', 'tcp'] as const) {
   for (const scatter of [false, true]) {
@@ -27,3 +27,17 @@ for (const backend of ['inproc', 'tcp'] as const) {
     });
   }
 }
+
+test('benchTransferPoint inproc: the baseline is memcpy on the serving NIC thread (verified), the hot memcpy reported beside', async () => {
+  const p = await benchTransferPoint({
+    backend: 'inproc',
+    env: new RealEnv(6),
+    pageBytes: 4096,
+    pages: 16,
+    repeats: 2,
+  });
+  assert.match(p.baseline, /serving NIC thread/);
+  assert.ok(p.hotMemcpyGbps !== undefined && Number.isFinite(p.hotMemcpyGbps) && p.hotMemcpyGbps > 0);
+  const t = await benchTransferPoint({ backend: 'tcp', env: new RealEnv(6), pageBytes: 4096, pages: 16, repeats: 2 });
+  assert.equal(t.hotMemcpyGbps, undefined, 'tcp has no memcpy beside its raw socket');
+});

@@ -69,6 +69,7 @@ const COLUMNS: Array<[string, number, (p: BenchPoint) => string]> = [
   ['GB/s', 6, (p) => p.gbps.toFixed(2)],
   ['base GB/s', 9, (p) => p.baselineGbps.toFixed(2)],
   ['ratio', 5, (p) => p.ratio.toFixed(2)],
+  ['hot memcpy', 10, (p) => (p.hotMemcpyGbps === undefined ? '-' : p.hotMemcpyGbps.toFixed(2))],
 ];
 
 export function sweepHeader(): string {

@@ -5,11 +5,13 @@
  * is NIC thread to NIC thread (nic_inproc.ts); notifications are delivered on a later timer turn.
  */
 import { MessageChannel } from 'node:worker_threads';
+import { assert } from '../../util/assert.ts';
 import { HandoffError } from '../../util/errors.ts';
+import { packRanges } from '../core/ranges.ts';
 import { localHandshakeRefusal } from '../core/metadata.ts';
 import { NicHost } from '../nic/nic_host.ts';
 import { TransferEngineCore } from '../core/transfer_engine.ts';
-import type { EngineMetadata, Notification, PeerAddress, TransferEngineOptions } from '../core/types.ts';
+import type { EngineMetadata, Notification, PeerAddress, TransferEngineOptions, TransferRange } from '../core/types.ts';
 
 const registry = new Map<string, InprocTransferEngine>();
 const SCHEME = 'inproc://';
@@ -108,6 +110,16 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
         resolve();
       });
     });
+  }
+
+  /**
+   * The bench's inproc baseline: `from`'s NIC thread (the one that serves our READs) copies `ranges` from
+   * its slabs into ours with no protocol, timed on that thread (nic_inproc.ts rawCopyMs). Needs a handshake.
+   */
+  rawCopyMs(from: InprocTransferEngine, ranges: readonly TransferRange[]): Promise<number> {
+    assert(this.linked.has(from.engineId), `rawCopyMs: no handshake with ${from.engineId}`);
+    const cmd = { t: 'rawCopy' as const, peerEngineId: this.engineId, ranges: packRanges(ranges) };
+    return from.nic.request(cmd, (ev) => (ev.t === 'rawCopied' ? ev.ms : undefined));
   }
 
   /** A peer closed: forget it (its NIC link closes by itself). */

@@ -144,6 +144,22 @@ export class InprocLink {
     return { t: 'done', reqId: m.reqId };
   }
 
+  /**
+   * The bench's inproc baseline: the copy a READ of `p` by the peer makes (our slab -> theirs), with no
+   * grant, message or completion, on this thread and timed here: the copy's limit in the cache state
+   * the served READ meets.
+   */
+  rawCopyMs(p: Float64Array): number {
+    const [ours, theirs] = [this.ctx.slabs, this.peerSlabs];
+    const t0 = performance.now();
+    for (let j = 0; j < p.length; j += PACKED_STRIDE) {
+      const [slab, theirOffset, ourOffset, length] = [p[j] ?? 0, p[j + 1] ?? 0, p[j + 2] ?? 0, p[j + 3] ?? 0];
+      const src = (ours[slab] as Uint8Array).subarray(ourOffset, ourOffset + length);
+      (theirs[slab] as Uint8Array).set(src, theirOffset);
+    }
+    return performance.now() - t0;
+  }
+
   private fail(reqId: number, code: 'GRANT_DENIED' | 'BAD_TRANSFER_PARAMS', message: string): LinkMessage {
     return { t: 'error', reqId, code, message };
   }

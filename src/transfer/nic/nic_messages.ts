@@ -85,6 +85,8 @@ export type NicCommand =
   | { t: 'abort'; wrId: number }
   | { t: 'rawServe' }
   | { t: 'rawRecv'; host: string; port: number; bytes: number; cfg: RawConfig }
+  /** inproc bench baseline: copy packed ranges (as a READ by the peer would) with no protocol, timed here. */
+  | { t: 'rawCopy'; peerEngineId: string; ranges: Float64Array }
   | { t: 'close' };
 
 export type NicEvent =
@@ -92,4 +94,5 @@ export type NicEvent =
   | NicCompletionEvent
   | { t: 'rawPort'; port: number }
   | { t: 'rawDone'; bytes: number }
+  | { t: 'rawCopied'; ms: number }
   | { t: 'closed' };

@@ -194,6 +194,12 @@ class Nic implements NicContext {
           .rawRecv(cmd.host, cmd.port, cmd.bytes, cmd.cfg)
           .then((bytes) => this.emit({ t: 'rawDone', bytes }));
         return;
+      case 'rawCopy': {
+        const link = this.links.get(cmd.peerEngineId);
+        assert(link !== undefined, `rawCopy: no inproc link to ${cmd.peerEngineId}`);
+        this.emit({ t: 'rawCopied', ms: link.rawCopyMs(cmd.ranges) });
+        return;
+      }
       case 'close':
         void this.close();
         return;
