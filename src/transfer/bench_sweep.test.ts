@@ -38,6 +38,17 @@ test('bench sweep: every point once, its table row, the targets it covers, and a
   const targets = targetLines(points);
   assert.equal(targets.length, 3, 'tcp >= 256 KiB, tcp 32 KiB and inproc 32 KiB are all covered');
   for (const t of targets) assert.match(t, /^(met {4}|NOT met) {2}.+: \d+\/\d+ points, worst \d+\.\d\d/);
+  // Per layout and READ size, the counts add up to the points each target covers.
+  for (const t of targets) {
+    const total = Number(/: \d+\/(\d+) points/.exec(t)?.[1]);
+    const parts = [...t.matchAll(/(?:scattered|contiguous) \d+ [KM]iB (\d+)\/(\d+)/g)];
+    assert.ok(parts.length > 0, t);
+    assert.equal(
+      parts.reduce((a, m) => a + Number(m[2]), 0),
+      total,
+      t,
+    );
+  }
   const svg = sweepSvg(points, 'title <&>');
   assert.match(svg, /^<svg [^>]*xmlns="http:\/\/www\.w3\.org\/2000\/svg"/);
   assert.ok(svg.trimEnd().endsWith('</svg>'));

@@ -102,7 +102,20 @@ export const TARGETS: ReadonlyArray<{
   { what: 'inproc >= 0.8 of memcpy at 32 KiB pages', backend: 'inproc', pages: (b) => b === 32 << 10, min: 0.8 },
 ];
 
-/** One line per target: met or not, with the worst point it covers. */
+/** Points at or above `min` per (layout, READ size): "contiguous 64 MiB 3/3, ...". */
+function byLayout(points: readonly BenchPoint[], min: number): string {
+  const groups = new Map<string, { met: number; n: number }>();
+  for (const p of points) {
+    const key = `${p.scatter ? 'scattered' : 'contiguous'} ${sizeLabel(p.bytes)}`;
+    const g = groups.get(key) ?? { met: 0, n: 0 };
+    g.n++;
+    if (p.ratio >= min) g.met++;
+    groups.set(key, g);
+  }
+  return [...groups].map(([k, g]) => `${k} ${g.met}/${g.n}`).join(', ');
+}
+
+/** One line per target: met or not, with the worst point it covers, and the count per layout and READ size. */
 export function targetLines(points: readonly BenchPoint[]): string[] {
   const out: string[] = [];
   for (const t of TARGETS) {
@@ -112,7 +125,7 @@ export function targetLines(points: readonly BenchPoint[]): string[] {
     const met = covered.filter((p) => p.ratio >= t.min).length;
     const where = `${sizeLabel(worst.pageBytes)} ${worst.scatter ? 'scattered' : 'contiguous'}, ${sizeLabel(worst.bytes)} READ`;
     out.push(
-      `${met === covered.length ? 'met    ' : 'NOT met'}  ${t.what}: ${met}/${covered.length} points, worst ${worst.ratio.toFixed(2)} (${where})`,
+      `${met === covered.length ? 'met    ' : 'NOT met'}  ${t.what}: ${met}/${covered.length} points, worst ${worst.ratio.toFixed(2)} (${where}); ${byLayout(covered, t.min)}`,
     );
   }
   return out;
