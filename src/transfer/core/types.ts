@@ -26,7 +26,8 @@ export interface PeerAddress {
  * Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. With tensor
  * parallel ranks every rank registers its own slabs, rank-major: slab index = rank * (numSlabs / TP) +
  * layer slab, and rank r's page holds rank r's share of the KV heads (kv/spec.ts, kv/tp_layout.ts). Two
- * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side.
+ * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side;
+ * between different degrees a range names the slab on each side (TransferRange.remoteSlab).
  */
 export interface SlabLayout {
   numSlabs: number;
@@ -67,12 +68,16 @@ export interface Grant {
   expiresAtMs: number;
 }
 
-/** One byte range: `local*` in this engine's slab, `remote*` in the peer's slab, same slab index. */
+/**
+ * One byte range: `localOffset` in this engine's slab `slab`, `remoteOffset` in the peer's slab
+ * `remoteSlab` (absent: the same index; they differ between engines of different TP degrees).
+ */
 export interface TransferRange {
   slab: number;
   localOffset: number;
   remoteOffset: number;
   length: number;
+  remoteSlab?: number;
 }
 
 /**
