@@ -45,8 +45,11 @@ export interface EngineMetadata {
   engineId: string;
   modelName: string;
   preset: string;
-  /** pageFormats: per group, absent for a bare engine (then pages are copied whole). */
-  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[] };
+  /**
+   * pageFormats: per group, absent for a bare engine (then pages are copied whole); tpSplits: per group,
+   * the units its whole cache splits into over ranks (0: replicated), for peers of another degree.
+   */
+  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[]; tpSplits?: number[] };
   /** sha256 over model, preset, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
@@ -162,6 +165,8 @@ export interface TransferEngineOptions {
   blockSizes: number[];
   /** Page format per KV cache group; lets a peer with other block sizes map tokens (kv/token_map.ts). */
   pageFormats?: PageFormat[];
+  /** Per group: how its cache splits over ranks (0: replicated); lets a peer of another degree map heads. */
+  tpSplits?: number[];
   /** Extra compatibility input, e.g. a hash of the cache group specs. */
   cacheHash?: string;
   /** The registered regions: one SharedArrayBuffer per slab, numBlocks * pageBytes long. */
