@@ -139,3 +139,24 @@ test('decode TP=2 reading from prefill TP=1 (llama-mini): each decode rank reads
   assert.equal(rank1.length, 32);
   assert.ok(rank1.every((r) => r.remoteSlab === 0 && r.length === 32 && (r.remoteOffset - 10 * 2048) % 64 === 32));
 });
+
+test('decode TP=2: the clipped tail of a larger decode page is named on every rank, in its rank page format', () => {
+  const ctx = context(32, 'dsv4-mini', 2); // MLA replicated (80 B per token on each rank, the compressor halved)
+  const plan = {
+    local: [[3], [4]],
+    runs: [
+      [0, 20],
+      [0, 20],
+    ] as Array<[number, number]>,
+  };
+  const tails = ctx.clippedTails(plan);
+  assert.deepEqual([...new Set(tails.map((s) => s.slab))].sort(), [0, 1, 2, 3], 'both layer slabs of both ranks');
+  // Tokens 20-31 of each page: MLA 80 B per token (whole latent on every rank), compressor 10 f32 = 40 B.
+  assert.deepEqual(
+    tails.filter((s) => s.slab === 3).map((s) => [s.block, s.start, s.end]),
+    [
+      [3, 1600, 2560],
+      [4, 800, 1280],
+    ],
+  );
+});

@@ -37,7 +37,7 @@ export interface SimOptions {
   /** Tokens per KV page of one instance (wins over blockSize). */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
-  /** Tensor parallel ranks of prefill and decode (default 1; equal, or BAD_CONFIG). */
+  /** Tensor parallel ranks of prefill and decode (default 1; they may differ; hetero-tp: drawn from the seed). */
   prefillTp?: number;
   decodeTp?: number;
   pctDepth?: number;
