@@ -1,11 +1,11 @@
 /**
  * P/D between tensor parallel degrees (issue 14, `--prefill-tp` / `--decode-tp`): the table, every
  * pairing of TP {1, 2} on each side x block size {8, 16, 32} on each side x each micro preset, passes
- * every oracle on hetero-tp with one seed per cell, injected faults off so every load runs (race checker silent, page lifecycle I1-I7, P/D ==
- * colocated at TP=1 token for token and logit for logit, liveness, leaks), READ and WRITE each (READ
- * only on the Mamba hybrid); the loads really move the KV between degrees (none
- * fails, clipped tails are zeroed on every decode rank); the bug zoo's two wrong maps are caught at both
- * unequal pairings; the scenario draws its degrees, sizes and mode from the seed unless told.
+ * every oracle on hetero-tp with one seed per cell, injected faults off so every load runs (race checker
+ * silent, page lifecycle I1-I7, P/D == colocated at TP=1 token for token and logit for logit, liveness,
+ * leaks), READ and WRITE each (READ only on the Mamba hybrid); the loads really move the KV between
+ * degrees (none fails, clipped tails are zeroed on every decode rank); the bug zoo's two wrong maps are
+ * caught at both unequal pairings; the scenario draws its degrees, sizes and mode from the seed unless told.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
