@@ -122,6 +122,9 @@ test('decode TP=1 reading from prefill TP=2 (llama-mini): each slot from both pr
       length: 32,
     },
   );
+  // The grant names prefill's pages in every slab: the READ touches exactly page 10, on all four prefill slabs.
+  const touched = new Set(ranges.map((r) => `${r.remoteSlab ?? r.slab}:${Math.floor(r.remoteOffset / 1024)}`));
+  assert.deepEqual([...touched].sort(), ['0:10', '1:10', '2:10', '3:10']);
   const bytes = (slab: number) => ranges.filter((r) => r.slab === slab).reduce((n, r) => n + r.length, 0);
   assert.deepEqual([bytes(0), bytes(1)], [2048, 2048], 'every byte of the decode page, once');
   assert.equal(
