@@ -69,8 +69,8 @@ function registerAb(program: Command): void {
     .option('--decode-block-size <n>', 'tokens per KV page of the decode instance (wins over --block-size)')
     .option('--variant <names>', `comma list of variants to run (${AB_VARIANTS.map((v) => v.name).join(', ')})`)
     .option('--tensor-parallel-size <n>', 'tensor parallel ranks of each pair (reference: colocated TP=1)')
-    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
-    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
+    .option('--prefill-tp <n>', 'tensor parallel ranks of prefill (may differ from decode)')
+    .option('--decode-tp <n>', 'tensor parallel ranks of decode (may differ from prefill)')
     .option(
       '--trace <base>',
       "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)",
@@ -177,7 +177,13 @@ function printAbJson(report: AbReport, verdict: AbVerdict): void {
 
 function printAbTable(report: AbReport, verdict: AbVerdict): void {
   const sizes = `prefill ${report.prefillBlockSize} / decode ${report.decodeBlockSize} tokens per page`;
-  const tp = report.tensorParallelSize > 1 ? `, TP=${report.tensorParallelSize} each, reference at TP=1` : '';
+  const [ptp, dtp] = [report.prefillTensorParallelSize, report.tensorParallelSize];
+  const tp =
+    ptp !== dtp
+      ? `, prefill TP=${ptp} / decode TP=${dtp}, reference at TP=1`
+      : dtp > 1
+        ? `, TP=${dtp} each, reference at TP=1`
+        : '';
   out(`handoff ab: ${report.model}, ${report.requests} requests, colocated reference vs 1P1D READ (${sizes}${tp})`);
   const fast = report.variants.find((v) => v.name === 'all-read-groups');
   for (const v of report.variants) {

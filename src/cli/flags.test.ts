@@ -150,7 +150,7 @@ test('up: --block-size sets both children, --prefill-block-size / --decode-block
   );
 });
 
-test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --prefill-tp/--decode-tp must agree', () => {
+test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --prefill-tp/--decode-tp may differ', () => {
   assert.equal(serveOptionsFrom({ ...serveBase(), tensorParallelSize: '2' }).tensorParallelSize, 2);
   assert.equal(serveOptionsFrom(serveBase()).tensorParallelSize, 1);
   for (const bad of ['0', '3', '4', 'x', '1.5'])
@@ -159,9 +159,9 @@ test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --pr
   assert.deepEqual(pdTensorParallelFlags('dsv4-mini', { tensorParallelSize: '2' }), { prefill: 2, decode: 2 });
   assert.deepEqual(pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '2' }), { prefill: 2, decode: 2 });
   assert.throws(() => pdTensorParallelFlags('llama-mini', { decodeTp: '3' }), names('decode-tp'));
-  assert.throws(
-    () => pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '1' }),
-    (e: unknown) =>
-      e instanceof HandoffError && e.code === 'BAD_CONFIG' && /--prefill-tp 2 and --decode-tp 1 differ/.test(e.message),
-  );
+  assert.deepEqual(pdTensorParallelFlags('llama-mini', { prefillTp: '2', decodeTp: '1' }), { prefill: 2, decode: 1 });
+  assert.deepEqual(pdTensorParallelFlags('hybrid-mini', { tensorParallelSize: '2', prefillTp: '1' }), {
+    prefill: 1,
+    decode: 2,
+  });
 });

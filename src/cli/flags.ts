@@ -2,7 +2,6 @@
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
-  checkEqualTensorParallel,
   checkTensorParallelSize,
   isBlockSize,
   isMicroPreset,
@@ -70,8 +69,7 @@ export function tensorParallelFlag(preset: ModelPreset, v: unknown, flag = 'tens
 
 /**
  * The TP degrees of a P/D pair: `--tensor-parallel-size` for both, `--prefill-tp` / `--decode-tp` for one.
- * Different degrees are refused (BAD_CONFIG): a decode rank would need a slice of each prefill page
- * (kv/tp_layout.ts), a mapping not implemented yet; the handshake refuses such peers too (PEER_INCOMPATIBLE).
+ * They may differ: each decode rank gathers its heads from the prefill ranks' pages (kv/tp_map.ts).
  */
 export function pdTensorParallelFlags(
   preset: ModelPreset,
@@ -80,7 +78,6 @@ export function pdTensorParallelFlags(
   const both = tensorParallelFlag(preset, o['tensorParallelSize']);
   const prefill = o['prefillTp'] === undefined ? both : tensorParallelFlag(preset, o['prefillTp'], 'prefill-tp');
   const decode = o['decodeTp'] === undefined ? both : tensorParallelFlag(preset, o['decodeTp'], 'decode-tp');
-  checkEqualTensorParallel(prefill, decode);
   return { prefill, decode };
 }
 

@@ -43,8 +43,8 @@ export function configureUp(up: Command): void {
     .option('--prefill-block-size <n>', 'tokens per KV page of prefill (wins over --block-size)')
     .option('--decode-block-size <n>', 'tokens per KV page of decode (wins over --block-size); may differ from prefill')
     .option('--tensor-parallel-size <n>', 'tensor parallel ranks of both instances (1 or 2)')
-    .option('--prefill-tp <n>', "tensor parallel ranks of prefill (must equal decode's for now)")
-    .option('--decode-tp <n>', "tensor parallel ranks of decode (must equal prefill's for now)")
+    .option('--prefill-tp <n>', 'tensor parallel ranks of prefill (may differ from decode)')
+    .option('--decode-tp <n>', 'tensor parallel ranks of decode (may differ from prefill)')
     .option('--api-key <key>', 'require Authorization: Bearer <key> (or HANDOFF_API_KEY)')
     .option('--log-format <format>', `${LOG_FORMAT_HELP}; passed on to prefill and decode`)
     .action(async (o: Opts) => {

@@ -1,16 +1,18 @@
 /**
  * What every role of the connector's worker side shares: the transfer engine, the device, the peer
  * directory (whose `readyEngine` never handshakes on the step path), and the byte ranges a transfer moves
- * per transfer group in token space (the peer's block size and page size may differ from ours) with the
- * clipped tails they leave.
+ * per transfer group in token space (the peer's block size and page size may differ from ours) and per
+ * tensor parallel rank pair (its degree may differ from ours: kv/tp_map.ts), with the clipped tails they
+ * leave. A range's slab on each side is rank * numLayerSlabs + layer slab of that side.
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { Logger } from '../util/log.ts';
 import type { Mutations } from '../util/mutants.ts';
 import type { Device, PageAccess, PageSpan } from '../device/types.ts';
-import { everyRankSlabs, type KVCacheConfig, type KVCacheGroupSpec } from '../kv/spec.ts';
-import { pageFormatOf, tailSpans, tokenRunRanges, type PagedSide } from '../kv/token_map.ts';
+import { everyRankSlabs, wholeSpec, type KVCacheConfig, type KVCacheGroupSpec } from '../kv/spec.ts';
+import { pageFormatOf, tailSpans, type PagedSide } from '../kv/token_map.ts';
+import { tpRunRanges } from '../kv/tp_map.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
@@ -41,10 +43,7 @@ export class WorkerContext {
     return this.groupOf(transferGroup).spec.blockSize;
   }
 
-  /**
-   * Device slabs holding a transfer group's layers, on every tensor parallel rank: with equal TP on both
-   * sides, slab i (rank r's layer j) is copied to slab i, so each rank's pages reach the same rank.
-   */
+  /** Device slabs holding a transfer group's layers, on every tensor parallel rank (its clipped tails). */
   private slabsOf(transferGroup: number): number[] {
     return everyRankSlabs(
       this.kvConfig,
@@ -66,16 +65,20 @@ export class WorkerContext {
     const meta = this.transfer.peerMetadata(peerEngineId);
     if (meta === null)
       throw new HandoffError('PEER_UNAVAILABLE', `no handshake with ${peerEngineId}: its page geometry is unknown`);
+    const tp = meta.layout.tensorParallelSize;
     return {
       pageBytes: meta.layout.pageBytes,
       blockSizes: this.transferGroupIds.map((g) => meta.layout.blockSizes[g] ?? 0),
+      tensorParallelSize: tp,
+      numLayerSlabs: meta.layout.numSlabs / tp,
     };
   }
 
   /**
    * Byte ranges moving tokens [start, end) of each transfer group between our pages `local` and the
-   * peer's pages `remote` (token t <-> token t, a state group's page whole; kv/token_map.ts), and the
-   * footprint of our pages: exactly the bytes moved (`write`: a READ writes them, a WRITE reads them).
+   * peer's pages `remote` (token t <-> token t, a state group's page whole; kv/token_map.ts), between each
+   * rank pair (kv/tp_map.ts), in every layer slab of the group; and the footprint of our pages: exactly
+   * the bytes moved (`write`: a READ writes them, a WRITE reads them).
    */
   rangesFor(
     plan: TransferPlan,
@@ -84,29 +87,32 @@ export class WorkerContext {
   ): { ranges: TransferRange[]; footprint: PageAccess[] } {
     const ranges: TransferRange[] = [];
     const footprint: PageAccess[] = [];
-    const pageBytes = this.kvConfig.pageBytes;
+    const ours = this.kvConfig;
     plan.local.forEach((ids, tg) => {
       if (ids.length === 0) return;
       const [start, end] = plan.runs[tg] ?? [0, 0];
-      const pages = tokenRunRanges(
-        pageFormatOf(this.groupOf(tg).spec),
-        this.side(tg, ids, start),
-        { ...sideAt(peer.blockSizes[tg] ?? 0, start), pageBytes: peer.pageBytes, blockIds: plan.remote[tg] ?? [] },
-        start,
-        end,
+      const group = this.groupOf(tg);
+      const theirs = {
+        ...sideAt(peer.blockSizes[tg] ?? 0, start),
+        pageBytes: peer.pageBytes,
+        blockIds: plan.remote[tg] ?? [],
+        tp: peer.tensorParallelSize,
+      };
+      const pieces = tpRunRanges(
+        wholeSpec(group.spec, ours.tensorParallelSize),
+        { ...this.side(tg, ids, start), tp: ours.tensorParallelSize },
+        theirs,
+        { start, end, localIsDestination: write },
+        this.mutations.tpMapFaults,
       );
-      for (const slab of this.slabsOf(tg)) {
-        for (const r of pages) {
-          ranges.push({ slab, ...r });
-          // A coalesced range may run over several of our pages: one access per page.
-          for (let at = r.localOffset; at < r.localOffset + r.length;) {
-            const block = Math.floor(at / pageBytes);
-            const end = Math.min(r.localOffset + r.length, (block + 1) * pageBytes);
-            footprint.push({ slab, block, start: at - block * pageBytes, end: end - block * pageBytes, write });
-            at = end;
-          }
+      group.layerNames.forEach((_, layer) => {
+        for (const { localRank, remoteRank, ...r } of pieces) {
+          const slab = localRank * ours.numLayerSlabs + layer;
+          const remoteSlab = remoteRank * peer.numLayerSlabs + layer;
+          ranges.push(remoteSlab === slab ? { ...r, slab } : { ...r, slab, remoteSlab });
+          footprint.push(...pagesOf(slab, r.localOffset, r.length, ours.pageBytes, write));
         }
-      }
+      });
     });
     return { ranges, footprint };
   }
@@ -139,10 +145,24 @@ export class WorkerContext {
   }
 }
 
-/** A peer's pages: page size, and tokens per page per transfer group. */
+/** A peer's pages: page size, tokens per page per transfer group, its degree and layer slabs per rank. */
 export interface PeerGeometry {
   pageBytes: number;
   blockSizes: number[];
+  tensorParallelSize: number;
+  numLayerSlabs: number;
+}
+
+/** A range of our slab as one access per page it runs over (a coalesced range may span several). */
+function pagesOf(slab: number, offset: number, length: number, pageBytes: number, write: boolean): PageAccess[] {
+  const out: PageAccess[] = [];
+  for (let at = offset; at < offset + length;) {
+    const block = Math.floor(at / pageBytes);
+    const end = Math.min(offset + length, (block + 1) * pageBytes);
+    out.push({ slab, block, start: at - block * pageBytes, end: end - block * pageBytes, write });
+    at = end;
+  }
+  return out;
 }
 
 /** What moves: per transfer group our pages, the peer's pages (both in token order) and the tokens. */

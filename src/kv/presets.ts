@@ -32,24 +32,6 @@ export const BLOCK_SIZE = 16;
  */
 export const TP_SHARDS = 2;
 
-/**
- * P/D needs the same degree on both sides: a rank's page holds its share of the heads, so a decode rank of
- * another degree would need a slice of several prefill pages (tp_layout.ts), a mapping not implemented yet.
- */
-export function checkEqualTensorParallel(
-  prefill: number,
-  decode: number,
-  flags = ['--prefill-tp', '--decode-tp'],
-): void {
-  if (prefill !== decode)
-    throw new HandoffError(
-      'BAD_CONFIG',
-      `${flags[0]} ${prefill} and ${flags[1]} ${decode} differ: P/D between different tensor parallel degrees ` +
-        "needs each decode rank to gather its heads from the prefill ranks' pages, which is not implemented yet; " +
-        'use equal degrees',
-    );
-}
-
 /** Tensor parallel degrees every preset supports: the divisors of TP_SHARDS. */
 export const TENSOR_PARALLEL_SIZES: readonly number[] = Array.from({ length: TP_SHARDS }, (_, i) => i + 1).filter(
   (n) => TP_SHARDS % n === 0,

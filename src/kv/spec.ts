@@ -177,6 +177,25 @@ export function rankSpec(spec: KVCacheSpec, tp: number): KVCacheSpec {
 }
 
 /**
+ * The whole (TP=1) spec a rank's share at `tp` ranks was cut from: the inverse of rankSpec, padding
+ * dropped. Peers of different degrees compare and map their caches through it (kv/tp_map.ts).
+ */
+export function wholeSpec(spec: KVCacheSpec, tp: number): KVCacheSpec {
+  assert(Number.isInteger(tp) && tp >= 1, `tensor parallel size must be a positive integer, got ${tp}`);
+  const { pageSizePadded: _pad, ...s } = spec;
+  switch (s.type) {
+    case 'full_attention':
+      return { ...s, numKvHeads: s.numKvHeads * tp };
+    case 'compressor':
+      return { ...s, stateDim: s.stateDim * tp };
+    case 'mamba':
+      return { ...s, convDim: s.convDim * tp };
+    case 'mla':
+      return s;
+  }
+}
+
+/**
  * The cache of one instance: `groups` are the model's (whole) caches; the config holds each rank's share
  * (rankSpec), every group's page padded to the largest.
  */

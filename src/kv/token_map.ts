@@ -78,6 +78,64 @@ export function slotSpans(
   return out;
 }
 
+/** A run of tokens inside one page on each side: `count` slots from `localSlot` / `remoteSlot`. */
+export interface TokenChunk {
+  localBlock: number;
+  localSlot: number;
+  remoteBlock: number;
+  remoteSlot: number;
+  count: number;
+}
+
+/**
+ * The tokens [start, end) cut where a page ends on either side (local token t <-> remote token t); both
+ * sides are checked to hold every page the run touches (a token format's sides).
+ */
+export function tokenChunks(
+  format: PageFormat,
+  local: PagedSide,
+  remote: PagedSide,
+  start: number,
+  end: number,
+  remoteFormat: PageFormat = format,
+): TokenChunk[] {
+  assert(Number.isInteger(start) && Number.isInteger(end) && 0 <= start && start <= end, `bad run [${start}, ${end})`);
+  assert(format.kind === 'tokens' && remoteFormat.kind === 'tokens', 'a state page has no token slots');
+  checkSide(format, local, start, end, 'local');
+  checkSide(remoteFormat, remote, start, end, 'remote');
+  const out: TokenChunk[] = [];
+  for (let t = start; t < end;) {
+    const li = Math.floor(t / local.blockSize);
+    const ri = Math.floor(t / remote.blockSize);
+    const runEnd = Math.min(end, (li + 1) * local.blockSize, (ri + 1) * remote.blockSize);
+    out.push({
+      localBlock: local.blockIds[li - local.firstPage] as number,
+      localSlot: t - li * local.blockSize,
+      remoteBlock: remote.blockIds[ri - remote.firstPage] as number,
+      remoteSlot: t - ri * remote.blockSize,
+      count: runEnd - t,
+    });
+    t = runEnd;
+  }
+  return out;
+}
+
+/** The state pages of a state group: both sides hold exactly one page, or none (then null). */
+export function statePages(
+  format: PageFormat,
+  local: PagedSide,
+  remote: PagedSide,
+  remoteFormat: PageFormat = format,
+): [number, number] | null {
+  assert(format.kind === 'state' && remoteFormat.kind === 'state', 'a token format has no single state page');
+  checkSide(format, local, 0, 0, 'local');
+  checkSide(remoteFormat, remote, 0, 0, 'remote');
+  assert(local.blockIds.length === remote.blockIds.length, 'a state moves page to page');
+  assert(local.blockIds.length <= 1, 'one state page per request');
+  const [lb, rb] = [local.blockIds[0], remote.blockIds[0]];
+  return lb === undefined || rb === undefined ? null : [lb, rb];
+}
+
 /**
  * The byte ranges moving tokens [start, end) between `local` and `remote` (local token t <-> remote token
  * t), coalesced. A state group moves its one page's state (both sides hold exactly one page, or none).
@@ -89,31 +147,24 @@ export function tokenRunRanges(
   start: number,
   end: number,
 ): TransferRange[] {
-  assert(Number.isInteger(start) && Number.isInteger(end) && 0 <= start && start <= end, `bad run [${start}, ${end})`);
-  checkSide(format, local, start, end, 'local');
-  checkSide(format, remote, start, end, 'remote');
   if (format.kind === 'state') {
-    assert(local.blockIds.length === remote.blockIds.length, 'a state moves page to page');
-    assert(local.blockIds.length <= 1, 'one state page per request');
-    const [lb, rb] = [local.blockIds[0], remote.blockIds[0]];
-    if (lb === undefined || rb === undefined) return [];
+    const pages = statePages(format, local, remote);
+    if (pages === null) return [];
+    const [lb, rb] = pages;
     return [{ localOffset: lb * local.pageBytes, remoteOffset: rb * remote.pageBytes, length: format.stateBytes }];
   }
   const ranges: TransferRange[] = [];
-  let t = start;
-  while (t < end) {
-    const li = Math.floor(t / local.blockSize);
-    const ri = Math.floor(t / remote.blockSize);
-    const runEnd = Math.min(end, (li + 1) * local.blockSize, (ri + 1) * remote.blockSize);
-    const lb = local.blockIds[li - local.firstPage] as number;
-    const rb = remote.blockIds[ri - remote.firstPage] as number;
-    const ls = slotSpans(format, local.blockSize, t - li * local.blockSize, runEnd - li * local.blockSize);
-    const rs = slotSpans(format, remote.blockSize, t - ri * remote.blockSize, runEnd - ri * remote.blockSize);
+  for (const c of tokenChunks(format, local, remote, start, end)) {
+    const ls = slotSpans(format, local.blockSize, c.localSlot, c.localSlot + c.count);
+    const rs = slotSpans(format, remote.blockSize, c.remoteSlot, c.remoteSlot + c.count);
     ls.forEach(([s, e], r) => {
       const [rs0] = rs[r] as [number, number];
-      ranges.push({ localOffset: lb * local.pageBytes + s, remoteOffset: rb * remote.pageBytes + rs0, length: e - s });
+      ranges.push({
+        localOffset: c.localBlock * local.pageBytes + s,
+        remoteOffset: c.remoteBlock * remote.pageBytes + rs0,
+        length: e - s,
+      });
     });
-    t = runEnd;
   }
   return coalesce(ranges);
 }

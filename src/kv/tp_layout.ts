@@ -1,7 +1,7 @@
 /**
- * Which bytes of a whole (TP=1) page each tensor parallel rank's page holds: the map a connector between
- * different TP degrees would copy by (P TP != D TP is refused at the handshake until one does; vLLM PRs
- * 18833 and 20189 read a head slice per decode rank; TRT-LLM issue 6507 is what a wrong map gives).
+ * Which bytes of a whole (TP=1) page each tensor parallel rank's page holds: what the map between
+ * different TP degrees goes through (tp_map.ts; vLLM PRs 18833 and 20189 read a head slice per decode
+ * rank; TRT-LLM issue 6507 is what a wrong map gives).
  *
  * A rank's page has the TP=1 format of its own spec (spec.ts rankSpec): its KV heads, compressor heads or
  * Mamba channels, in global order, the MLA latent replicated. Pages are token-major (NHD), so a rank's

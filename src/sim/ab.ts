@@ -69,8 +69,10 @@ export interface AbReport {
   prefillBlockSize: number;
   decodeBlockSize: number;
   variants: AbVariantResult[];
-  /** Tensor parallel ranks of each pair's instances (the reference is colocated at TP=1). */
+  /** Tensor parallel ranks of each pair's decode (the reference is colocated at TP=1). */
   tensorParallelSize: number;
+  /** Tensor parallel ranks of each pair's prefill (may differ from decode's: kv/tp_map.ts). */
+  prefillTensorParallelSize: number;
 }
 
 export interface AbOptions {
@@ -88,7 +90,7 @@ export interface AbOptions {
   /** Tokens per KV page of each instance (default 16); the colocated reference pages by 16. */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
-  /** Tensor parallel ranks of each pair's prefill and decode (equal); the colocated reference stays at TP=1. */
+  /** Tensor parallel ranks of each pair's prefill and decode (may differ); the colocated reference stays at TP=1. */
   prefillTp?: number;
   decodeTp?: number;
   onProgress?: (variant: string, done: number, total: number) => void;
@@ -135,6 +137,7 @@ export async function runAb(opts: AbOptions, env: Env): Promise<AbReport> {
     decodeBlockSize: opts.decodeBlockSize ?? BLOCK_SIZE,
     variants,
     tensorParallelSize: opts.decodeTp ?? 1,
+    prefillTensorParallelSize: opts.prefillTp ?? 1,
   };
 }
 

@@ -30,7 +30,7 @@ export interface PdPairOptions {
   decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
   name: string;
-  /** Tensor parallel ranks of each side (default 1). Unequal degrees are refused at the handshake. */
+  /** Tensor parallel ranks of each side (default 1; they may differ: kv/tp_map.ts). */
   prefillTp?: number;
   decodeTp?: number;
   /** Tokens per KV page of each instance (default 16); they may differ (issue 14). */

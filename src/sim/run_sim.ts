@@ -37,7 +37,7 @@ export interface SimOptions {
   /** Tokens per KV page of one instance (wins over blockSize). */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
-  /** Tensor parallel ranks of prefill and decode (default 1; equal, or BAD_CONFIG). */
+  /** Tensor parallel ranks of prefill and decode (default 1; they may differ; hetero-tp: drawn from the seed). */
   prefillTp?: number;
   decodeTp?: number;
   pctDepth?: number;
@@ -125,8 +125,9 @@ export function replayCommand(
   if (o.faults === false) parts.push('--no-faults');
   if (o.maxSteps !== undefined && o.maxSteps !== DEFAULT_MAX_STEPS) parts.push(`--max-steps ${o.maxSteps}`);
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
-  // hetero-block draws its sizes from the seed unless told: there even the default size must be named.
-  if (o.blockSize !== undefined && (o.blockSize !== BLOCK_SIZE || o.scenario === 'hetero-block'))
+  // hetero-block and hetero-tp draw their sizes from the seed unless told: there even the default must be named.
+  const drawsSizes = o.scenario === 'hetero-block' || o.scenario === 'hetero-tp';
+  if (o.blockSize !== undefined && (o.blockSize !== BLOCK_SIZE || drawsSizes))
     parts.push(`--block-size ${o.blockSize}`);
   if (o.prefillBlockSize !== undefined) parts.push(`--prefill-block-size ${o.prefillBlockSize}`);
   if (o.decodeBlockSize !== undefined) parts.push(`--decode-block-size ${o.decodeBlockSize}`);

@@ -26,6 +26,12 @@
  *                    are the larger, its last decode page is filled only in part (a clipped tail), on
  *                    Mamba models (prefill computes N-1) too
  *
+ *   hetero-tp        prefill and decode of different tensor parallel degrees (issue 14): unless the
+ *                    options name them, P TP 2 / D TP 1 or P TP 1 / D TP 2 drawn from the seed, and with
+ *                    them a block size pairing among all nine of {8, 16, 32} and the mode (READ or
+ *                    WRITE; READ for Mamba models); the requests of hetero-block (shared prefix, clipped
+ *                    tails when decode's pages are the larger)
+ *
  * Block sizes: `blockSize` sets both sides, `prefillBlockSize` / `decodeBlockSize` one each (they win);
  * the pools keep their capacity in tokens (pagesFor).
  *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
@@ -36,14 +42,7 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import {
-  BLOCK_SIZE,
-  checkEqualTensorParallel,
-  checkTensorParallelSize,
-  isBlockSize,
-  kvTwin,
-  type ModelPreset,
-} from '../kv/presets.ts';
+import { BLOCK_SIZE, checkTensorParallelSize, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -64,6 +63,7 @@ export const SCENARIOS = [
   'tight-write',
   'hetero-block',
   'xpyd',
+  'hetero-tp',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -75,7 +75,7 @@ export interface SideConfig {
   numBlocks: number;
   /** Tokens per KV page on this side. */
   blockSize: number;
-  /** Tensor parallel ranks of the instance (equal on both sides, checkEqualTensorParallel). */
+  /** Tensor parallel ranks of the instance (the sides may differ: kv/tp_map.ts). */
   tensorParallelSize: number;
   scheduler: Partial<SchedulerConfig>;
   connector: OneSidedConfig;
@@ -144,7 +144,8 @@ function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
 function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const shared = name === 'prefix-hit' || name === 'hetero-block';
+  const hetero = name === 'hetero-block' || name === 'hetero-tp';
+  const shared = name === 'prefix-hit' || hetero;
   const prefix = shared ? prompt(rng, 32, vocab) : [];
   const xpydPrefixes = name === 'xpyd' ? [prompt(rng, 32, vocab), prompt(rng, 32, vocab)] : [];
   let arrivalMs = 0;
@@ -152,17 +153,17 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
     let len: number;
     if (name === 'chunked-prefill') len = 60 + rng.int(90);
     else if (name === 'preempt') len = 20 + rng.int(25);
-    else if (index === 0 && name === 'hetero-block')
+    else if (index === 0 && hetero)
       len = 32 * (1 + rng.int(2)); // aligned to every block size: decode's lookahead adds a tail page
     else if (index === 0)
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
     // Draws stay in the order each scenario was measured with (the bug zoo's seed bounds depend on it).
-    const heteroSuffix = name !== 'hetero-block' ? 0 : index === 1 ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
+    const heteroSuffix = !hetero ? 0 : index === 1 ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
     const tokens =
       name === 'prefix-hit'
         ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
-        : name === 'hetero-block' && index > 0
+        : hetero && index > 0
           ? [...prefix, ...prompt(rng, heteroSuffix, vocab)]
           : name === 'xpyd'
             ? [...(xpydPrefixes[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]
@@ -193,6 +194,8 @@ function scenarioConnector(
   if (mutant === undefined) return c;
   if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
   if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
+  // The TP mapper runs where the ranges are built: decode for a READ, prefill for a WRITE.
+  const mapper = mode === 'read' ? 'consumer' : 'producer';
   const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
     'no-await-reads': 'consumer',
     'tail-not-zeroed': 'consumer',
@@ -203,6 +206,8 @@ function scenarioConnector(
     'prefix-shift': 'consumer',
     'leak-on-cancel': 'consumer',
     'clip-tail-not-zeroed': 'consumer',
+    'head-layout-mismatch': mapper,
+    'tp-slice-off-by-one': mapper,
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
@@ -234,9 +239,25 @@ export const HETERO_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
   [32, 16],
 ];
 
-/** [prefill, decode] tokens per page: the options, else (hetero-block) a pairing drawn from the seed, else 16. */
+/** The pairings hetero-tp draws from: every [prefill, decode] of {8, 16, 32}, equal ones included. */
+export const TP_BLOCK_PAIRINGS: ReadonlyArray<readonly [number, number]> = [8, 16, 32].flatMap((p) =>
+  [8, 16, 32].map((d) => [p, d] as const),
+);
+
+/** The [prefill, decode] tensor parallel degrees hetero-tp draws from. */
+export const HETERO_TP_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
+  [2, 1],
+  [1, 2],
+];
+
+/** [prefill, decode] tokens per page: the options, else (hetero-block, hetero-tp) a pairing from the seed, else 16. */
 function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions): [number, number] {
-  const drawn = name === 'hetero-block' ? HETERO_PAIRINGS[rng.int(HETERO_PAIRINGS.length)] : undefined;
+  const drawn =
+    name === 'hetero-block'
+      ? HETERO_PAIRINGS[rng.int(HETERO_PAIRINGS.length)]
+      : name === 'hetero-tp'
+        ? TP_BLOCK_PAIRINGS[rng.int(TP_BLOCK_PAIRINGS.length)]
+        : undefined;
   const both = o.blockSize;
   return [
     o.prefillBlockSize ?? both ?? drawn?.[0] ?? BLOCK_SIZE,
@@ -244,9 +265,9 @@ function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions)
   ];
 }
 
-/** READ or WRITE: by name; hetero-block draws it from the seed (READ on Mamba models: WRITE needs none). */
+/** READ or WRITE: by name; hetero-block and hetero-tp draw it (READ on Mamba models: WRITE needs none). */
 function scenarioMode(name: ScenarioName, preset: ModelPreset, rng: SeededRng): 'read' | 'write' {
-  if (name === 'hetero-block') {
+  if (name === 'hetero-block' || name === 'hetero-tp') {
     const write = rng.int(2) === 1;
     return write && kvTwin(preset) !== 'hybrid-mini' ? 'write' : 'read';
   }
@@ -263,18 +284,18 @@ const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
   preempt: 4,
   'prefix-hit': 4,
   'hetero-block': 4,
+  'hetero-tp': 4,
   'tight-write': 8,
   xpyd: 6,
 };
 
-/** Tensor parallel degrees [prefill, decode] (equal, each dividing the shards) and block sizes, or BAD_CONFIG. */
+/** Tensor parallel degrees [prefill, decode] (each dividing the shards) and block sizes, or BAD_CONFIG. */
 function checkGeometryOptions(
   preset: ModelPreset,
   opts: { prefillTp?: number; decodeTp?: number } & BlockSizeOptions,
 ): [number, number] {
   const prefillTp = checkTensorParallelSize(preset, opts.prefillTp ?? 1, 'prefill-tp');
   const decodeTp = checkTensorParallelSize(preset, opts.decodeTp ?? 1, 'decode-tp');
-  checkEqualTensorParallel(prefillTp, decodeTp);
   for (const bs of [opts.blockSize, opts.prefillBlockSize, opts.decodeBlockSize])
     if (bs !== undefined && !isBlockSize(bs))
       throw new HandoffError('BAD_CONFIG', `block size must be a power of two in [1, 256], got ${bs}`);
@@ -287,10 +308,15 @@ export function buildScenario(
   seed: number,
   opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
 ): ScenarioConfig {
-  const [prefillTp, decodeTp] = checkGeometryOptions(preset, opts);
+  const checkedTp = checkGeometryOptions(preset, opts);
   const rng = new SeededRng(streamSeed(seed, 3));
   const [prefillBs, decodeBs] = sideBlockSizes(name, rng, opts);
   const mode = scenarioMode(name, preset, rng);
+  // hetero-tp draws its degrees unless the options name them (only its own draws: the others keep theirs).
+  const drawTp = name === 'hetero-tp' && opts.prefillTp === undefined && opts.decodeTp === undefined;
+  const [prefillTp, decodeTp] = drawTp
+    ? (HETERO_TP_PAIRINGS[rng.int(HETERO_TP_PAIRINGS.length)] as readonly [number, number])
+    : checkedTp;
   if (mode === 'write' && kvTwin(preset) === 'hybrid-mini')
     throw new HandoffError('BAD_CONFIG', `WRITE mode needs a model without Mamba layers (${preset} is READ only)`);
   const n = opts.requests ?? DEFAULT_REQUESTS[name] ?? 3;

@@ -22,6 +22,9 @@ export const MUTANTS = {
     'a decode page only partly filled by the transfer (larger than the prefill pages it receives) keeps the stale bytes past the transferred tokens: the zeroing after the load is forgotten',
   'kv-index-ignores-seq':
     'the router applies KV event batches as they arrive (no sequence order, no gap detection, no dump)',
+  'head-layout-mismatch':
+    'between TP degrees the mapper takes pages as head-major (HND) instead of token-major (NHD): wrong strides (TRT-LLM #6507)',
+  'tp-slice-off-by-one': 'between TP degrees a decode rank gets the neighbour rank’s head slice (offset by one slice)',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -60,6 +63,11 @@ export interface Mutations {
   readonly releaseUnusedLoads: boolean;
   /** Router index: batches apply in sequence order; a gap or a heartbeat ahead of it asks for a dump. */
   readonly orderKvEventsBySeq: boolean;
+  /**
+   * READ consumer and WRITE producer: how the map between tensor parallel degrees goes wrong (kv/tp_map.ts
+   * TpMapFaults). Correct: {} (token-major pages, each destination slice from its own source slice).
+   */
+  readonly tpMapFaults: { readonly headMajor?: boolean; readonly sliceShift?: number };
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -74,6 +82,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   zeroClippedTails: true,
   releaseUnusedLoads: true,
   orderKvEventsBySeq: true,
+  tpMapFaults: {},
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -93,6 +102,8 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'leak-on-cancel': { releaseUnusedLoads: false },
   'clip-tail-not-zeroed': { zeroClippedTails: false },
   'kv-index-ignores-seq': { orderKvEventsBySeq: false },
+  'head-layout-mismatch': { tpMapFaults: { headMajor: true } },
+  'tp-slice-off-by-one': { tpMapFaults: { sliceShift: 1 } },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {

@@ -117,7 +117,7 @@ export class GrantTable {
     if (p.length === 0) return { ok: false, reason: 'no ranges' };
     const { pageBytes } = this.layout;
     for (let j = 0; j < p.length; j += stride) {
-      const [slab, offset, length] = [p[j] as number, p[j + at] as number, p[j + stride - 1] as number];
+      const [slab, offset, length] = [p[j + at - 1] as number, p[j + at] as number, p[j + stride - 1] as number];
       const problem = rangeProblemAt(slab, offset, length, this.layout);
       if (problem !== null) return { ok: false, reason: problem };
       const outside = firstPageOutside(offset, length, pageBytes, g.blocks);

@@ -32,7 +32,7 @@ export function checkLocalRanges(packed: Float64Array, layout: SlabLayout): void
   assert(packed.length > 0, 'a work request needs at least one range');
   const problem = sideProblem(sideOf(packed, 'local'), layout);
   assert(problem === null, () => `local range: ${problem}`);
-  for (let j = 2; j < packed.length; j += PACKED_STRIDE) {
+  for (let j = 3; j < packed.length; j += PACKED_STRIDE) {
     const remote = packed[j] as number;
     assert(Number.isSafeInteger(remote) && remote >= 0, () => `bad remote offset ${remote}`);
   }

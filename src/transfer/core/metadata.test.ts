@@ -88,25 +88,67 @@ test('with page formats: sizes that cannot be mapped, formats that differ and pa
   assert.match(compatibilityProblem(at('a', 16), bare) ?? '', /pageBytes 2560 != 1280; blockSizes \[32\] != \[16\]/);
 });
 
-test('different tensor parallel sizes are refused first, naming both degrees and both engines; equal ones pass', () => {
-  const one = buildMetadata(base);
-  const two = buildMetadata({
-    ...base,
-    engineId: 'b',
-    layout: { numSlabs: 4, numBlocks: 8, pageBytes: 640, tensorParallelSize: 2 },
-  });
-  const problem = compatibilityProblem(one, two) ?? 'compatible';
-  assert.match(problem, /tensor parallel size 2 != 1/);
-  assert.match(problem, /peer b runs TP=2, engine a TP=1/);
-  assert.match(compatibilityProblem(two, one) ?? 'compatible', /tensor parallel size 1 != 2/);
-  const twoAgain = buildMetadata({ ...base, engineId: 'c', layout: { ...two.layout } });
-  assert.equal(compatibilityProblem(two, twoAgain), null);
-  assert.equal(two.layout.tensorParallelSize, 2);
-  assert.equal(one.layout.tensorParallelSize, 1, 'absent means TP=1');
-  assert.notEqual(
-    one.compatHash,
-    buildMetadata({ ...base, layout: { ...base.layout, tensorParallelSize: 2 } }).compatHash,
+test('different tensor parallel sizes: engines of every preset at TP 1 and 2 accept each other at any block sizes', () => {
+  const meta = (id: string, preset: string, tp: number, bs: number) =>
+    buildMetadata({
+      engineId: id,
+      modelName: 'm',
+      preset,
+      ...layoutFromKvConfig(makeKVCacheConfig(presetKVGroups(preset as 'dsv4-mini', bs), 8, tp)),
+    });
+  for (const preset of ['dsv4-mini', 'hybrid-mini', 'llama-mini', 'hybrid-micro'])
+    for (const [p, d] of [
+      [2, 1],
+      [1, 2],
+      [2, 2],
+    ])
+      for (const [pb, db] of [
+        [8, 32],
+        [16, 16],
+        [32, 8],
+      ]) {
+        const [a, b] = [meta('a', preset, d!, db!), meta('b', preset, p!, pb!)];
+        assert.equal(compatibilityProblem(a, b), null, `${preset} P TP ${p} bs ${pb} / D TP ${d} bs ${db}`);
+        assert.equal(compatibilityProblem(b, a), null);
+        assert.equal(a.compatHash, b.compatHash, 'the hash covers what every rank shares, not the degree');
+      }
+  // Another cache is still refused across degrees (the whole specs differ).
+  assert.match(
+    compatibilityProblem(meta('a', 'llama-mini', 1, 16), meta('b', 'hybrid-mini', 2, 16)) ?? '',
+    /split differently/,
   );
+  assert.match(
+    compatibilityProblem(meta('a', 'llama-mini', 1, 16), meta('b', 'dsv4-mini', 2, 16)) ?? '',
+    /split differently/,
+  );
+});
+
+test('degrees that cannot be mapped are refused naming both degrees and both engines', () => {
+  const formats = [{ kind: 'tokens' as const, regionTokenBytes: [32, 32] }];
+  const at = (id: string, tp: number, splits?: number[]) =>
+    buildMetadata({
+      ...base,
+      engineId: id,
+      layout: { numSlabs: 2 * tp, numBlocks: 8, pageBytes: 1024 / tp, tensorParallelSize: tp },
+      blockSizes: [16],
+      pageFormats: formats.map((f) => ({ ...f, regionTokenBytes: f.regionTokenBytes.map((b) => b / tp) })),
+      ...(splits ? { tpSplits: splits } : {}),
+    });
+  const one = at('a', 1, [2]);
+  assert.equal(compatibilityProblem(one, at('b', 2, [2])), null);
+  // A degree that does not divide the heads (what no preset builds: a peer from elsewhere).
+  const problem = compatibilityProblem(one, at('c', 4, [2])) ?? 'compatible';
+  assert.match(problem, /tensor parallel sizes 4 and 1 cannot be mapped \(peer c runs TP=4, engine a TP=1\)/);
+  assert.match(problem, /group 0 splits into 2 .* which 4 slices/);
+  assert.match(compatibilityProblem(at('c', 4, [2]), one) ?? '', /tensor parallel sizes 1 and 4/);
+  // A peer that does not say how its caches split (a bare engine) is refused at another degree.
+  assert.match(compatibilityProblem(one, at('d', 2)) ?? '', /sizes 2 and 1 cannot be mapped.*without page formats/);
+  assert.match(compatibilityProblem(one, at('e', 2, [4])) ?? '', /split differently/);
+  // Without splits the degree stays part of the hash: equal bare degrees match each other only.
+  const bare = (tp: number) =>
+    buildMetadata({ ...base, layout: { numSlabs: 2 * tp, numBlocks: 8, pageBytes: 640, tensorParallelSize: tp } });
+  assert.equal(compatibilityProblem(bare(2), buildMetadata({ ...base, engineId: 'z', layout: bare(2).layout })), null);
+  assert.notEqual(bare(1).compatHash, bare(2).compatHash);
 });
 
 test('layoutFromKvConfig carries the tensor parallel size: TP=2 registers every rank’s slabs of half-head pages', () => {

@@ -10,13 +10,17 @@
  * hold its block size; a state group (Mamba) moves whole at any pairing. Without page formats (a bare
  * engine) pages are copied whole, so page size and block sizes must be equal.
  *
- * Different TP degrees are refused first and by name: a rank's page holds its share of the heads, so it
- * needs a mapping (kv/tp_layout.ts) that slab-to-slab copies do not do (yet).
+ * Tensor parallel degrees may differ (kv/tp_map.ts maps a rank's share of the heads between them) when
+ * both sides say how each group splits over ranks (`tpSplits`: its KV heads, compressor values or Mamba
+ * channels; 0 for a replicated cache) and the finer degree lcm(P, D) divides every group's split: then
+ * the whole (TP=1) formats must agree (a split group's format is its rank format times the degree), and
+ * the hash covers what every rank shares (layer slabs per rank, whole formats, whole specs). Otherwise the
+ * refusal names both degrees.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
 import { HandoffError } from '../../util/errors.ts';
-import type { KVCacheConfig } from '../../kv/spec.ts';
+import { wholeSpec, type KVCacheConfig, type KVCacheSpec } from '../../kv/spec.ts';
 import { formatPageBytes, pageFormatOf, type PageFormat } from '../../kv/token_map.ts';
 import type { EngineMetadata, SlabLayout } from './types.ts';
 
@@ -26,21 +30,58 @@ export interface MetadataInput {
   preset: string;
   layout: SlabLayout;
   blockSizes: number[];
-  /** Per group (same order as blockSizes): the page format, independent of the block size. */
+  /** Per group (same order as blockSizes): the page format of a rank's page, independent of the block size. */
   pageFormats?: PageFormat[];
+  /** Per group: the units its whole cache splits into over ranks (0: replicated); needs pageFormats. */
+  tpSplits?: number[];
   cacheHash?: string;
+}
+
+/** A rank's page format at `tp` ranks as the whole (TP=1) format: a split group's bytes scale with its share. */
+export function wholeFormat(format: PageFormat, tp: number, split: number): PageFormat {
+  if (split === 0 || tp === 1) return format;
+  return format.kind === 'state'
+    ? { kind: 'state', stateBytes: format.stateBytes * tp }
+    : { kind: 'tokens', regionTokenBytes: format.regionTokenBytes.map((b) => b * tp) };
+}
+
+/** The whole formats of an engine's groups, or the rank formats when it did not say how they split. */
+function wholeFormats(
+  m: Pick<MetadataInput, 'pageFormats' | 'tpSplits'> & { layout: { tensorParallelSize?: number } },
+): PageFormat[] | null {
+  if (m.pageFormats === undefined) return null;
+  const tp = m.layout.tensorParallelSize ?? 1;
+  return m.pageFormats.map((f, g) => (m.tpSplits === undefined ? f : wholeFormat(f, tp, m.tpSplits[g] ?? 0)));
+}
+
+/** How a whole spec splits over ranks (spec.ts rankSpec): 0 for the replicated MLA latent. */
+function tpSplitOf(spec: KVCacheSpec): number {
+  switch (spec.type) {
+    case 'full_attention':
+      return spec.numKvHeads;
+    case 'compressor':
+      return spec.stateDim;
+    case 'mamba':
+      return spec.convDim;
+    case 'mla':
+      return 0;
+  }
 }
 
 /** Over what must be equal on both sides; geometry (page size, block sizes) is checked by compatibilityProblem. */
 export function compatibilityHash(m: Omit<MetadataInput, 'engineId'>): string {
+  const tp = m.layout.tensorParallelSize ?? 1;
+  // Whatever the degree, a rank-independent view: layer slabs per rank, whole formats and splits.
   const canonical = JSON.stringify([
-    'handoff-kv-v2',
+    'handoff-kv-v3',
     m.modelName,
     m.preset,
-    m.layout.numSlabs,
-    m.pageFormats ?? null,
+    m.layout.numSlabs / tp,
+    wholeFormats(m),
+    m.tpSplits ?? null,
     m.cacheHash ?? '',
-    ...((m.layout.tensorParallelSize ?? 1) === 1 ? [] : [`tp${m.layout.tensorParallelSize}`]),
+    // Without splits a peer of another degree cannot be mapped: its degree stays part of what must agree.
+    ...(m.tpSplits === undefined && tp !== 1 ? [`tp${tp}`] : []),
   ]);
   return createHash('sha256').update(canonical).digest('hex');
 }
@@ -62,30 +103,39 @@ export function buildMetadata(m: MetadataInput): EngineMetadata {
     m.pageFormats === undefined || m.pageFormats.length === m.blockSizes.length,
     'one page format per block size (group)',
   );
+  assert(
+    m.tpSplits === undefined || (m.pageFormats !== undefined && m.tpSplits.length === m.blockSizes.length),
+    'one tensor parallel split per group, with page formats',
+  );
   const layout = { numSlabs, numBlocks, pageBytes, tensorParallelSize, blockSizes: [...m.blockSizes] };
+  const formats = m.pageFormats === undefined ? {} : { pageFormats: structuredClone(m.pageFormats) };
+  const splits = m.tpSplits === undefined ? {} : { tpSplits: [...m.tpSplits] };
   return {
     engineId: m.engineId,
     modelName: m.modelName,
     preset: m.preset,
-    layout: m.pageFormats === undefined ? layout : { ...layout, pageFormats: structuredClone(m.pageFormats) },
+    layout: { ...layout, ...formats, ...splits },
     compatHash: compatibilityHash(m),
   };
 }
 
 /**
- * The layout part of the options, derived from a KV cache config: page formats, and a hash of the group
- * specs without their block size and padding (those are geometry, which may differ between peers).
+ * The layout part of the options, derived from a KV cache config: page formats (a rank's), how each group
+ * splits over ranks, and a hash of the whole (TP=1) group specs without their block size and padding
+ * (those are geometry, which may differ between peers, as may the degree).
  */
 export function layoutFromKvConfig(config: KVCacheConfig): {
   layout: SlabLayout;
   blockSizes: number[];
   pageFormats: PageFormat[];
+  tpSplits: number[];
   cacheHash: string;
 } {
+  const wholes = config.groups.map((g) => wholeSpec(g.spec, config.tensorParallelSize));
   const specs = JSON.stringify(
-    config.groups.map((g) => {
-      const { blockSize: _bs, pageSizePadded: _pad, ...rest } = g.spec;
-      return [g.layerNames, rest];
+    wholes.map((spec, i) => {
+      const { blockSize: _bs, ...rest } = spec;
+      return [config.groups[i]?.layerNames, rest];
     }),
   );
   return {
@@ -97,6 +147,7 @@ export function layoutFromKvConfig(config: KVCacheConfig): {
     },
     blockSizes: config.groups.map((g) => g.spec.blockSize),
     pageFormats: config.groups.map((g) => pageFormatOf(g.spec)),
+    tpSplits: wholes.map(tpSplitOf),
     cacheHash: createHash('sha256').update(specs).digest('hex'),
   };
 }
@@ -113,7 +164,8 @@ function geometryProblems(local: EngineMetadata, remote: EngineMetadata): string
       diffs.push(`blockSizes ${sizes(r.blockSizes)} != ${sizes(l.blockSizes)}`);
     return diffs;
   }
-  if (JSON.stringify(r.pageFormats) !== JSON.stringify(l.pageFormats)) return ['page formats differ'];
+  const whole = (x: typeof r) => JSON.stringify(wholeFormats({ ...x, layout: x }));
+  if (whole(r) !== whole(l)) return ['page formats differ'];
   if (r.blockSizes.length !== r.pageFormats.length || l.blockSizes.length !== l.pageFormats.length)
     return [`blockSizes ${sizes(r.blockSizes)} and ${sizes(l.blockSizes)} do not name one size per group`];
   const diffs: string[] = [];
@@ -129,21 +181,46 @@ function geometryProblems(local: EngineMetadata, remote: EngineMetadata): string
   return diffs;
 }
 
+/** Why two degrees cannot be mapped (kv/tp_map.ts: through lcm(P, D) fine slices of every split), or null. */
+function tpProblem(local: EngineMetadata, remote: EngineMetadata): string | null {
+  const [l, r] = [local.layout, remote.layout];
+  if (
+    l.tpSplits === undefined ||
+    r.tpSplits === undefined ||
+    l.pageFormats === undefined ||
+    r.pageFormats === undefined
+  )
+    return 'a peer without page formats and tensor parallel splits copies pages slab to slab: use equal degrees';
+  if (JSON.stringify(l.tpSplits) !== JSON.stringify(r.tpSplits))
+    return `the caches split differently over ranks ([${r.tpSplits.join(',')}] and [${l.tpSplits.join(',')}])`;
+  const gcd = (a: number, b: number): number => (b === 0 ? a : gcd(b, a % b));
+  const fine = (l.tensorParallelSize * r.tensorParallelSize) / gcd(l.tensorParallelSize, r.tensorParallelSize);
+  const g = l.tpSplits.findIndex((n) => n > 0 && n % fine !== 0);
+  if (g >= 0)
+    return `group ${g} splits into ${l.tpSplits[g]} (heads or channels), which ${fine} slices (lcm of the degrees) do not divide`;
+  return null;
+}
+
 /** A human-readable reason why `remote` cannot exchange pages with `local`, or null. */
 export function compatibilityProblem(local: EngineMetadata, remote: EngineMetadata): string | null {
   const [theirs, ours] = [remote.layout.tensorParallelSize, local.layout.tensorParallelSize];
-  if (theirs !== ours)
+  const tp = theirs === ours ? null : tpProblem(local, remote);
+  if (tp !== null)
     return (
-      `peer ${remote.engineId} is incompatible: tensor parallel size ${theirs} != ${ours} ` +
-      `(peer ${remote.engineId} runs TP=${theirs}, engine ${local.engineId} TP=${ours}; P/D between different ` +
-      'TP degrees needs a head-slice mapping of the pages that is not implemented yet: use equal degrees)'
+      `peer ${remote.engineId} is incompatible: tensor parallel sizes ${theirs} and ${ours} cannot be mapped ` +
+      `(peer ${remote.engineId} runs TP=${theirs}, engine ${local.engineId} TP=${ours}): ${tp}`
     );
   const diffs: string[] = [];
   if (remote.engineId === local.engineId) diffs.push(`same engine id ${local.engineId}`);
   if (remote.modelName !== local.modelName) diffs.push(`model ${remote.modelName} != ${local.modelName}`);
   if (remote.preset !== local.preset) diffs.push(`preset ${remote.preset} != ${local.preset}`);
-  if (remote.layout.numSlabs !== local.layout.numSlabs)
-    diffs.push(`numSlabs ${remote.layout.numSlabs} != ${local.layout.numSlabs}`);
+  const [rs, ls] = [remote.layout.numSlabs / theirs, local.layout.numSlabs / ours];
+  if (rs !== ls)
+    diffs.push(
+      theirs === ours
+        ? `numSlabs ${remote.layout.numSlabs} != ${local.layout.numSlabs}`
+        : `layer slabs per rank ${rs} != ${ls}`,
+    );
   diffs.push(...geometryProblems(local, remote));
   if (diffs.length === 0 && remote.compatHash !== local.compatHash)
     diffs.push('KV cache specs differ (compatibility hash mismatch)');

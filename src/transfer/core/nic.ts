@@ -37,8 +37,8 @@ export interface NicWorkRequest {
   transferId: string;
   grantToken: string;
   /**
-   * Coalesced, packed as packRanges lays them out ([slab, localOffset, remoteOffset, length] * n). Valid
-   * only during post(): the poster reuses the buffer, so a NIC copies what it keeps.
+   * Coalesced, packed as packRanges lays them out ([slab, localOffset, remoteSlab, remoteOffset, length] * n).
+   * Valid only during post(): the poster reuses the buffer, so a NIC copies what it keeps.
    */
   ranges: Float64Array;
   label: OpLabel;

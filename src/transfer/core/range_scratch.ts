@@ -5,7 +5,7 @@
  * Results are views of these buffers, valid until the next call.
  */
 import type { SlabLayout, TransferRange } from './types.ts';
-import { coalescePacked, disjointSide, packRanges, type SideRanges } from './ranges.ts';
+import { coalescePacked, disjointSide, packRanges, PACKED_STRIDE, type SideRanges } from './ranges.ts';
 
 function grown<T extends Float64Array | Uint8Array>(buf: T, need: number, make: (n: number) => T): T {
   return buf.length >= need ? buf : make(Math.max(need, 2 * buf.length));
@@ -17,7 +17,7 @@ export class RangeScratch {
   private bitmap = new Uint8Array(0);
 
   pack(ranges: readonly TransferRange[]): Float64Array {
-    this.packed = grown(this.packed, ranges.length * 4, (n) => new Float64Array(n));
+    this.packed = grown(this.packed, ranges.length * PACKED_STRIDE, (n) => new Float64Array(n));
     return packRanges(ranges, this.packed);
   }
 

@@ -14,6 +14,7 @@ import {
   packRanges,
   pagesOutside,
   rangeProblem,
+  localSide,
   remoteSide,
   sideBytes,
   sideOf,
@@ -264,4 +265,52 @@ test('splitPacked: the pieces are the ranges, in order, cut into nearly equal by
       );
     }),
   );
+});
+
+test('crossed slabs (TP ranks): each side keeps its own slab through pack, coalesce, sort and the wire', () => {
+  const crossed = fc.array(
+    fc.record({
+      slab: fc.nat(3),
+      remoteSlab: fc.nat(3),
+      localOffset: fc.nat(40).map((x) => x * 16),
+      remoteOffset: fc.nat(40).map((x) => x * 16),
+      length: fc.constantFrom(8, 16, 32),
+    }),
+    { minLength: 1, maxLength: 40 },
+  );
+  // (local slab, local byte) -> (remote slab, remote byte): what a copy does, whatever the ranges look like.
+  const bytes = (rs: readonly TransferRange[]): string[] =>
+    rs
+      .flatMap((r) =>
+        Array.from(
+          { length: r.length },
+          (_, i) => `${r.slab}:${r.localOffset + i}>${r.remoteSlab ?? r.slab}:${r.remoteOffset + i}`,
+        ),
+      )
+      .sort();
+  fc.assert(
+    fc.property(crossed, (ranges) => {
+      const merged = unpackRanges(coalescePacked(packRanges(ranges)));
+      assert.deepEqual(bytes(merged), bytes(ranges), 'same bytes, same mapping');
+      for (let i = 1; i < merged.length; i++) {
+        const [a, b] = [merged[i - 1] as TransferRange, merged[i] as TransferRange];
+        const [ra, rb] = [a.remoteSlab ?? a.slab, b.remoteSlab ?? b.slab];
+        assert.ok(ra < rb || (ra === rb && a.remoteOffset <= b.remoteOffset), 'in (remote slab, remote) order');
+      }
+      assert.deepEqual(bytes(unpackRanges(sortedBy(packRanges(ranges), 'local'))), bytes(ranges));
+      const p = packRanges(ranges);
+      assert.deepEqual(wireOfSide(sideOf(p, 'remote')), remoteSide(ranges));
+      assert.deepEqual(wireOfSide(sideOf(p, 'local')), localSide(ranges));
+    }),
+  );
+  // Two halves of one local page from two remote slabs: adjacent locally and remotely, but never one range.
+  const halves = [0, 1].map((remoteSlab) => ({
+    slab: 0,
+    remoteSlab,
+    localOffset: remoteSlab * 8,
+    remoteOffset: remoteSlab * 8,
+    length: 8,
+  }));
+  assert.equal(coalesceRanges(halves).length, 2);
+  assert.equal(coalesceRanges(halves.map((h) => ({ ...h, remoteSlab: 1 }))).length, 1);
 });

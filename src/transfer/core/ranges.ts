@@ -22,14 +22,19 @@ export function totalBytes(ranges: readonly { length: number }[]): number {
 }
 
 /**
- * Work requests carry their ranges packed as [slab, localOffset, remoteOffset, length] * n in one
- * Float64Array: thousands of small objects cost more to sort, check, clone and walk than the bytes they
- * describe cost to copy (a 32 KiB page copies in ~3 us). Wire frames carry one side, [slab, offset, length] * n.
+ * Work requests carry their ranges packed as [localSlab, localOffset, remoteSlab, remoteOffset, length] * n
+ * in one Float64Array: thousands of small objects cost more to sort, check, clone and walk than the bytes
+ * they describe cost to copy (a 32 KiB page copies in ~3 us). Wire frames carry one side, [slab, offset,
+ * length] * n. The two slabs differ only between engines of different tensor parallel degrees (a decode
+ * rank's slab reads from another rank's slab of the prefill: rank * numLayerSlabs + layer on each side).
  */
-export const PACKED_STRIDE = 4;
+export const PACKED_STRIDE = 5;
 export const WIRE_STRIDE = 3;
 
-/** One side of packed ranges: range i is slab p[i*stride], offset p[i*stride + at], length p[i*stride + stride - 1]. */
+/**
+ * One side of packed ranges: range i is slab p[i*stride + at - 1], offset p[i*stride + at], length
+ * p[i*stride + stride - 1] (the slab always precedes its offset).
+ */
 export interface SideRanges {
   readonly p: Float64Array;
   readonly stride: number;
@@ -44,28 +49,33 @@ export function packRanges(ranges: readonly TransferRange[], into?: Float64Array
   for (const r of ranges) {
     p[k++] = r.slab;
     p[k++] = r.localOffset;
+    p[k++] = r.remoteSlab ?? r.slab;
     p[k++] = r.remoteOffset;
     p[k++] = r.length;
   }
   return p;
 }
 
+/** The objects of packed ranges; `remoteSlab` only where it differs from `slab` (as packRanges reads it). */
 export function unpackRanges(p: Float64Array): TransferRange[] {
-  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fives');
   const out: TransferRange[] = [];
   for (let i = 0; i < p.length; i += PACKED_STRIDE) {
-    out.push({
-      slab: p[i] as number,
+    const [slab, remoteSlab] = [p[i] as number, p[i + 2] as number];
+    const r: TransferRange = {
+      slab,
       localOffset: p[i + 1] as number,
-      remoteOffset: p[i + 2] as number,
-      length: p[i + 3] as number,
-    });
+      remoteOffset: p[i + 3] as number,
+      length: p[i + 4] as number,
+    };
+    if (remoteSlab !== slab) r.remoteSlab = remoteSlab;
+    out.push(r);
   }
   return out;
 }
 
 export function sideOf(p: Float64Array, side: 'local' | 'remote'): SideRanges {
-  return { p, stride: PACKED_STRIDE, at: side === 'local' ? 1 : 2 };
+  return { p, stride: PACKED_STRIDE, at: side === 'local' ? 1 : 3 };
 }
 
 export function wireSide(p: Float64Array): SideRanges {
@@ -79,7 +89,7 @@ export function toWire(side: SideRanges): Float64Array {
   const out = new Float64Array(n * WIRE_STRIDE);
   const { p, stride, at } = side;
   for (let i = 0, j = 0, k = 0; i < n; i++, j += stride, k += WIRE_STRIDE) {
-    out[k] = p[j] as number;
+    out[k] = p[j + at - 1] as number;
     out[k + 1] = p[j + at] as number;
     out[k + 2] = p[j + stride - 1] as number;
   }
@@ -96,7 +106,7 @@ export function wireOfSide(side: SideRanges): WireRange[] {
   const out: WireRange[] = [];
   const { p, stride, at } = side;
   for (let j = 0; j < p.length; j += stride)
-    out.push({ slab: p[j] as number, offset: p[j + at] as number, length: p[j + stride - 1] as number });
+    out.push({ slab: p[j + at - 1] as number, offset: p[j + at] as number, length: p[j + stride - 1] as number });
   return out;
 }
 
@@ -124,16 +134,17 @@ function orderBy(side: SideRanges): Uint32Array | null {
   let slabs = 1;
   for (let j = 0; j < p.length; j += stride) {
     span = Math.max(span, (p[j + at] as number) + 1);
-    slabs = Math.max(slabs, (p[j] as number) + 1);
+    slabs = Math.max(slabs, (p[j + at - 1] as number) + 1);
     if (j === 0) continue;
-    const slabStep = (p[j] as number) - (p[j - stride] as number);
+    const slabStep = (p[j + at - 1] as number) - (p[j - stride + at - 1] as number);
     if (slabStep < 0 || (slabStep === 0 && (p[j - stride + at] as number) > (p[j + at] as number))) sorted = false;
   }
   if (sorted) return null;
   const order = new Uint32Array(n);
   if (slabs * span * n < Number.MAX_SAFE_INTEGER) {
     const keys = new Float64Array(n);
-    for (let i = 0; i < n; i++) keys[i] = ((p[i * stride] as number) * span + (p[i * stride + at] as number)) * n + i;
+    for (let i = 0; i < n; i++)
+      keys[i] = ((p[i * stride + at - 1] as number) * span + (p[i * stride + at] as number)) * n + i;
     keys.sort();
     for (let i = 0; i < n; i++) order[i] = (keys[i] as number) % n;
     return order;
@@ -141,7 +152,7 @@ function orderBy(side: SideRanges): Uint32Array | null {
   const idx = Array.from({ length: n }, (_, i) => i);
   idx.sort(
     (a, b) =>
-      (p[a * stride] as number) - (p[b * stride] as number) ||
+      (p[a * stride + at - 1] as number) - (p[b * stride + at - 1] as number) ||
       (p[a * stride + at] as number) - (p[b * stride + at] as number) ||
       a - b,
   );
@@ -149,12 +160,18 @@ function orderBy(side: SideRanges): Uint32Array | null {
   return order;
 }
 
-/** True when range j+1 continues range j on both sides (packed, j and j+1 as indexes of ranges). */
+/** True when the range at b continues the range at a on both sides (packed; a, b index p). */
 function continues(p: Float64Array, a: number, b: number): boolean {
+  return continues2(p, a, p, b);
+}
+
+/** True when range b of `q` continues range a of `p` on both sides (same slabs, both offsets continue). */
+function continues2(p: Float64Array, a: number, q: Float64Array, b: number): boolean {
   return (
-    p[a] === p[b] &&
-    (p[a + 2] as number) + (p[a + 3] as number) === p[b + 2] &&
-    (p[a + 1] as number) + (p[a + 3] as number) === p[b + 1]
+    p[a] === q[b] &&
+    p[a + 2] === q[b + 2] &&
+    (p[a + 3] as number) + (p[a + 4] as number) === q[b + 3] &&
+    (p[a + 1] as number) + (p[a + 4] as number) === q[b + 1]
   );
 }
 
@@ -164,13 +181,13 @@ function continues(p: Float64Array, a: number, b: number): boolean {
  * order with nothing to merge come back as `p` itself (scattered pages: no second array to allocate).
  */
 export function coalescePacked(p: Float64Array, into?: Float64Array): Float64Array {
-  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fours');
+  assert(p.length % PACKED_STRIDE === 0, 'packed ranges come in fives');
   const order = orderBy(sideOf(p, 'remote'));
   const n = p.length / PACKED_STRIDE;
   if (order === null) {
     let merges = 0;
     for (let j = PACKED_STRIDE; j < p.length; j += PACKED_STRIDE) if (continues(p, j - PACKED_STRIDE, j)) merges++;
-    for (let j = 3; j < p.length; j += PACKED_STRIDE) assert((p[j] as number) > 0, 'coalesceRanges: zero-length range');
+    for (let j = 4; j < p.length; j += PACKED_STRIDE) assert((p[j] as number) > 0, 'coalesceRanges: zero-length range');
     if (merges === 0) return p;
   }
   const reuse = into !== undefined && into.length >= p.length && into.buffer !== p.buffer;
@@ -178,25 +195,13 @@ export function coalescePacked(p: Float64Array, into?: Float64Array): Float64Arr
   let k = -PACKED_STRIDE;
   for (let i = 0; i < n; i++) {
     const j = (order === null ? i : (order[i] as number)) * PACKED_STRIDE;
-    const slab = p[j] as number;
-    const local = p[j + 1] as number;
-    const remote = p[j + 2] as number;
-    const length = p[j + 3] as number;
-    assert(length > 0, 'coalesceRanges: zero-length range');
-    if (
-      k >= 0 &&
-      out[k] === slab &&
-      (out[k + 2] as number) + (out[k + 3] as number) === remote &&
-      (out[k + 1] as number) + (out[k + 3] as number) === local
-    ) {
-      out[k + 3] = (out[k + 3] as number) + length;
+    assert((p[j + 4] as number) > 0, 'coalesceRanges: zero-length range');
+    if (k >= 0 && continues2(out, k, p, j)) {
+      out[k + 4] = (out[k + 4] as number) + (p[j + 4] as number);
       continue;
     }
     k += PACKED_STRIDE;
-    out[k] = slab;
-    out[k + 1] = local;
-    out[k + 2] = remote;
-    out[k + 3] = length;
+    for (let f = 0; f < PACKED_STRIDE; f++) out[k + f] = p[j + f] as number;
   }
   return reuse ? out.subarray(0, k + PACKED_STRIDE) : out.slice(0, k + PACKED_STRIDE);
 }
@@ -223,13 +228,18 @@ export function splitPacked(p: Float64Array, parts: number): Float64Array[] {
   let piece: number[] = [];
   let done = 0;
   for (let j = 0; j < p.length; j += PACKED_STRIDE) {
-    const [slab, local, remote] = [p[j] as number, p[j + 1] as number, p[j + 2] as number];
-    let length = p[j + 3] as number;
+    const [slab, local, remoteSlab, remote] = [
+      p[j] as number,
+      p[j + 1] as number,
+      p[j + 2] as number,
+      p[j + 3] as number,
+    ];
+    let length = p[j + 4] as number;
     let at = 0;
     while (length > 0) {
       const cut = Math.floor(((out.length + 1) * total) / n);
       const take = Math.min(length, cut - done);
-      piece.push(slab, local + at, remote + at, take);
+      piece.push(slab, local + at, remoteSlab, remote + at, take);
       [at, length, done] = [at + take, length - take, done + take];
       if (done === cut && out.length < n - 1) {
         out.push(Float64Array.from(piece));
@@ -261,7 +271,7 @@ export function disjointSide(side: SideRanges, layout?: SlabLayout, bitmap?: Uin
     const j = (order === null ? i : (order[i] as number)) * stride;
     if (
       prev >= 0 &&
-      p[prev] === p[j] &&
+      p[prev + at - 1] === p[j + at - 1] &&
       (p[prev + at] as number) + (p[prev + stride - 1] as number) > (p[j + at] as number)
     )
       return false;
@@ -280,7 +290,7 @@ function disjointPages(side: SideRanges, layout: SlabLayout, bitmap?: Uint8Array
   for (let j = 0; j < p.length; j += stride) {
     const offset = p[j + at] as number;
     const length = p[j + stride - 1] as number;
-    if (offset % pageBytes !== 0 || length % pageBytes !== 0 || !((p[j] as number) < numSlabs)) return null;
+    if (offset % pageBytes !== 0 || length % pageBytes !== 0 || !((p[j + at - 1] as number) < numSlabs)) return null;
     if (offset + length > numBlocks * pageBytes) return null;
   }
   const seen =
@@ -288,7 +298,7 @@ function disjointPages(side: SideRanges, layout: SlabLayout, bitmap?: Uint8Array
   let ok = true;
   let j = 0;
   for (; j < p.length && ok; j += stride) {
-    const first = (p[j] as number) * numBlocks + (p[j + at] as number) / pageBytes;
+    const first = (p[j + at - 1] as number) * numBlocks + (p[j + at] as number) / pageBytes;
     const end = first + (p[j + stride - 1] as number) / pageBytes;
     for (let b = first; b < end; b++) {
       if (seen[b] === 1) ok = false;
@@ -298,7 +308,7 @@ function disjointPages(side: SideRanges, layout: SlabLayout, bitmap?: Uint8Array
   // Leave a reused bitmap zeroed: clear exactly the pages marked.
   if (seen === bitmap) {
     for (let k = 0; k < j; k += stride) {
-      const first = (p[k] as number) * numBlocks + (p[k + at] as number) / pageBytes;
+      const first = (p[k + at - 1] as number) * numBlocks + (p[k + at] as number) / pageBytes;
       seen.fill(0, first, first + (p[k + stride - 1] as number) / pageBytes);
     }
   }
@@ -332,7 +342,7 @@ export function rangeProblem(r: WireRange, layout: SlabLayout): string | null {
 export function sideProblem(side: SideRanges, layout: SlabLayout): string | null {
   const { p, stride, at } = side;
   for (let j = 0; j < p.length; j += stride) {
-    const problem = rangeProblemAt(p[j] as number, p[j + at] as number, p[j + stride - 1] as number, layout);
+    const problem = rangeProblemAt(p[j + at - 1] as number, p[j + at] as number, p[j + stride - 1] as number, layout);
     if (problem !== null) return problem;
   }
   return null;
@@ -359,7 +369,7 @@ export function localSide(ranges: readonly TransferRange[]): WireRange[] {
   return ranges.map((r) => ({ slab: r.slab, offset: r.localOffset, length: r.length }));
 }
 export function remoteSide(ranges: readonly TransferRange[]): WireRange[] {
-  return ranges.map((r) => ({ slab: r.slab, offset: r.remoteOffset, length: r.length }));
+  return ranges.map((r) => ({ slab: r.remoteSlab ?? r.slab, offset: r.remoteOffset, length: r.length }));
 }
 
 /**
@@ -393,11 +403,11 @@ export class RangeStream {
   segment(max = Number.MAX_SAFE_INTEGER): { slab: number; offset: number; length: number } {
     if (this.complete) return { slab: 0, offset: 0, length: 0 };
     const { p, j, stride, at } = this;
-    const slab = p[j] as number;
+    const slab = p[j + at - 1] as number;
     const offset = (p[j + at] as number) + this.inRange;
     let length = (p[j + stride - 1] as number) - this.inRange;
     for (let k = j + stride; k < p.length && length < max; k += stride) {
-      if (p[k] !== slab || p[k + at] !== offset + length) break;
+      if (p[k + at - 1] !== slab || p[k + at] !== offset + length) break;
       length += p[k + stride - 1] as number;
     }
     return { slab, offset, length };
@@ -415,7 +425,7 @@ export class RangeStream {
       assert(this.j < p.length, 'RangeStream: ran out of ranges');
       const rangeLength = p[this.j + stride - 1] as number;
       const seg = Math.min(rangeLength - this.inRange, length - done);
-      fn(p[this.j] as number, (p[this.j + at] as number) + this.inRange, done, seg);
+      fn(p[this.j + at - 1] as number, (p[this.j + at] as number) + this.inRange, done, seg);
       done += seg;
       this.inRange += seg;
       if (this.inRange === rangeLength) {

@@ -26,7 +26,8 @@ export interface PeerAddress {
  * Shape of the registered slabs: numSlabs slabs of numBlocks pages of pageBytes each. With tensor
  * parallel ranks every rank registers its own slabs, rank-major: slab index = rank * (numSlabs / TP) +
  * layer slab, and rank r's page holds rank r's share of the KV heads (kv/spec.ts, kv/tp_layout.ts). Two
- * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side.
+ * engines of the same TP copy slab i to slab i: each rank's pages go to the same rank on the other side;
+ * between different degrees a range names the slab on each side (TransferRange.remoteSlab).
  */
 export interface SlabLayout {
   numSlabs: number;
@@ -44,8 +45,11 @@ export interface EngineMetadata {
   engineId: string;
   modelName: string;
   preset: string;
-  /** pageFormats: per group, absent for a bare engine (then pages are copied whole). */
-  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[] };
+  /**
+   * pageFormats: per group, absent for a bare engine (then pages are copied whole); tpSplits: per group,
+   * the units its whole cache splits into over ranks (0: replicated), for peers of another degree.
+   */
+  layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[]; tpSplits?: number[] };
   /** sha256 over model, preset, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
@@ -67,12 +71,16 @@ export interface Grant {
   expiresAtMs: number;
 }
 
-/** One byte range: `local*` in this engine's slab, `remote*` in the peer's slab, same slab index. */
+/**
+ * One byte range: `localOffset` in this engine's slab `slab`, `remoteOffset` in the peer's slab
+ * `remoteSlab` (absent: the same index; they differ between engines of different TP degrees).
+ */
 export interface TransferRange {
   slab: number;
   localOffset: number;
   remoteOffset: number;
   length: number;
+  remoteSlab?: number;
 }
 
 /**
@@ -157,6 +165,8 @@ export interface TransferEngineOptions {
   blockSizes: number[];
   /** Page format per KV cache group; lets a peer with other block sizes map tokens (kv/token_map.ts). */
   pageFormats?: PageFormat[];
+  /** Per group: how its cache splits over ranks (0: replicated); lets a peer of another degree map heads. */
+  tpSplits?: number[];
   /** Extra compatibility input, e.g. a hash of the cache group specs. */
   cacheHash?: string;
   /** The registered regions: one SharedArrayBuffer per slab, numBlocks * pageBytes long. */

@@ -16,7 +16,7 @@ import type { NicContext } from '../nic/nic_worker.ts';
 import { PACKED_STRIDE, sideOf } from '../core/ranges.ts';
 
 export type LinkMessage =
-  /** ranges packed as [slab, requester's offset, server's offset, length]*n (packRanges). */
+  /** ranges packed as [requester's slab, its offset, server's slab, its offset, length]*n (packRanges). */
   | { t: 'read' | 'write'; reqId: number; transferId: string; token: string; ranges: Float64Array }
   | { t: 'done'; reqId: number }
   | { t: 'error'; reqId: number; code: string; message: string }
@@ -121,7 +121,7 @@ export class InprocLink {
     if (!d.ok) return this.fail(m.reqId, 'GRANT_DENIED', `grant denied by ${this.ctx.engineId}: ${d.reason}`);
     const theirs = this.peerSlabs;
     for (let j = 0; j < p.length; j += PACKED_STRIDE) {
-      const [slab, offset, length] = [p[j] as number, p[j + 1] as number, p[j + 3] as number];
+      const [slab, offset, length] = [p[j] as number, p[j + 1] as number, p[j + 4] as number];
       const slabLength = theirs[slab]?.length ?? -1;
       if (!Number.isSafeInteger(offset) || offset < 0 || offset + length > slabLength)
         return this.fail(m.reqId, 'BAD_TRANSFER_PARAMS', `peer range outside its own slab ${slab}`);
@@ -130,13 +130,14 @@ export class InprocLink {
     const read = m.t === 'read';
     // One copy per (coalesced) range, straight between the two engines' slabs.
     for (let j = 0; j < p.length; j += PACKED_STRIDE) {
-      const [slab, theirOffset, ourOffset, length] = [
+      const [theirSlab, theirOffset, ourSlab, ourOffset, length] = [
         p[j] as number,
         p[j + 1] as number,
         p[j + 2] as number,
         p[j + 3] as number,
+        p[j + 4] as number,
       ];
-      const [o, t] = [ours[slab] as Uint8Array, theirs[slab] as Uint8Array];
+      const [o, t] = [ours[ourSlab] as Uint8Array, theirs[theirSlab] as Uint8Array];
       if (read) t.set(o.subarray(ourOffset, ourOffset + length), theirOffset);
       else o.set(t.subarray(theirOffset, theirOffset + length), ourOffset);
     }
@@ -153,9 +154,9 @@ export class InprocLink {
     const [ours, theirs] = [this.ctx.slabs, this.peerSlabs];
     const t0 = performance.now();
     for (let j = 0; j < p.length; j += PACKED_STRIDE) {
-      const [slab, theirOffset, ourOffset, length] = [p[j] ?? 0, p[j + 1] ?? 0, p[j + 2] ?? 0, p[j + 3] ?? 0];
-      const src = (ours[slab] as Uint8Array).subarray(ourOffset, ourOffset + length);
-      (theirs[slab] as Uint8Array).set(src, theirOffset);
+      const [theirSlab, theirOffset, ourSlab, ourOffset, length] = [p[j], p[j + 1], p[j + 2], p[j + 3], p[j + 4]];
+      const src = (ours[ourSlab ?? 0] as Uint8Array).subarray(ourOffset, (ourOffset ?? 0) + (length ?? 0));
+      (theirs[theirSlab ?? 0] as Uint8Array).set(src, theirOffset);
     }
     return performance.now() - t0;
   }

@@ -137,7 +137,7 @@ export class SimNic implements Nic {
     if (!decision.ok) return this.failItem(wr.wrId, item, 'GRANT_DENIED', decision.reason);
     for (const r of unpackRanges(wr.ranges)) {
       const local = this.slabs[r.slab] as Uint8Array;
-      const far = remote.slabs[r.slab] as Uint8Array;
+      const far = remote.slabs[r.remoteSlab ?? r.slab] as Uint8Array;
       if (item.kind === 'read') local.set(far.subarray(r.remoteOffset, r.remoteOffset + r.length), r.localOffset);
       else far.set(local.subarray(r.localOffset, r.localOffset + r.length), r.remoteOffset);
     }

@@ -43,6 +43,7 @@ const metaSchema = z.object({
       )
       .max(64)
       .optional(),
+    tpSplits: z.array(z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER)).max(64).optional(),
   }),
   compatHash: z.string().max(128),
 });

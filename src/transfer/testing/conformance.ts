@@ -16,6 +16,7 @@ import {
   SENTINEL,
   assertLanded,
   makeNode,
+  page,
   pageRanges,
   readOf,
   rejectsWith,
@@ -123,6 +124,39 @@ export function transferConformance(backend: TransferBackend): void {
       const handles = pairs.map((p) => D.engine.postRead(readOf(P, t, token, pageRanges([p]))));
       await D.engine.wait(handles, 5000);
       assertLanded(D, P, pairs);
+    });
+
+    test('READ and WRITE between different slabs on each side (TP ranks): strided pieces of pages land where named', async () => {
+      // Half-page pieces, the way a decode rank of TP=1 reads head slices from two prefill ranks' slabs.
+      const half = LAYOUT.pageBytes / 2;
+      const ranges = [0, 1].map((remoteSlab) => ({
+        slab: 0,
+        localOffset: 5 * LAYOUT.pageBytes + remoteSlab * half,
+        remoteSlab,
+        remoteOffset: 3 * LAYOUT.pageBytes + remoteSlab * half,
+        length: half,
+      }));
+      reset(D);
+      const t = tid();
+      const g = P.engine.issueGrant({ transferId: t, peerEngineId: D.engine.engineId, blockIds: [3], ttlMs: 10_000 });
+      const h = D.engine.postRead(readOf(P, t, g.token, ranges));
+      assert.equal(h.descriptors, 2, 'pieces of different remote slabs never merge');
+      await D.engine.wait([h], 5000);
+      assert.deepEqual(page(D, 0, 5).subarray(0, half), page(P, 0, 3).subarray(0, half));
+      assert.deepEqual(page(D, 0, 5).subarray(half), page(P, 1, 3).subarray(half));
+      assert.ok(
+        page(D, 1, 5).every((x) => x === SENTINEL),
+        'local slab 1 is untouched',
+      );
+      // WRITE the other way: our slab 0 page 5 goes to P's slabs 1 and 0 (crossed), page 7.
+      const W = await make(null, { engineId: 'W' });
+      await D.engine.handshake(W.engine.address());
+      const tw = tid();
+      const gw = W.engine.issueGrant({ transferId: tw, peerEngineId: D.engine.engineId, blockIds: [7], ttlMs: 10_000 });
+      const crossed = ranges.map((r) => ({ ...r, remoteSlab: 1 - r.remoteSlab, remoteOffset: 7 * LAYOUT.pageBytes }));
+      await D.engine.wait([D.engine.postWrite(readOf(W, tw, gw.token, crossed))], 5000);
+      assert.deepEqual(page(W, 1, 7).subarray(0, half), page(P, 0, 3).subarray(0, half));
+      assert.deepEqual(page(W, 0, 7).subarray(0, half), page(P, 1, 3).subarray(half));
     });
 
     for (const [what, setup] of [

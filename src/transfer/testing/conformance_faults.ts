@@ -70,13 +70,28 @@ export function registerFaultConformance(s: ConformanceSuite): void {
     const otherModel = await make(4, { engineId: 'other', modelName: 'other-model' });
     await rejectsWith(D.engine.handshake(otherModel.engine.address()), 'PEER_INCOMPATIBLE', /model/);
     assert.equal(otherModel.engine.stats().handshakesRefused, 1);
-    // Another tensor parallel degree: refused by name, whatever else agrees (a rank's page is a head slice).
+    // Another tensor parallel degree, from a peer that does not say how its pages split: refused naming both.
     const tp2 = await make(6, { engineId: 'tp2', layout: { ...LAYOUT, tensorParallelSize: 2 } });
     await rejectsWith(
       D.engine.handshake(tp2.engine.address()),
       'PEER_INCOMPATIBLE',
-      /tensor parallel size (2 != 1|1 != 2).*TP=2.*TP=1|tensor parallel size (2 != 1|1 != 2).*TP=1.*TP=2/,
+      /tensor parallel sizes (2 and 1|1 and 2) cannot be mapped \(peer \S+ runs TP=(1|2), engine \S+ TP=(1|2)\)/,
     );
+    // With page formats and splits (2 heads: 32 B of a slot per region at TP=1, 16 B per rank at TP=2) it maps.
+    const formats = (b: number) => [{ kind: 'tokens' as const, regionTokenBytes: [b, b] }];
+    const [one, two] = await Promise.all(
+      [1, 2].map((tp) =>
+        make(7 + tp, {
+          engineId: `heads-tp${tp}`,
+          layout: { numSlabs: 2 * tp, numBlocks: 16, pageBytes: 1024 / tp, tensorParallelSize: tp },
+          blockSizes: [16],
+          pageFormats: formats(32 / tp),
+          tpSplits: [2],
+        }),
+      ),
+    );
+    const meta = await one!.engine.handshake(two!.engine.address());
+    assert.deepEqual([meta.layout.tensorParallelSize, meta.layout.tpSplits], [2, [2]]);
     const sameShapeMoreBlocks = await make(5, { engineId: 'more', layout: { ...LAYOUT, numBlocks: 32 } });
     await D.engine.handshake(sameShapeMoreBlocks.engine.address());
     const gone =
