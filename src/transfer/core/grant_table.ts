@@ -7,7 +7,7 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 import { assert } from '../../util/assert.ts';
-import { firstPageOutside, rangeProblemAt, type SideRanges } from './ranges.ts';
+import { PageRuns, firstPageOutside, rangeProblemAt, type SideRanges } from './ranges.ts';
 import type { SlabLayout } from './types.ts';
 
 export interface GrantEntry {
@@ -32,7 +32,7 @@ export type GrantDecision = { ok: true } | { ok: false; reason: string };
 interface Stored {
   token: Buffer;
   peerEngineId: string | null;
-  blocks: Set<number>;
+  pages: PageRuns;
   expiresAtMs: number;
 }
 
@@ -77,7 +77,7 @@ export class GrantTable {
     this.grants.set(g.transferId, {
       token: Buffer.from(g.token, 'hex'),
       peerEngineId: g.peerEngineId,
-      blocks: new Set(g.blockIds),
+      pages: new PageRuns(g.blockIds),
       expiresAtMs: g.expiresAtMs,
     });
   }
@@ -120,7 +120,7 @@ export class GrantTable {
       const [slab, offset, length] = [p[j + at - 1] as number, p[j + at] as number, p[j + stride - 1] as number];
       const problem = rangeProblemAt(slab, offset, length, this.layout);
       if (problem !== null) return { ok: false, reason: problem };
-      const outside = firstPageOutside(offset, length, pageBytes, g.blocks);
+      const outside = firstPageOutside(offset, length, pageBytes, g.pages);
       if (outside !== null)
         return { ok: false, reason: `slab ${slab} page ${outside} is not granted for transfer ${q.transferId}` };
     }

@@ -13,6 +13,7 @@ import {
   disjointSide,
   packRanges,
   pagesOutside,
+  PageRuns,
   rangeProblem,
   localSide,
   remoteSide,
@@ -122,9 +123,9 @@ test('range checks: slab and bounds, granted pages, overlap', () => {
   assert.match(rangeProblem({ slab: 0, offset: 301, length: 100 }, layout) ?? '', /beyond/);
   assert.match(rangeProblem({ slab: 0, offset: 0, length: 0 }, layout) ?? '', /bad range/);
   assert.match(rangeProblem({ slab: 0, offset: -1, length: 2 }, layout) ?? '', /bad range/);
-  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 200 }, 100, new Set([1, 2])), null);
-  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 201 }, 100, new Set([1, 2])), 3);
-  assert.equal(pagesOutside({ slab: 0, offset: 99, length: 2 }, 100, new Set([1, 2])), 0);
+  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 200 }, 100, new PageRuns([1, 2])), null);
+  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 201 }, 100, new PageRuns([1, 2])), 3);
+  assert.equal(pagesOutside({ slab: 0, offset: 99, length: 2 }, 100, new PageRuns([1, 2])), 0);
   assert.ok(
     disjoint([
       { slab: 0, offset: 0, length: 10 },
@@ -313,4 +314,20 @@ test('crossed slabs (TP ranks): each side keeps its own slab through pack, coale
   }));
   assert.equal(coalesceRanges(halves).length, 2);
   assert.equal(coalesceRanges(halves.map((h) => ({ ...h, remoteSlab: 1 }))).length, 1);
+});
+
+test('PageRuns.firstOutside: the first page of [first, last] missing from the set, as a scan of a Set says', () => {
+  fc.assert(
+    fc.property(fc.array(fc.nat(60), { maxLength: 40 }), fc.nat(64), fc.nat(12), (pages, first, span) => {
+      const set = new Set(pages);
+      let want: number | null = null;
+      for (let b = first; b <= first + span; b++)
+        if (!set.has(b)) {
+          want = b;
+          break;
+        }
+      assert.equal(new PageRuns(pages).firstOutside(first, first + span), want);
+    }),
+    { numRuns: 2000 },
+  );
 });

@@ -348,20 +348,47 @@ export function sideProblem(side: SideRanges, layout: SlabLayout): string | null
   return null;
 }
 
-/** Every page a range touches lies in `blocks`; null when it does, else the first page that does not. */
-export function pagesOutside(r: WireRange, pageBytes: number, blocks: ReadonlySet<number>): number | null {
-  return firstPageOutside(r.offset, r.length, pageBytes, blocks);
+/**
+ * A set of page ids as sorted, maximal runs [start, end): a grant's pages. Checking that a range's pages
+ * are all in it is one binary search per range, not one set lookup per page (a 64 MiB READ of 32 KiB
+ * pages is 2,048 pages in two ranges).
+ */
+export class PageRuns {
+  private readonly runs: Int32Array;
+
+  constructor(pages: Iterable<number>) {
+    const sorted = [...new Set(pages)].sort((a, b) => a - b);
+    const runs: number[] = [];
+    for (const b of sorted) {
+      if (runs.length > 0 && runs[runs.length - 1] === b) runs[runs.length - 1] = b + 1;
+      else runs.push(b, b + 1);
+    }
+    this.runs = Int32Array.from(runs);
+  }
+
+  /** The first page of [first, last] not in the set, or null when all are. */
+  firstOutside(first: number, last: number): number | null {
+    const r = this.runs;
+    let [lo, hi] = [0, r.length / 2 - 1];
+    let k = -1; // the last run starting at or before `first`
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if ((r[2 * mid] as number) <= first) [k, lo] = [mid, mid + 1];
+      else hi = mid - 1;
+    }
+    if (k < 0 || (r[2 * k + 1] as number) <= first) return first;
+    const end = r[2 * k + 1] as number; // runs are maximal: `end` itself is not in the set
+    return last < end ? null : end;
+  }
 }
 
-export function firstPageOutside(
-  offset: number,
-  length: number,
-  pageBytes: number,
-  blocks: ReadonlySet<number>,
-): number | null {
-  const last = Math.floor((offset + length - 1) / pageBytes);
-  for (let b = Math.floor(offset / pageBytes); b <= last; b++) if (!blocks.has(b)) return b;
-  return null;
+/** Every page a range touches lies in `pages`; null when it does, else the first page that does not. */
+export function pagesOutside(r: WireRange, pageBytes: number, pages: PageRuns): number | null {
+  return firstPageOutside(r.offset, r.length, pageBytes, pages);
+}
+
+export function firstPageOutside(offset: number, length: number, pageBytes: number, pages: PageRuns): number | null {
+  return pages.firstOutside(Math.floor(offset / pageBytes), Math.floor((offset + length - 1) / pageBytes));
 }
 
 /** The local and remote sides of a request as wire ranges, in the same order. */
