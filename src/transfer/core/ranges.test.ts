@@ -190,6 +190,10 @@ test('disjointSide: agrees with comparing every pair, on either sort path, the p
       // layout's end, the sort) must agree too.
       const layout = { numSlabs: 4, numBlocks: 100, pageBytes: 8 };
       assert.equal(disjointSide(sideOf(packRanges(ranges), side), layout), naive);
+      assert.equal(disjointSide(sideOf(packRanges(ranges), side), layout, undefined, 0), naive, 'bitmap path');
+      // Coalescing merges only ranges adjacent on both sides: it hides no overlap (the engine checks the
+      // merged ranges of a READ).
+      assert.equal(disjointSide(sideOf(coalescePacked(packRanges(ranges)), side), layout), naive, 'after coalescing');
     }),
   );
 });

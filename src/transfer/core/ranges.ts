@@ -257,10 +257,19 @@ export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[
 }
 
 /** True when no two ranges of one side overlap (same slab, intersecting bytes). */
+/** Above this many ranges the whole-page check uses the page bitmap (disjointPages), below it a sort. */
+const BITMAP_MIN_RANGES = 64;
+
 /** `bitmap`: a zeroed buffer of at least numSlabs * numBlocks bytes to reuse (left zeroed). */
-export function disjointSide(side: SideRanges, layout?: SlabLayout, bitmap?: Uint8Array): boolean {
+export function disjointSide(
+  side: SideRanges,
+  layout?: SlabLayout,
+  bitmap?: Uint8Array,
+  bitmapMinRanges = BITMAP_MIN_RANGES,
+): boolean {
   const { p, stride, at } = side;
-  if (layout !== undefined) {
+  // The page bitmap pays per page, the sort per range: a few long ranges are cheaper sorted.
+  if (layout !== undefined && sideCount(side) > bitmapMinRanges) {
     const pages = disjointPages(side, layout, bitmap);
     if (pages !== null) return pages;
   }
