@@ -13,11 +13,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isHandoffError } from '../util/errors.ts';
 import { MICRO_PRESETS, type ModelPreset } from '../kv/presets.ts';
-import type { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
-import { judgeEnd } from './oracles.ts';
 import { runSim } from './run_sim.ts';
 import { buildScenario, HETERO_PAIRINGS } from './scenarios.ts';
 import { SimWorld } from './world.ts';
+import { emptyLoadTally, runAndTally } from './load_tally.ts';
 
 for (const blockSize of [8, 32]) {
   test(`block size ${blockSize}: 1p1d, 1p1d-write and prefix-hit pass every oracle; zero-mamba-only is caught`, async () => {
@@ -79,7 +78,7 @@ for (const model of MICRO_PRESETS) {
 
 /** Runs hetero-block seeds and sums what decode's connector and scheduler counted. */
 async function loads(model: ModelPreset, prefillBlockSize: number, decodeBlockSize: number, seeds: number[]) {
-  const sum = { violations: 0, reads: 0, writes: 0, failed: 0, tails: 0 };
+  const sum = emptyLoadTally();
   for (const seed of seeds) {
     const w = await SimWorld.create({
       scenario: 'hetero-block',
@@ -89,15 +88,7 @@ async function loads(model: ModelPreset, prefillBlockSize: number, decodeBlockSi
       prefillBlockSize,
       decodeBlockSize,
     });
-    await w.run();
-    await judgeEnd(w);
-    await w.shutdown();
-    const worker = w.D.engine.connector?.worker as OneSidedConnectorWorker;
-    sum.violations += w.violations.length;
-    sum.reads += worker.reads.stats.readsPosted;
-    sum.writes += (w.P.engine.connector?.worker as OneSidedConnectorWorker).saves.stats.writesPosted;
-    sum.failed += w.D.engine.scheduler.stats.loadFailures;
-    sum.tails += worker.reads.stats.tailsZeroed + worker.recvs.stats.tailsZeroed;
+    await runAndTally(w, sum);
   }
   return sum;
 }

@@ -10,11 +10,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { MICRO_PRESETS, kvTwin, type ModelPreset } from '../kv/presets.ts';
-import type { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
-import { judgeEnd } from './oracles.ts';
 import { runSim } from './run_sim.ts';
 import { buildScenario, HETERO_TP_PAIRINGS, TP_BLOCK_PAIRINGS } from './scenarios.ts';
 import { SimWorld } from './world.ts';
+import { emptyLoadTally, runAndTally } from './load_tally.ts';
 
 const SIZES = [8, 16, 32];
 const DEGREES = [1, 2];
@@ -55,7 +54,7 @@ for (const model of MICRO_PRESETS) {
 
 /** Runs hetero-tp seeds and sums what the connectors and decode's scheduler counted. */
 async function loads(model: ModelPreset, tp: [number, number], sizes: [number, number], seeds: number[]) {
-  const sum = { violations: 0, reads: 0, writes: 0, failed: 0, tails: 0, ranks: 0 };
+  const sum = { ...emptyLoadTally(), ranks: 0 };
   for (const seed of seeds) {
     const w = await SimWorld.create({
       scenario: 'hetero-tp',
@@ -68,15 +67,7 @@ async function loads(model: ModelPreset, tp: [number, number], sizes: [number, n
       prefillBlockSize: sizes[0],
       decodeBlockSize: sizes[1],
     });
-    await w.run();
-    await judgeEnd(w);
-    await w.shutdown();
-    const worker = w.D.engine.connector?.worker as OneSidedConnectorWorker;
-    sum.violations += w.violations.length;
-    sum.reads += worker.reads.stats.readsPosted;
-    sum.writes += (w.P.engine.connector?.worker as OneSidedConnectorWorker).saves.stats.writesPosted;
-    sum.failed += w.D.engine.scheduler.stats.loadFailures;
-    sum.tails += worker.reads.stats.tailsZeroed + worker.recvs.stats.tailsZeroed;
+    await runAndTally(w, sum);
     sum.ranks = w.D.kvConfig.tensorParallelSize;
   }
   return sum;
