@@ -12,7 +12,7 @@ import {
   disjoint,
   disjointSide,
   packRanges,
-  pagesOutside,
+  firstPageOutside,
   PageRuns,
   rangeProblem,
   localSide,
@@ -123,9 +123,9 @@ test('range checks: slab and bounds, granted pages, overlap', () => {
   assert.match(rangeProblem({ slab: 0, offset: 301, length: 100 }, layout) ?? '', /beyond/);
   assert.match(rangeProblem({ slab: 0, offset: 0, length: 0 }, layout) ?? '', /bad range/);
   assert.match(rangeProblem({ slab: 0, offset: -1, length: 2 }, layout) ?? '', /bad range/);
-  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 200 }, 100, new PageRuns([1, 2])), null);
-  assert.equal(pagesOutside({ slab: 0, offset: 100, length: 201 }, 100, new PageRuns([1, 2])), 3);
-  assert.equal(pagesOutside({ slab: 0, offset: 99, length: 2 }, 100, new PageRuns([1, 2])), 0);
+  assert.equal(firstPageOutside(100, 200, 100, new PageRuns([1, 2])), null);
+  assert.equal(firstPageOutside(100, 201, 100, new PageRuns([1, 2])), 3);
+  assert.equal(firstPageOutside(99, 2, 100, new PageRuns([1, 2])), 0);
   assert.ok(
     disjoint([
       { slab: 0, offset: 0, length: 10 },

@@ -256,11 +256,13 @@ export function coalesceRanges(ranges: readonly TransferRange[]): TransferRange[
   return unpackRanges(coalescePacked(packRanges(ranges)));
 }
 
-/** True when no two ranges of one side overlap (same slab, intersecting bytes). */
 /** Above this many ranges the whole-page check uses the page bitmap (disjointPages), below it a sort. */
 const BITMAP_MIN_RANGES = 64;
 
-/** `bitmap`: a zeroed buffer of at least numSlabs * numBlocks bytes to reuse (left zeroed). */
+/**
+ * True when no two ranges of one side overlap (same slab, intersecting bytes). `bitmap`: a zeroed buffer
+ * of at least numSlabs * numBlocks bytes to reuse (left zeroed).
+ */
 export function disjointSide(
   side: SideRanges,
   layout?: SlabLayout,
@@ -391,11 +393,7 @@ export class PageRuns {
   }
 }
 
-/** Every page a range touches lies in `pages`; null when it does, else the first page that does not. */
-export function pagesOutside(r: WireRange, pageBytes: number, pages: PageRuns): number | null {
-  return firstPageOutside(r.offset, r.length, pageBytes, pages);
-}
-
+/** Every page of the range [offset, offset + length) lies in `pages`: null, else the first page that does not. */
 export function firstPageOutside(offset: number, length: number, pageBytes: number, pages: PageRuns): number | null {
   return pages.firstOutside(Math.floor(offset / pageBytes), Math.floor((offset + length - 1) / pageBytes));
 }

@@ -126,9 +126,26 @@ export class InprocLink {
       if (!Number.isSafeInteger(offset) || offset < 0 || offset + length > slabLength)
         return this.fail(m.reqId, 'BAD_TRANSFER_PARAMS', `peer range outside its own slab ${slab}`);
     }
-    const ours = this.ctx.slabs;
     const read = m.t === 'read';
-    // One copy per (coalesced) range, straight between the two engines' slabs.
+    this.copy(p, read);
+    this.ctx.count(read ? COUNTER.readsServed : COUNTER.writesAccepted);
+    return { t: 'done', reqId: m.reqId };
+  }
+
+  /**
+   * The bench's inproc baseline: the copy a READ of `p` by the peer makes (serve's own copy), with no
+   * grant, message or completion, on this thread and timed here: the copy's limit in the cache state
+   * the served READ meets.
+   */
+  rawCopyMs(p: Float64Array): number {
+    const t0 = performance.now();
+    this.copy(p, true);
+    return performance.now() - t0;
+  }
+
+  /** One copy per (coalesced) range, straight between the two engines' slabs: theirs <- ours for a READ. */
+  private copy(p: Float64Array, read: boolean): void {
+    const [ours, theirs] = [this.ctx.slabs, this.peerSlabs];
     for (let j = 0; j < p.length; j += PACKED_STRIDE) {
       const [theirSlab, theirOffset, ourSlab, ourOffset, length] = [
         p[j] as number,
@@ -141,24 +158,6 @@ export class InprocLink {
       if (read) t.set(o.subarray(ourOffset, ourOffset + length), theirOffset);
       else o.set(t.subarray(theirOffset, theirOffset + length), ourOffset);
     }
-    this.ctx.count(read ? COUNTER.readsServed : COUNTER.writesAccepted);
-    return { t: 'done', reqId: m.reqId };
-  }
-
-  /**
-   * The bench's inproc baseline: the copy a READ of `p` by the peer makes (our slab -> theirs), with no
-   * grant, message or completion, on this thread and timed here: the copy's limit in the cache state
-   * the served READ meets.
-   */
-  rawCopyMs(p: Float64Array): number {
-    const [ours, theirs] = [this.ctx.slabs, this.peerSlabs];
-    const t0 = performance.now();
-    for (let j = 0; j < p.length; j += PACKED_STRIDE) {
-      const [theirSlab, theirOffset, ourSlab, ourOffset, length] = [p[j], p[j + 1], p[j + 2], p[j + 3], p[j + 4]];
-      const src = (ours[ourSlab ?? 0] as Uint8Array).subarray(ourOffset, (ourOffset ?? 0) + (length ?? 0));
-      (theirs[theirSlab ?? 0] as Uint8Array).set(src, theirOffset);
-    }
-    return performance.now() - t0;
   }
 
   private fail(reqId: number, code: 'GRANT_DENIED' | 'BAD_TRANSFER_PARAMS', message: string): LinkMessage {
