@@ -66,3 +66,14 @@ export const allPagesFree = (env: Env, c: ChildServer, totalPages: number): Prom
       (await metric(c, 'handoff_kv_free_pages')) === totalPages &&
       (await metric(c, 'handoff_num_requests_running')) === 0,
   );
+
+/** Whether process `pid` still exists (signal 0 delivers nothing, it only checks). */
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    // catch-ok: ESRCH means the process is gone, which is the answer
+    return false;
+  }
+}

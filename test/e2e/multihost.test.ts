@@ -16,6 +16,7 @@ import { readFileSync } from 'node:fs';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
 import {
+  alive,
   allPagesFree as allFree,
   metric,
   post as postWithin,
@@ -53,15 +54,6 @@ let proxy: ChildServer;
 
 const ip = (...args: string[]): string =>
   execFileSync('ip', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Namespaces and links left by an earlier run that was killed (their pid is gone). */
 function removeStale(): void {

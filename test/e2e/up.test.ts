@@ -9,17 +9,9 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { RealEnv } from '../../src/util/env.ts';
 import { HANDOFF_BIN } from '../../src/cli/children.ts';
+import { alive } from './kit.ts';
 
 const env = new RealEnv(3);
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 test('handoff up: ready with a working curl line; Ctrl-C stops all three, exit 0, no raw JSON logs', async () => {
   const childEnv: NodeJS.ProcessEnv = { ...process.env, HANDOFF_LOG_LEVEL: 'info' };

@@ -10,18 +10,9 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { RealEnv } from '../../src/util/env.ts';
 import { HANDOFF_BIN } from '../../src/cli/children.ts';
-import { post } from './kit.ts';
+import { alive, post } from './kit.ts';
 
 const env = new RealEnv(17);
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 const SYSTEM = 'You are a careful assistant. Answer briefly and precisely, using only what the user gives you. ';
 
