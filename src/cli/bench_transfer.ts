@@ -13,10 +13,18 @@ import { benchTransferPoint } from '../transfer/bench.ts';
 import { benchSweep, sweepHeader, sweepRow, targetLines } from '../transfer/bench_sweep.ts';
 import { sweepSvg } from '../transfer/bench_svg.ts';
 import type { TransferBackend } from '../transfer/core/types.ts';
+import { scatterNative, scatterNativeStatus } from '../transfer/tcp/scatter_native.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
 
 const out = (s: string): void => void process.stdout.write(`${s}\n`);
+
+/** How the tcp backend receives a READ here (HANDOFF_NATIVE=off measures the path without the addon). */
+export function tcpReceiveLine(): string {
+  return scatterNative !== null
+    ? 'tcp receive: readv straight into the pages (native addon)'
+    : `tcp receive: one read per segment >= 64 KiB, else a copy (no native addon: ${scatterNativeStatus})`;
+}
 
 function int(name: string, v: unknown, min: number, max: number): number {
   const n = Number(v);
@@ -60,7 +68,9 @@ export function registerBenchTransfer(bench: Command): void {
         ...(repeats !== undefined ? { repeats } : {}),
       });
       const { backend, pageBytes, bytes, gbps, baselineGbps, ratio, hotMemcpyGbps: hot } = r;
-      if (o['json']) return out(JSON.stringify({ backend, pageBytes, bytes, gbps, baselineGbps, ratio }));
+      const receive = backend === 'tcp' ? { tcpReceive: tcpReceiveLine() } : {};
+      if (o['json']) return out(JSON.stringify({ backend, pageBytes, bytes, gbps, baselineGbps, ratio, ...receive }));
+      if (backend === 'tcp') out(tcpReceiveLine());
       const also = hot === undefined ? '' : `; memcpy on the engine thread, cache hot: ${hot.toFixed(2)} GB/s`;
       out(
         `transfer ${backend}: ${gbps.toFixed(2)} GB/s vs baseline ${baselineGbps.toFixed(2)} GB/s = ratio ${ratio.toFixed(2)} (${bytes} bytes, ${pageBytes} B pages; baseline: ${r.baseline}${also})`,
@@ -78,6 +88,7 @@ async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats
   const json = o['json'] === true;
   const before = machineLine();
   if (!json) out(`machine: ${before}`);
+  if (!json && backends.includes('tcp')) out(tcpReceiveLine());
   if (!json) out(sweepHeader());
   const points = await benchSweep({
     env,

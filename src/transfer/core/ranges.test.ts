@@ -229,6 +229,42 @@ test('packed sides: wire ranges round-trip; RangeStream.segment() is the longest
   );
 });
 
+test('RangeStream.peekSegments: the merged stretches the next advance() visits, bounded by count and bytes, not moving', () => {
+  fc.assert(
+    fc.property(
+      anyRanges,
+      fc.nat(5000),
+      fc.integer({ min: 1, max: 6 }),
+      fc.integer({ min: 1, max: 9000 }),
+      (ranges, skip, maxSegs, maxBytes) => {
+        fc.pre(ranges.length > 0);
+        const s = new RangeStream(sideOf(packRanges(ranges), 'local'));
+        s.skip(Math.min(skip, s.total));
+        const before = s.expected;
+        const out = new Float64Array(3 * maxSegs);
+        const { count, bytes } = s.peekSegments(out, maxSegs, maxBytes);
+        assert.equal(s.expected, before, 'peeking does not move the stream');
+        assert.ok(count <= maxSegs && bytes <= maxBytes && bytes <= s.total - before);
+        let sum = 0;
+        for (let i = 0; i < count; i++) sum += out[3 * i + 2] as number;
+        assert.equal(sum, bytes);
+        // advance(bytes) visits exactly these stretches, in order, each one run of one slab.
+        let i = 0;
+        let at = 0;
+        s.advance(bytes, (slab, offset, _piece, n) => {
+          if (at === (out[3 * i + 2] as number)) [i, at] = [i + 1, 0];
+          assert.deepEqual([slab, offset], [out[3 * i], (out[3 * i + 1] as number) + at]);
+          at += n;
+        });
+        // Bounded only by the stream's end, the count, or the bytes.
+        assert.ok(bytes === maxBytes || s.complete || count === maxSegs);
+        if (count > 1)
+          assert.ok(out[0] !== out[3] || (out[1] as number) + (out[2] as number) !== out[4], 'neighbours merged');
+      },
+    ),
+  );
+});
+
 test('sortedBy: the same ranges, in (slab, offset) order of the chosen side', () => {
   fc.assert(
     fc.property(anyRanges, fc.constantFrom('local' as const, 'remote' as const), (ranges, side) => {

@@ -194,6 +194,12 @@ export interface TransferEngineOptions {
    */
   recvDirectMinBytes?: number;
   /**
+   * tcp: a READ's payload is received with readv(2) straight into its destination pages, many pages per
+   * call (the native addon, native/scatter_read.c). Default true when the addon is built; false, or no
+   * addon, receives as recvDirectMinBytes says.
+   */
+  scatterRecv?: boolean;
+  /**
    * tcp: a READ of at least `laneMinBytes` is cut into `lanes` parts of equal bytes, each carried by its
    * own connection to the peer (lanes). Defaults 1 (off: on 2 cores 2-4 lanes moved no more than one
    * connection, README) and 8 MiB.

@@ -39,6 +39,7 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
       dataPort: 0,
       dataFrameBytes: 0,
       recvDirectMinBytes: 0,
+      scatterRecv: false,
       lanes: 1,
       laneMinBytes: 0,
     });

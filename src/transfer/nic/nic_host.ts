@@ -34,6 +34,7 @@ export interface NicHostOptions {
   dataPort: number;
   dataFrameBytes: number;
   recvDirectMinBytes: number;
+  scatterRecv: boolean;
   lanes: number;
   laneMinBytes: number;
 }
@@ -84,6 +85,7 @@ export class NicHost implements Nic {
       dataPort: o.dataPort,
       dataFrameBytes: o.dataFrameBytes,
       recvDirectMinBytes: o.recvDirectMinBytes,
+      scatterRecv: o.scatterRecv,
       lanes: o.lanes,
       laneMinBytes: o.laneMinBytes,
     };

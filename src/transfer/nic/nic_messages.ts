@@ -44,6 +44,7 @@ export interface NicInit {
   dataPort: number;
   dataFrameBytes: number;
   recvDirectMinBytes: number;
+  scatterRecv: boolean;
   lanes: number;
   laneMinBytes: number;
 }

@@ -35,6 +35,8 @@ export interface NicContext {
   readonly dataFrameBytes: number;
   /** tcp: READ segments at least this long are received straight into the slab. */
   readonly recvDirectMinBytes: number;
+  /** tcp: receive READ payloads with readv into their pages when the native addon is built. */
+  readonly scatterRecv: boolean;
   /** tcp: READs of at least laneMinBytes are cut over this many connections. */
   readonly lanes: number;
   readonly laneMinBytes: number;
@@ -70,6 +72,7 @@ class Nic implements NicContext {
   readonly slabs: Uint8Array[];
   readonly dataFrameBytes: number;
   readonly recvDirectMinBytes: number;
+  readonly scatterRecv: boolean;
   readonly lanes: number;
   readonly laneMinBytes: number;
   private readonly cq: Int32Array;
@@ -89,6 +92,7 @@ class Nic implements NicContext {
     this.slabs = init.slabs.map((b) => new Uint8Array(b));
     this.dataFrameBytes = init.dataFrameBytes;
     this.recvDirectMinBytes = init.recvDirectMinBytes;
+    this.scatterRecv = init.scatterRecv;
     this.lanes = init.lanes;
     this.laneMinBytes = init.laneMinBytes;
     this.cq = new Int32Array(init.cq);

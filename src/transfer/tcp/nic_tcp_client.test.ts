@@ -2,7 +2,8 @@
  * Proves the READ receive path of a tcp data connection (nic_tcp_client.ts) against a scripted peer:
  * whatever the page mapping, frame size, chunking and direct-receive threshold, every byte lands at its
  * destination, nothing else changes, and the READ completes exactly once; segments at or above the
- * threshold are read in place (never copied in JS), shorter ones never are. Aborting a READ whose slab
+ * threshold are read in place (never copied in JS), shorter ones never are; with scatter receive (readv
+ * through the native addon) every byte is read in place. Aborting a READ whose slab
  * view is armed acknowledges only after the next read replaced the view, and no byte lands after the
  * acknowledgement; when the peer goes silent instead, the connection is dropped and the abort acknowledged.
  */
@@ -17,6 +18,10 @@ import type { NicContext } from '../nic/nic_worker.ts';
 import type { WorkRequest } from '../nic/nic_messages.ts';
 import type { TransferRange } from '../core/types.ts';
 import type { ErrorCode } from '../../util/errors.ts';
+import { scatterNative } from './scatter_native.ts';
+
+/** Scatter receive is tested whenever the addon is built (scatter_native.test.ts fails when it is not). */
+const SCATTER_CASES = scatterNative === null ? [false] : [false, true];
 
 const PAGE = 4096;
 const SENTINEL = 0xee;
@@ -26,7 +31,7 @@ interface Fake {
   completions: Array<{ wrId: number; code: ErrorCode | null }>;
 }
 
-function fakeCtx(slabs: Uint8Array[], recvDirectMinBytes: number): Fake {
+function fakeCtx(slabs: Uint8Array[], recvDirectMinBytes: number, scatterRecv = false): Fake {
   const completions: Fake['completions'] = [];
   const ctx: NicContext = {
     engineId: 'D',
@@ -34,6 +39,7 @@ function fakeCtx(slabs: Uint8Array[], recvDirectMinBytes: number): Fake {
     slabs,
     dataFrameBytes: 1 << 20,
     recvDirectMinBytes,
+    scatterRecv,
     lanes: 1,
     laneMinBytes: 1 << 30,
     sessionPeer: () => undefined,
@@ -132,9 +138,10 @@ test('READ receive: any mapping, frame size, chunking and threshold lands every 
       fc.constantFrom(1, PAGE, 2 * PAGE, 1 << 30),
       fc.integer({ min: 1000, max: 40_000 }),
       fc.array(fc.integer({ min: 1, max: 9000 }), { minLength: 1, maxLength: 8 }),
-      async (ranges, threshold, frameBytes, cuts) => {
+      fc.constantFrom(...SCATTER_CASES),
+      async (ranges, threshold, frameBytes, cuts, scatter) => {
         const slabs = [0, 1].map(() => new Uint8Array(new SharedArrayBuffer(26 * PAGE)).fill(SENTINEL));
-        const { ctx, completions } = fakeCtx(slabs, threshold);
+        const { ctx, completions } = fakeCtx(slabs, threshold, scatter);
         const peer = await scriptedPeer((socket, f) => {
           const bytes = streamOf(f, source);
           const wire: Uint8Array[] = [];
@@ -173,8 +180,8 @@ test('READ receive: any mapping, frame size, chunking and threshold lands every 
             );
           slabs.forEach((s, i) => assert.ok(Buffer.compare(s, want[i] as Uint8Array) === 0, `slab ${i} differs`));
           const total = ranges.length * PAGE;
-          if (threshold === 1) assert.equal(conn.bytesInPlace, total, 'every byte read in place');
-          if (threshold === 1 << 30) assert.equal(conn.bytesInPlace, 0, 'no segment reaches the threshold');
+          if (threshold === 1 || scatter) assert.equal(conn.bytesInPlace, total, 'every byte read in place');
+          else if (threshold === 1 << 30) assert.equal(conn.bytesInPlace, 0, 'no segment reaches the threshold');
           assert.ok(conn.bytesInPlace <= total);
         } finally {
           conn.destroy('PEER_UNAVAILABLE', 'test over');
@@ -182,12 +189,12 @@ test('READ receive: any mapping, frame size, chunking and threshold lands every 
         }
       },
     ),
-    { numRuns: 25 },
+    { numRuns: 40 },
   );
 });
 
 /** One 512 KiB READ into an empty 1 MiB slab, every byte received direct; the peer sends what the test says. */
-async function armedRead(): Promise<{
+async function armedRead(scatter = false): Promise<{
   conn: ClientConn;
   slab: Uint8Array;
   completions: Fake['completions'];
@@ -195,7 +202,7 @@ async function armedRead(): Promise<{
   close: () => Promise<void>;
 }> {
   const slab = new Uint8Array(new SharedArrayBuffer(256 * PAGE)).fill(SENTINEL);
-  const { ctx, completions } = fakeCtx([slab], 1);
+  const { ctx, completions } = fakeCtx([slab], 1, scatter);
   const payload = Uint8Array.from({ length: 128 * PAGE }, (_, i) => (i % 251) + 1);
   let socket: net.Socket | null = null;
   const peer = await scriptedPeer((s, f) => {
@@ -210,31 +217,32 @@ async function armedRead(): Promise<{
   return { conn, slab, completions, send, close: peer.close };
 }
 
-test('READ receive: aborting a READ whose slab view is armed acknowledges after the next read, and nothing lands after', async () => {
-  const { conn, slab, completions, send, close } = await armedRead();
-  try {
-    send(0, 16 * PAGE);
-    await until(() => conn.bytesInPlace === 16 * PAGE);
-    assert.equal(conn.abort(1), 'armed', 'the rest of the payload is aimed at the pages');
-    let acked = false;
-    conn.whenDisarmed(() => (acked = true));
-    assert.equal(acked, false, 'not acknowledged while the view is armed');
-    send(16 * PAGE, 32 * PAGE);
-    await until(() => acked);
-    const landed = slab.slice();
-    send(32 * PAGE, 128 * PAGE);
-    await new Promise((r) => setTimeout(r, 100));
-    assert.deepEqual(slab, landed, 'no byte lands after the acknowledgement');
-    assert.ok(
-      slab.subarray(32 * PAGE).every((x) => x === SENTINEL),
-      'the rest of the READ never landed',
-    );
-    assert.deepEqual(completions, [], 'an aborted READ is completed by the NIC, not by the connection');
-  } finally {
-    conn.destroy('PEER_UNAVAILABLE', 'test over');
-    await close();
-  }
-});
+for (const scatter of SCATTER_CASES)
+  test(`READ receive${scatter ? ' (scatter)' : ''}: aborting a READ with an armed view acks after the next read; nothing lands after`, async () => {
+    const { conn, slab, completions, send, close } = await armedRead(scatter);
+    try {
+      send(0, 16 * PAGE);
+      await until(() => conn.bytesInPlace === 16 * PAGE);
+      assert.equal(conn.abort(1), 'armed', 'the rest of the payload is aimed at the pages');
+      let acked = false;
+      conn.whenDisarmed(() => (acked = true));
+      assert.equal(acked, false, 'not acknowledged while the view is armed');
+      send(16 * PAGE, 32 * PAGE);
+      await until(() => acked);
+      const landed = slab.slice();
+      send(32 * PAGE, 128 * PAGE);
+      await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(slab, landed, 'no byte lands after the acknowledgement');
+      assert.ok(
+        slab.subarray(32 * PAGE).every((x) => x === SENTINEL),
+        'the rest of the READ never landed',
+      );
+      assert.deepEqual(completions, [], 'an aborted READ is completed by the NIC, not by the connection');
+    } finally {
+      conn.destroy('PEER_UNAVAILABLE', 'test over');
+      await close();
+    }
+  });
 
 test('READ receive: aborting an armed READ on a silent peer drops the connection and acknowledges', async () => {
   const { conn, completions, send, close } = await armedRead();

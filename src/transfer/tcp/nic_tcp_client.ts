@@ -1,8 +1,11 @@
 /**
  * Our connection to a peer's data port (inside the NIC thread): we post READs and WRITEs on it.
  *
- * Receive path of a READ reply: the socket reads into whatever nextBuffer() chose after the previous
- * read (Node's onread with a buffer per read):
+ * Receive path of a READ reply: with the native addon (ctx.scatterRecv), as soon as a live READ's payload
+ * is next, readv(2) takes as much of it as the socket holds straight into its pages, up to 1,024 pages per
+ * call (scatter receive, drainScatter); the socket's own next read then goes into the next page (any
+ * length) or takes exactly the next frame header. Without it, the socket reads into whatever nextBuffer()
+ * chose after the previous read (Node's onread with a buffer per read):
  *   - inside a DATA payload whose current destination segment is >= recvDirectMinBytes: a view of
  *     exactly that segment of our slab — the kernel copies the bytes to their destination, JS does not;
  *   - at a frame boundary while a READ with such segments is next: exactly the 17 header bytes, so the
@@ -20,6 +23,7 @@ import { asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages
 import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
 import type { ErrorCode } from '../../util/errors.ts';
+import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from './scatter_native.ts';
 
 const RECV_BUFFER_BYTES = 1 << 20;
 /** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
@@ -38,6 +42,12 @@ export class ClientConn extends Conn {
   private disarmWaiters: Array<() => void> = [];
   /** READ payload bytes the kernel wrote straight into their destination (never copied in JS). */
   bytesInPlace = 0;
+  /** readv calls that moved bytes (scatter receive). */
+  scatterReads = 0;
+  private readonly scatter: ScatterNative | null;
+  private readonly segs: Float64Array;
+  /** Segments at least this long are read in place by the socket itself (1 with scatter receive). */
+  private readonly directMin: number;
 
   private constructor(
     socket: net.Socket,
@@ -49,6 +59,9 @@ export class ClientConn extends Conn {
     private readonly done: (wrId: number, code: ErrorCode | null, message: string) => void,
   ) {
     super(socket, ctx);
+    this.scatter = ctx.scatterRecv ? scatterNative : null;
+    this.segs = new Float64Array(this.scatter === null ? 0 : 3 * SCATTER_SEGS_MAX);
+    this.directMin = this.scatter === null ? ctx.recvDirectMinBytes : 1;
     this.send({ type: 'hello', engineId: ctx.engineId, session: peer.session });
   }
 
@@ -90,13 +103,15 @@ export class ClientConn extends Conn {
 
   private chooseBuffer(): Uint8Array {
     if (this.closedWith !== null) return this.recvBuffer;
+    if (this.scatter !== null) this.drainScatter(this.scatter);
+    if (this.closedWith !== null) return this.recvBuffer;
     const pending = this.decoder.payloadPending;
     if (pending !== null) {
       const stream = this.reads.get(pending.reqId)?.stream;
       if (stream === undefined) return this.recvBuffer;
       const seg = stream.segment(pending.left);
       const n = Math.min(pending.left, seg.length);
-      if (n < this.ctx.recvDirectMinBytes) return this.recvBuffer;
+      if (n < this.directMin) return this.recvBuffer;
       const slab = this.ctx.slabs[seg.slab] as Uint8Array;
       this.armed = pending.reqId;
       return new Uint8Array(slab.buffer, slab.byteOffset + seg.offset, n);
@@ -108,9 +123,43 @@ export class ClientConn extends Conn {
 
   /** The oldest READ in flight (the one the peer answers next) continues with a segment worth reading direct. */
   private nextReadGoesDirect(): boolean {
-    const min = this.ctx.recvDirectMinBytes;
+    const min = this.directMin;
     for (const r of this.reads.values()) return r.stream.segment(min).length >= min;
     return false;
+  }
+
+  /**
+   * While a live READ's payload is next: readv as much of it as the socket holds, straight into its
+   * pages, and hand those bytes (views of the pages) to the decoder, which sees them already in place.
+   * The kernel writes our pages only inside the call, and only for a READ still in `reads`.
+   */
+  private drainScatter(scatter: ScatterNative): void {
+    for (;;) {
+      if (this.closedWith !== null) return;
+      const pending = this.decoder.payloadPending;
+      if (pending === null) return;
+      const stream = this.reads.get(pending.reqId)?.stream;
+      const fd = socketFd(this.socket);
+      if (stream === undefined || fd < 0) return;
+      const { count, bytes } = stream.peekSegments(this.segs, SCATTER_SEGS_MAX, pending.left);
+      const n = scatter.scatterRead(fd, this.ctx.slabs, this.segs, count);
+      if (n === 0) return;
+      this.scatterReads++;
+      this.pushInPlace(n, count);
+      if (n < bytes) return;
+    }
+  }
+
+  /** The first `n` bytes of the peeked segments arrived in place: feed them to the decoder as views. */
+  private pushInPlace(n: number, count: number): void {
+    const segs = this.segs;
+    let left = n;
+    for (let i = 0; i < count && left > 0; i++) {
+      const slab = this.ctx.slabs[segs[3 * i] as number] as Uint8Array;
+      const len = Math.min(segs[3 * i + 2] as number, left);
+      this.onChunk(new Uint8Array(slab.buffer, slab.byteOffset + (segs[3 * i + 1] as number), len));
+      left -= len;
+    }
   }
 
   private flushDisarmWaiters(): void {

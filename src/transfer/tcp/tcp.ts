@@ -51,6 +51,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       dataPort: opts.dataPort ?? 0,
       dataFrameBytes: opts.dataFrameBytes ?? 4 << 20,
       recvDirectMinBytes: opts.recvDirectMinBytes ?? 64 << 10,
+      scatterRecv: opts.scatterRecv ?? true,
       lanes: opts.lanes ?? 1,
       laneMinBytes: opts.laneMinBytes ?? 8 << 20,
     });
