@@ -6,8 +6,8 @@
  *     transfer engine merges them) on one thread;
  *   - tcp: plain sockets between the same two NIC threads (tcp/nic_tcp_raw.ts): every configuration in
  *     RAW_CONFIGS is run on this READ's bytes first, and the fastest is the baseline.
- * Then rounds alternate the backend and the baseline (one warm-up round, then `repeats`), so a slow
- * patch of a shared machine hits both; each keeps its median. The backend's received bytes are verified
+ * Then rounds alternate the backend and the baseline (warm-up rounds for at least WARMUP_MS, then
+ * `repeats`), so a slow patch of a shared machine hits both; each keeps its median. The backend's received bytes are verified
  * after every run, each baseline's once. Compare ratios, not absolute GB/s.
  */
 import { assert } from '../util/assert.ts';
@@ -25,7 +25,7 @@ export interface BenchOptions {
   env: Env;
   pageBytes: number;
   pages: number;
-  /** Timed rounds at least (after one warm-up); short READs get more within a time budget. Default 5. */
+  /** Timed rounds at least (after the warm-up); short READs get more within a time budget. Default 5. */
   repeats?: number;
   /** Every other page, shuffled: nothing merges (benchRanges). Default false: page i -> page i. */
   scatter?: boolean;
@@ -58,6 +58,13 @@ export interface BenchPoint extends BenchResult {
 export const NUM_SLABS = 2;
 const CALIBRATION_ROUNDS = 2;
 const ROUNDS_BUDGET_MS = 300;
+/**
+ * Untimed rounds first, for at least this long (2-30 rounds): a rig's NIC threads are new isolates whose
+ * JIT starts cold, and one warm-up round left the first point measured on a rig (an 8 MiB READ of
+ * scattered pages: 512 segments of JS per READ) at 0.55-0.66 of raw in sweeps and 0.98 after 60 rounds.
+ */
+const WARMUP_MS = 150;
+const WARMUP_ROUNDS = { min: 2, max: 30 };
 
 interface Baseline {
   label: string;
@@ -229,8 +236,14 @@ export class BenchRig {
     const ms: number[][] = series.map(() => []);
     // At least `repeats` timed rounds; short READs get more (up to 5x) while the timed runs stay under
     // ROUNDS_BUDGET_MS: more samples where they are cheap, for a steadier median on a noisy machine.
-    let spent = 0;
-    for (let round = 0; round <= repeats || (round <= 5 * repeats && spent < ROUNDS_BUDGET_MS); round++) {
+    let [spent, warm, warmSpent] = [0, 0, 0];
+    const warming = (): boolean => warm < WARMUP_ROUNDS.min || (warm < WARMUP_ROUNDS.max && warmSpent < WARMUP_MS);
+    for (
+      let round = 0;
+      warming() || round - warm < repeats || (round - warm < 5 * repeats && spent < ROUNDS_BUDGET_MS);
+      round++
+    ) {
+      const timed = !warming();
       for (let k = 0; k < series.length; k++) {
         const i = (k + round) % series.length; // alternate who goes first
         // Every run starts from its destination bytes just zeroed by this thread: the same cache state
@@ -240,9 +253,11 @@ export class BenchRig {
         const t = await timeMs(env, (series[i] as Baseline).run);
         if (i === 0) this.verify(ranges);
         else if (round === 0) this.verifyBaseline(ranges, bytes);
-        if (round > 0) ms[i]?.push(t);
-        if (round > 0) spent += t;
+        if (timed) ms[i]?.push(t);
+        if (timed) spent += t;
+        else warmSpent += t;
       }
+      if (!timed) warm++;
     }
     P.engine.revokeGrant(transferId);
     const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;

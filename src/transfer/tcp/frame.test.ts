@@ -268,6 +268,44 @@ test('frame codec: DATA payloads reach the sink in pieces without reassembly', (
   assert.ok(dec.bufferedBytes === 0 && dec.idle);
 });
 
+test('frame codec: payloadInPlace moves past payload bytes a reader placed itself; pieces after it keep their offsets', () => {
+  fc.assert(
+    fc.property(fc.integer({ min: 1, max: 5000 }), fc.array(fc.nat(5000), { maxLength: 6 }), (len, cuts) => {
+      const payload = new Uint8Array(len).map((_, i) => (i * 13) & 0xff);
+      const stream = Buffer.concat([encodeDataHeader(9, 77, len), payload, encodeFrame({ type: 'done', reqId: 9 })]);
+      const seen = new Uint8Array(len);
+      const frames: ControlFrame[] = [];
+      const dec = new FrameDecoder({
+        frame: (f) => void frames.push(f),
+        data: (head, piece, at) => {
+          assert.deepEqual([head.reqId, head.streamOffset], [9, 77]);
+          seen.set(piece, at);
+        },
+      });
+      dec.push(stream.subarray(0, 17));
+      // Alternate: some bytes "placed in place" (copied here by hand), some pushed.
+      let at = 0;
+      for (const [k, c] of cuts.entries()) {
+        const n = Math.min(c, len - at);
+        if (n === 0) break;
+        if (k % 2 === 0) {
+          assert.deepEqual(dec.payloadPending, { reqId: 9, left: len - at });
+          const r = dec.payloadInPlace(n);
+          assert.deepEqual([r.head.reqId, r.at], [9, at]);
+          seen.set(payload.subarray(at, at + n), at);
+        } else dec.push(payload.subarray(at, at + n));
+        at += n;
+      }
+      if (at < len) assert.throws(() => dec.payloadInPlace(len - at + 1), /not in this payload/);
+      dec.push(stream.subarray(17 + at));
+      assert.deepEqual(seen, payload);
+      assert.deepEqual(frames, [{ type: 'done', reqId: 9 }]);
+      assert.ok(dec.idle);
+      assert.throws(() => dec.payloadInPlace(1), /not in this payload/, 'between frames');
+    }),
+  );
+});
+
 // Every length limit of the parser, at its exact boundary: the limit itself is accepted, one more is
 // rejected. (An off-by-one in the DATA check passed every test above: they only probe far from it.)
 

@@ -359,6 +359,23 @@ export class FrameDecoder {
   }
 
   /**
+   * The next `n` bytes of the payload in progress arrived without passing through push() (the reader put
+   * them in place itself, scatter receive): move past them. Returns the frame's head and where in its
+   * payload they start. `n` must lie within the payload left.
+   */
+  payloadInPlace(n: number): { head: DataHead; at: number } {
+    assert(
+      this.state === 'payload' && n > 0 && n <= this.data.length - this.payloadGot,
+      'payloadInPlace: not in this payload',
+    );
+    const head = this.data;
+    const at = this.payloadGot;
+    this.payloadGot += n;
+    if (this.payloadGot === head.length) this.reset();
+    return { head, at };
+  }
+
+  /**
    * Bytes that complete the frame header in progress if the frame is DATA (header and DATA head):
    * a reader that expects bulk data reads exactly these, so the payload can go straight to its
    * destination. 0 inside a control body or a payload.

@@ -23,6 +23,7 @@ import { asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages
 import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
 import type { ErrorCode } from '../../util/errors.ts';
+import { assert } from '../../util/assert.ts';
 import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from './scatter_native.ts';
 
 const RECV_BUFFER_BYTES = 1 << 20;
@@ -130,7 +131,7 @@ export class ClientConn extends Conn {
 
   /**
    * While a live READ's payload is next: readv as much of it as the socket holds, straight into its
-   * pages, and hand those bytes (views of the pages) to the decoder, which sees them already in place.
+   * pages; the decoder and the READ's stream move past those bytes without looking at them.
    * The kernel writes our pages only inside the call, and only for a READ still in `reads`.
    */
   private drainScatter(scatter: ScatterNative): void {
@@ -145,21 +146,24 @@ export class ClientConn extends Conn {
       const n = scatter.scatterRead(fd, this.ctx.slabs, this.segs, count);
       if (n === 0) return;
       this.scatterReads++;
-      this.pushInPlace(n, count);
+      this.bytesIn += n;
+      const { head, at } = this.decoder.payloadInPlace(n);
+      this.landedInPlace(head, at, n);
       if (n < bytes) return;
     }
   }
 
-  /** The first `n` bytes of the peeked segments arrived in place: feed them to the decoder as views. */
-  private pushInPlace(n: number, count: number): void {
-    const segs = this.segs;
-    let left = n;
-    for (let i = 0; i < count && left > 0; i++) {
-      const slab = this.ctx.slabs[segs[3 * i] as number] as Uint8Array;
-      const len = Math.min(segs[3 * i + 2] as number, left);
-      this.onChunk(new Uint8Array(slab.buffer, slab.byteOffset + (segs[3 * i + 1] as number), len));
-      left -= len;
-    }
+  /** `n` bytes of a live READ's payload, `at` bytes into its frame, were read into their pages by readv. */
+  private landedInPlace(head: DataHead, at: number, n: number): void {
+    const r = this.reads.get(head.reqId);
+    assert(r !== undefined, 'scatter receive for a READ not in flight');
+    if (head.streamOffset + at !== r.stream.expected || head.streamOffset + head.length > r.stream.total)
+      return this.badFrame(`DATA out of order for request ${head.reqId}`);
+    r.stream.skip(n);
+    this.bytesInPlace += n;
+    if (!r.stream.complete) return;
+    this.reads.delete(head.reqId);
+    this.done(head.reqId, null, '');
   }
 
   private flushDisarmWaiters(): void {
