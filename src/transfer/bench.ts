@@ -7,8 +7,8 @@
  *   - tcp: plain sockets between the same two NIC threads (tcp/nic_tcp_raw.ts): every configuration in
  *     RAW_CONFIGS is run on this READ's bytes first, and the fastest is the baseline.
  * Then rounds alternate the backend and the baseline (warm-up rounds for at least WARMUP_MS, then
- * `repeats`), so a slow patch of a shared machine hits both; each keeps its median. The backend's received bytes are verified
- * after every run, each baseline's once. Compare ratios, not absolute GB/s.
+ * `repeats`), so a slow patch of a shared machine hits both; each keeps its median. The backend's
+ * received bytes are verified after every run, each baseline's once. Compare ratios, not absolute GB/s.
  */
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
@@ -233,6 +233,34 @@ export class BenchRig {
     const baseline = await this.pickBaseline(this.baselines(ranges, bytes), ranges, bytes);
     const series = [{ label: this.backend, run: read }, baseline];
     if (this.backend === 'inproc') series.push(this.hotMemcpy(ranges));
+    const ms = await this.rounds(series, ranges, bytes, repeats);
+    P.engine.revokeGrant(transferId);
+    const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;
+    const baselineGbps = bytes / (median(ms[1] as number[]) / 1000) / 1e9;
+    const hot = ms[2] === undefined ? {} : { hotMemcpyGbps: bytes / (median(ms[2]) / 1000) / 1e9 };
+    return {
+      backend: this.backend,
+      pageBytes: this.pageBytes,
+      bytes,
+      gbps,
+      baselineGbps,
+      ratio: gbps / baselineGbps,
+      pages,
+      scatter,
+      descriptors: coalesceRanges(ranges).length,
+      baseline: baseline.label,
+      ...hot,
+    };
+  }
+
+  /** Timed runs of each series (index 0 the backend), after the warm-up: milliseconds per series. */
+  private async rounds(
+    series: Baseline[],
+    ranges: TransferRange[],
+    bytes: number,
+    repeats: number,
+  ): Promise<number[][]> {
+    const env = this.env;
     const ms: number[][] = series.map(() => []);
     // At least `repeats` timed rounds; short READs get more (up to 5x) while the timed runs stay under
     // ROUNDS_BUDGET_MS: more samples where they are cheap, for a steadier median on a noisy machine.
@@ -259,23 +287,7 @@ export class BenchRig {
       }
       if (!timed) warm++;
     }
-    P.engine.revokeGrant(transferId);
-    const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;
-    const baselineGbps = bytes / (median(ms[1] as number[]) / 1000) / 1e9;
-    const hot = ms[2] === undefined ? {} : { hotMemcpyGbps: bytes / (median(ms[2]) / 1000) / 1e9 };
-    return {
-      backend: this.backend,
-      pageBytes: this.pageBytes,
-      bytes,
-      gbps,
-      baselineGbps,
-      ratio: gbps / baselineGbps,
-      pages,
-      scatter,
-      descriptors: coalesceRanges(ranges).length,
-      baseline: baseline.label,
-      ...hot,
-    };
+    return ms;
   }
 
   /**
