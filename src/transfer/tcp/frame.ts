@@ -353,9 +353,13 @@ export class FrameDecoder {
     return this.state === 'control' ? this.bodyGot : this.headLen;
   }
 
-  /** Inside a DATA payload: its request and the payload bytes still to come; else null. */
-  get payloadPending(): { reqId: number; left: number } | null {
-    return this.state === 'payload' ? { reqId: this.data.reqId, left: this.data.length - this.payloadGot } : null;
+  /**
+   * Inside a DATA payload: its request, the payload bytes still to come, the frame's head and how far into
+   * its payload we are; else null.
+   */
+  get payloadPending(): { reqId: number; left: number; head: DataHead; at: number } | null {
+    if (this.state !== 'payload') return null;
+    return { reqId: this.data.reqId, left: this.data.length - this.payloadGot, head: this.data, at: this.payloadGot };
   }
 
   /**

@@ -3,7 +3,8 @@
  * whatever the page mapping, frame size, chunking and direct-receive threshold, every byte lands at its
  * destination, nothing else changes, and the READ completes exactly once; segments at or above the
  * threshold are read in place (never copied in JS), shorter ones never are; with scatter receive (readv
- * through the native addon) every byte is read in place. Aborting a READ whose slab
+ * through the native addon) every byte is read in place, and a DATA frame that does not continue its READ
+ * lands no byte. Aborting a READ whose slab
  * view is armed acknowledges only after the next read replaced the view, and no byte lands after the
  * acknowledgement; when the peer goes silent instead, the connection is dropped and the abort acknowledged.
  */
@@ -263,3 +264,40 @@ test('READ receive: aborting an armed READ on a silent peer drops the connection
     await close();
   }
 });
+
+for (const scatter of SCATTER_CASES)
+  test(`READ receive${scatter ? ' (scatter)' : ''}: a DATA frame that does not continue its READ lands no byte`, async () => {
+    const slab = new Uint8Array(new SharedArrayBuffer(64 * PAGE)).fill(SENTINEL);
+    // Threshold 1: without the check, the payload would be read straight into the READ's pages.
+    const { ctx, completions } = fakeCtx([slab], 1, scatter);
+    const payload = new Uint8Array(8 * PAGE).fill(7);
+    const peer = await scriptedPeer((s, f) => {
+      // Out of order (starts one page in), then beyond the READ's end: both are refused unread.
+      const offset = f.reqId === 1 ? PAGE : 0;
+      const length = f.reqId === 1 ? payload.length - PAGE : payload.length + PAGE;
+      s.write(Buffer.concat([encodeDataHeader(f.reqId, offset, length), new Uint8Array(length).fill(7)]));
+    });
+    try {
+      for (const wrId of [1, 2]) {
+        const conn = ClientConn.connect(
+          ctx,
+          'P',
+          { host: '127.0.0.1', port: peer.port, session: 'ab'.repeat(16) },
+          () => {},
+        );
+        conn.post(workRequest(wrId, [{ slab: 0, remoteOffset: 0, localOffset: 0, length: payload.length }]));
+        await until(() => completions.some((c) => c.wrId === wrId));
+        assert.deepEqual(
+          completions.find((c) => c.wrId === wrId),
+          { wrId, code: 'TRANSFER_FAILED' },
+        );
+        assert.equal(conn.bytesInPlace, 0);
+        assert.ok(
+          slab.every((b) => b === SENTINEL),
+          'no byte of the bad frame reached the pages',
+        );
+      }
+    } finally {
+      await peer.close();
+    }
+  });

@@ -12,6 +12,10 @@
  *     payload after them can go direct;
  *   - otherwise a reused 1 MiB buffer, and its DATA pieces are copied to their destinations.
  *
+ * A payload is read in place (readv or a slab view) only when its DATA head continues the READ's stream
+ * exactly and stays inside it; any other frame goes through the copy path, which rejects it, so no byte
+ * of a malformed frame reaches our pages.
+ *
  * Invariant: a slab view is armed only for a READ still in `reads`. Aborting that READ while its view is
  * armed acknowledges only once the next read has disarmed it (or the connection closed): until then the
  * kernel may still write the pages, as an RDMA NIC may until it acknowledges.
@@ -29,6 +33,11 @@ import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from '.
 const RECV_BUFFER_BYTES = 1 << 20;
 /** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
 const ARMED_ABORT_MS = 200;
+
+/** The DATA payload at `at` of `head` continues `stream` exactly and stays inside it (as expectPiece checks). */
+function continues(stream: RangeStream, p: { head: DataHead; at: number }): boolean {
+  return p.head.streamOffset + p.at === stream.expected && p.head.streamOffset + p.head.length <= stream.total;
+}
 
 export class ClientConn extends Conn {
   private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
@@ -109,7 +118,9 @@ export class ClientConn extends Conn {
     const pending = this.decoder.payloadPending;
     if (pending !== null) {
       const stream = this.reads.get(pending.reqId)?.stream;
-      if (stream === undefined) return this.recvBuffer;
+      // A frame that does not continue its READ goes through the copy path, which rejects it: no byte of
+      // it is read into our pages.
+      if (stream === undefined || !continues(stream, pending)) return this.recvBuffer;
       const seg = stream.segment(pending.left);
       const n = Math.min(pending.left, seg.length);
       if (n < this.directMin) return this.recvBuffer;
@@ -141,7 +152,7 @@ export class ClientConn extends Conn {
       if (pending === null) return;
       const stream = this.reads.get(pending.reqId)?.stream;
       const fd = socketFd(this.socket);
-      if (stream === undefined || fd < 0) return;
+      if (stream === undefined || fd < 0 || !continues(stream, pending)) return;
       const { count, bytes } = stream.peekSegments(this.segs, SCATTER_SEGS_MAX, pending.left);
       const n = scatter.scatterRead(fd, this.ctx.slabs, this.segs, count);
       if (n === 0) return;
@@ -156,9 +167,7 @@ export class ClientConn extends Conn {
   /** `n` bytes of a live READ's payload, `at` bytes into its frame, were read into their pages by readv. */
   private landedInPlace(head: DataHead, at: number, n: number): void {
     const r = this.reads.get(head.reqId);
-    assert(r !== undefined, 'scatter receive for a READ not in flight');
-    if (head.streamOffset + at !== r.stream.expected || head.streamOffset + head.length > r.stream.total)
-      return this.badFrame(`DATA out of order for request ${head.reqId}`);
+    assert(r !== undefined && continues(r.stream, { head, at }), 'scatter receive for a READ not in flight');
     r.stream.skip(n);
     this.bytesInPlace += n;
     if (!r.stream.complete) return;

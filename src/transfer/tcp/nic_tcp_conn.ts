@@ -53,14 +53,9 @@ export abstract class Conn implements FrameSink {
       this.decoder.push(chunk);
     } catch (e) {
       if (!(e instanceof FrameError)) throw e;
-      this.badFrame(e.message);
+      this.ctx.count(COUNTER.badFrames);
+      this.destroy('TRANSFER_FAILED', `bad frame: ${e.message}`);
     }
-  }
-
-  /** A malformed or unexpected frame: counted, and the connection closes. */
-  protected badFrame(message: string): void {
-    this.ctx.count(COUNTER.badFrames);
-    this.destroy('TRANSFER_FAILED', `bad frame: ${message}`);
   }
 
   destroy(code: ErrorCode, message: string): void {
