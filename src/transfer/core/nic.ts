@@ -58,6 +58,8 @@ export interface NicStats {
   grantsRefused: number;
   /** Data-plane connections closed because of malformed frames (tcp). */
   badFrames: number;
+  /** readv calls that received payload straight into pages (tcp scatter receive, READ replies and WRITEs). */
+  scatterReads: number;
 }
 
 export interface Nic {

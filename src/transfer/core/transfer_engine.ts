@@ -58,7 +58,10 @@ interface HandleState {
   log: WorkRequestRecord | null;
 }
 
-type HostCounters = Omit<TransferStats, 'grantsRefused' | 'badFrames' | 'grantsIssued' | 'grantsExpired'>;
+type HostCounters = Omit<
+  TransferStats,
+  'grantsRefused' | 'badFrames' | 'scatterReads' | 'grantsIssued' | 'grantsExpired'
+>;
 
 /** What the core takes from TransferEngineOptions (the registered slabs belong to the NIC). */
 export type TransferEngineCoreOptions = Omit<TransferEngineOptions, 'backend' | 'slabs'>;

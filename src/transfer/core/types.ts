@@ -142,6 +142,8 @@ export interface TransferStats {
   releasesRefused: number;
   /** Data-plane connections closed because of malformed frames (tcp). */
   badFrames: number;
+  /** readv calls that received payload straight into pages (tcp scatter receive, READ replies and WRITEs). */
+  scatterReads: number;
 }
 
 /** Test-only fault switch; off unless configured. Decisions use env.rng. */

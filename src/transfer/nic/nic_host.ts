@@ -159,7 +159,11 @@ export class NicHost implements Nic {
   }
 
   stats(): NicStats {
-    return { grantsRefused: this.counter(COUNTER.grantsRefused), badFrames: this.counter(COUNTER.badFrames) };
+    return {
+      grantsRefused: this.counter(COUNTER.grantsRefused),
+      badFrames: this.counter(COUNTER.badFrames),
+      scatterReads: this.counter(COUNTER.scatterReads),
+    };
   }
 
   /** Post a grant whose expiry is `ttlMs` from now, in a clock every thread shares. */

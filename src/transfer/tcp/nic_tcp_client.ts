@@ -22,22 +22,15 @@
  */
 import net from 'node:net';
 import { FRAME_HEADER_BYTES, FrameError, type ControlFrame, type DataHead } from './frame.ts';
-import { Conn, expectPiece } from './nic_tcp_conn.ts';
+import { Conn, continues, expectPiece } from './nic_tcp_conn.ts';
 import { asErrorCode, type TcpPeer, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, sideOf, sortedBy, toWire } from '../core/ranges.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-import { assert } from '../../util/assert.ts';
-import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from './scatter_native.ts';
 
 const RECV_BUFFER_BYTES = 1 << 20;
 /** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
 const ARMED_ABORT_MS = 200;
-
-/** The DATA payload at `at` of `head` continues `stream` exactly and stays inside it (as expectPiece checks). */
-function continues(stream: RangeStream, p: { head: DataHead; at: number }): boolean {
-  return p.head.streamOffset + p.at === stream.expected && p.head.streamOffset + p.head.length <= stream.total;
-}
 
 export class ClientConn extends Conn {
   private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
@@ -50,12 +43,6 @@ export class ClientConn extends Conn {
   private armed: number | null = null;
   /** Abort acknowledgements waiting for the armed view to be replaced. */
   private disarmWaiters: Array<() => void> = [];
-  /** READ payload bytes the kernel wrote straight into their destination (never copied in JS). */
-  bytesInPlace = 0;
-  /** readv calls that moved bytes (scatter receive). */
-  scatterReads = 0;
-  private readonly scatter: ScatterNative | null;
-  private readonly segs: Float64Array;
   /** Segments at least this long are read in place by the socket itself (1 with scatter receive). */
   private readonly directMin: number;
 
@@ -69,8 +56,6 @@ export class ClientConn extends Conn {
     private readonly done: (wrId: number, code: ErrorCode | null, message: string) => void,
   ) {
     super(socket, ctx);
-    this.scatter = ctx.scatterRecv ? scatterNative : null;
-    this.segs = new Float64Array(this.scatter === null ? 0 : 3 * SCATTER_SEGS_MAX);
     this.directMin = this.scatter === null ? ctx.recvDirectMinBytes : 1;
     this.send({ type: 'hello', engineId: ctx.engineId, session: peer.session });
   }
@@ -113,7 +98,7 @@ export class ClientConn extends Conn {
 
   private chooseBuffer(): Uint8Array {
     if (this.closedWith !== null) return this.recvBuffer;
-    if (this.scatter !== null) this.drainScatter(this.scatter);
+    this.drainScatter();
     if (this.closedWith !== null) return this.recvBuffer;
     const pending = this.decoder.payloadPending;
     if (pending !== null) {
@@ -140,39 +125,17 @@ export class ClientConn extends Conn {
     return false;
   }
 
-  /**
-   * While a live READ's payload is next: readv as much of it as the socket holds, straight into its
-   * pages; the decoder and the READ's stream move past those bytes without looking at them.
-   * The kernel writes our pages only inside the call, and only for a READ still in `reads`.
-   */
-  private drainScatter(scatter: ScatterNative): void {
-    for (;;) {
-      if (this.closedWith !== null) return;
-      const pending = this.decoder.payloadPending;
-      if (pending === null) return;
-      const stream = this.reads.get(pending.reqId)?.stream;
-      const fd = socketFd(this.socket);
-      if (stream === undefined || fd < 0 || !continues(stream, pending)) return;
-      const { count, bytes } = stream.peekSegments(this.segs, SCATTER_SEGS_MAX, pending.left);
-      const n = scatter.scatterRead(fd, this.ctx.slabs, this.segs, count);
-      if (n === 0) return;
-      this.scatterReads++;
-      this.bytesIn += n;
-      const { head, at } = this.decoder.payloadInPlace(n);
-      this.landedInPlace(head, at, n);
-      if (n < bytes) return;
-    }
+  /** A live READ's stream (scatter receive reads only for these). */
+  protected liveStream(reqId: number): RangeStream | undefined {
+    return this.reads.get(reqId)?.stream;
   }
 
-  /** `n` bytes of a live READ's payload, `at` bytes into its frame, were read into their pages by readv. */
-  private landedInPlace(head: DataHead, at: number, n: number): void {
-    const r = this.reads.get(head.reqId);
-    assert(r !== undefined && continues(r.stream, { head, at }), 'scatter receive for a READ not in flight');
-    r.stream.skip(n);
-    this.bytesInPlace += n;
-    if (!r.stream.complete) return;
-    this.reads.delete(head.reqId);
-    this.done(head.reqId, null, '');
+  /** A live READ's payload arrived in place (readv): the READ completes with its last byte. */
+  protected landedInPlace(reqId: number): void {
+    const r = this.reads.get(reqId);
+    if (r === undefined || !r.stream.complete) return;
+    this.reads.delete(reqId);
+    this.done(reqId, null, '');
   }
 
   private flushDisarmWaiters(): void {

@@ -8,6 +8,10 @@
  *   JS); smaller segments arrive in a reused buffer and are copied (nic_tcp_client.ts).
  *   producer NIC (ClientConn) --hello, write, DATA...--> consumer NIC (ServerConn): grant check, writes
  *   into its slabs, then `done`: a WRITE completes only when the destination says the bytes are there.
+ *   A socket read copies what it holds into the pages; with scatter receive (drainScatter) the rest of
+ *   the payload still in the kernel is then read by readv straight into them.
+ *
+ * Scatter receive (the native addon, ctx.scatterRecv) is shared by both sides: see drainScatter.
  *
  * A malformed or unexpected frame closes the connection; every work request on it fails with a
  * typed error. Nothing is written for a denied request.
@@ -19,6 +23,7 @@ import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, wireSide } from '../core/ranges.ts';
 import { Sender } from './tcp_sender.ts';
 import type { ErrorCode } from '../../util/errors.ts';
+import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from './scatter_native.ts';
 
 const WRITES_MAX = 4096;
 const HELLO_TIMEOUT_MS = 5000;
@@ -30,12 +35,20 @@ export abstract class Conn implements FrameSink {
   protected closedWith: { code: ErrorCode; message: string } | null = null;
   /** Bytes received so far (a READ that saw none arrive since it was posted means a stalled connection). */
   protected bytesIn = 0;
+  /** Payload bytes the kernel wrote straight into their destination pages (never copied in JS). */
+  bytesInPlace = 0;
+  /** readv calls that moved bytes (scatter receive). */
+  scatterReads = 0;
+  protected readonly scatter: ScatterNative | null;
+  private readonly segs: Float64Array;
 
   constructor(
     readonly socket: net.Socket,
     protected readonly ctx: NicContext,
   ) {
     this.sender = new Sender(socket, ctx.slabs, ctx.dataFrameBytes);
+    this.scatter = ctx.scatterRecv ? scatterNative : null;
+    this.segs = new Float64Array(this.scatter === null ? 0 : 3 * SCATTER_SEGS_MAX);
     socket.setNoDelay(true);
     socket.on('data', (chunk: Buffer) => this.onChunk(chunk));
     socket.on('error', () => {});
@@ -58,6 +71,37 @@ export abstract class Conn implements FrameSink {
     }
   }
 
+  /**
+   * Scatter receive: while a live transfer's payload is next (a READ reply on a ClientConn, a WRITE's
+   * payload on a ServerConn) and its DATA head continues the transfer exactly, readv as much of it as the
+   * socket holds straight into its pages; the decoder and the transfer's stream move past those bytes
+   * without looking at them. The kernel writes our pages only inside the call, on this thread, for a
+   * transfer still live: never racing libuv's own reads (they run on this thread too) nor an abort.
+   */
+  protected drainScatter(): void {
+    const scatter = this.scatter;
+    if (scatter === null) return;
+    for (;;) {
+      if (this.closedWith !== null) return;
+      const pending = this.decoder.payloadPending;
+      if (pending === null) return;
+      const stream = this.liveStream(pending.reqId);
+      const fd = socketFd(this.socket);
+      if (stream === undefined || fd < 0 || !continues(stream, pending)) return;
+      const { count, bytes } = stream.peekSegments(this.segs, SCATTER_SEGS_MAX, pending.left);
+      const n = scatter.scatterRead(fd, this.ctx.slabs, this.segs, count);
+      if (n === 0) return;
+      this.scatterReads++;
+      this.ctx.count(COUNTER.scatterReads);
+      this.bytesIn += n;
+      this.bytesInPlace += n;
+      this.decoder.payloadInPlace(n);
+      stream.skip(n);
+      this.landedInPlace(pending.reqId);
+      if (n < bytes) return;
+    }
+  }
+
   destroy(code: ErrorCode, message: string): void {
     this.closedWith ??= { code, message };
     this.socket.destroy();
@@ -67,9 +111,18 @@ export abstract class Conn implements FrameSink {
     if (!this.socket.destroyed) this.socket.write(encodeFrame(f));
   }
 
+  /** The stream of a live transfer whose payload may be read in place, or undefined. */
+  protected abstract liveStream(reqId: number): RangeStream | undefined;
+  /** Bytes of `reqId`'s payload were read in place: finish it if that was its last byte. */
+  protected abstract landedInPlace(reqId: number): void;
   abstract frame(f: ControlFrame): void;
   abstract data(head: DataHead, piece: Uint8Array, pieceOffset: number): void;
   protected abstract onClosed(code: ErrorCode, message: string): void;
+}
+
+/** The DATA payload at `at` of `head` continues `stream` exactly and stays inside it (as expectPiece checks). */
+export function continues(stream: RangeStream, p: { head: DataHead; at: number }): boolean {
+  return p.head.streamOffset + p.at === stream.expected && p.head.streamOffset + p.head.length <= stream.total;
 }
 
 /** Checks that a DATA piece continues `stream` exactly. */
@@ -133,6 +186,12 @@ export class ServerConn extends Conn {
     }
   }
 
+  /** Bytes from the socket, then as much of a live WRITE's payload as the socket holds, read in place. */
+  override onChunk(chunk: Uint8Array): void {
+    super.onChunk(chunk);
+    this.drainScatter();
+  }
+
   data(head: DataHead, piece: Uint8Array, pieceOffset: number): void {
     const w = this.writes.get(head.reqId);
     if (w === undefined) throw new FrameError(`DATA for unknown write ${head.reqId}`);
@@ -143,11 +202,26 @@ export class ServerConn extends Conn {
         (this.ctx.slabs[slab] as Uint8Array).set(piece.subarray(at, at + seg), offset);
       });
     }
-    if (!w.stream.complete) return;
-    this.writes.delete(head.reqId);
+    this.finishWrite(head.reqId);
+  }
+
+  protected liveStream(reqId: number): RangeStream | undefined {
+    const w = this.writes.get(reqId);
+    return w === undefined || w.denied ? undefined : w.stream;
+  }
+
+  protected landedInPlace(reqId: number): void {
+    this.finishWrite(reqId);
+  }
+
+  /** A WRITE whose last byte arrived: forgotten, and answered `done` unless it was denied. */
+  private finishWrite(reqId: number): void {
+    const w = this.writes.get(reqId);
+    if (w === undefined || !w.stream.complete) return;
+    this.writes.delete(reqId);
     if (w.denied) return;
     this.ctx.count(COUNTER.writesAccepted);
-    this.send({ type: 'done', reqId: head.reqId });
+    this.send({ type: 'done', reqId });
   }
 
   private deny(reqId: number, reason: string): void {
