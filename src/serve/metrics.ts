@@ -189,6 +189,11 @@ function registerTransferMetrics(f: ScrapedFamilies): void {
     'data-plane connections closed for malformed frames',
     t((x) => x.badFrames),
   );
+  f.mirror(
+    'handoff_transfer_scatter_reads_total',
+    'tcp receives (readv) that put payload straight into KV pages',
+    t((x) => x.scatterReads),
+  );
 }
 
 /** READ latency on the decode side, drained from the engine at scrape time. */
