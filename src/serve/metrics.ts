@@ -123,77 +123,35 @@ function registerCheckerMetrics(f: ScrapedFamilies): void {
   );
 }
 
-/** The transfer engine's counters (0 without a connector). */
-function registerTransferMetrics(f: ScrapedFamilies): void {
-  const t =
-    (g: Read<TransferStats>) =>
-    (x: InstanceStatsSnapshot): number =>
-      x.transfer ? g(x.transfer) : 0;
-  f.mirror(
-    'handoff_transfer_bytes_read_total',
-    'bytes pulled by this engine with READs',
-    t((x) => x.bytesRead),
-  );
-  f.mirror(
-    'handoff_transfer_bytes_written_total',
-    'bytes pushed by this engine with WRITEs',
-    t((x) => x.bytesWritten),
-  );
-  f.mirror(
-    'handoff_transfer_reads_total',
-    'READ work requests posted',
-    t((x) => x.readsPosted),
-  );
-  f.mirror(
-    'handoff_transfer_read_failures_total',
-    'READ work requests that failed',
-    t((x) => x.readsFailed),
-  );
-  f.mirror(
-    'handoff_transfer_writes_total',
-    'WRITE work requests posted',
-    t((x) => x.writesPosted),
-  );
-  f.mirror(
-    'handoff_transfer_write_failures_total',
-    'WRITE work requests that failed',
-    t((x) => x.writesFailed),
-  );
-  f.mirror(
-    'handoff_transfer_grants_issued_total',
-    'grants issued for this engine pages',
-    t((x) => x.grantsIssued),
-  );
-  f.mirror(
-    'handoff_transfer_grants_refused_total',
-    'READs/WRITEs refused by this engine (GRANT_DENIED)',
-    t((x) => x.grantsRefused),
-  );
-  f.mirror(
-    'handoff_transfer_grants_expired_total',
-    'grants that expired unused',
-    t((x) => x.grantsExpired),
-  );
-  f.mirror(
+/** The transfer engine's counters: metric name, help, TransferStats field. */
+const TRANSFER_COUNTERS: ReadonlyArray<readonly [string, string, keyof TransferStats]> = [
+  ['handoff_transfer_bytes_read_total', 'bytes pulled by this engine with READs', 'bytesRead'],
+  ['handoff_transfer_bytes_written_total', 'bytes pushed by this engine with WRITEs', 'bytesWritten'],
+  ['handoff_transfer_reads_total', 'READ work requests posted', 'readsPosted'],
+  ['handoff_transfer_read_failures_total', 'READ work requests that failed', 'readsFailed'],
+  ['handoff_transfer_writes_total', 'WRITE work requests posted', 'writesPosted'],
+  ['handoff_transfer_write_failures_total', 'WRITE work requests that failed', 'writesFailed'],
+  ['handoff_transfer_grants_issued_total', 'grants issued for this engine pages', 'grantsIssued'],
+  ['handoff_transfer_grants_refused_total', 'READs/WRITEs refused by this engine (GRANT_DENIED)', 'grantsRefused'],
+  ['handoff_transfer_grants_expired_total', 'grants that expired unused', 'grantsExpired'],
+  [
     'handoff_transfer_releases_refused_total',
     'release/write_done notifications refused (wrong peer or grant token)',
-    t((x) => x.releasesRefused),
-  );
-  f.mirror(
-    'handoff_transfer_notifications_failed_total',
-    'side-channel notifications that failed',
-    t((x) => x.notificationsFailed),
-  );
-  f.mirror(
-    'handoff_transfer_bad_frames_total',
-    'data-plane connections closed for malformed frames',
-    t((x) => x.badFrames),
-  );
-  f.mirror(
+    'releasesRefused',
+  ],
+  ['handoff_transfer_notifications_failed_total', 'side-channel notifications that failed', 'notificationsFailed'],
+  ['handoff_transfer_bad_frames_total', 'data-plane connections closed for malformed frames', 'badFrames'],
+  [
     'handoff_transfer_scatter_reads_total',
     'tcp receives (readv) that put payload straight into KV pages',
-    t((x) => x.scatterReads),
-  );
+    'scatterReads',
+  ],
+];
+
+/** The transfer engine's counters (0 without a connector). */
+function registerTransferMetrics(f: ScrapedFamilies): void {
+  for (const [name, help, key] of TRANSFER_COUNTERS)
+    f.mirror(name, help, (x: InstanceStatsSnapshot): number => (x.transfer ? x.transfer[key] : 0));
 }
 
 /** READ latency on the decode side, drained from the engine at scrape time. */
