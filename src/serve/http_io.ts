@@ -13,6 +13,7 @@ export const REQUEST_ID_HEADER = 'x-request-id';
 /** Bound on a request body (a prompt of maxModelLen tokens as JSON is far below this). */
 export const MAX_BODY_BYTES = 4 << 20;
 const REQUEST_ID_RE = /^[A-Za-z0-9._:@-]{1,128}$/;
+const utf8Strict = new TextDecoder('utf-8', { fatal: true });
 
 /** Read the whole body (bounded) and parse it as a JSON object; BAD_REQUEST otherwise. */
 export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
@@ -24,7 +25,14 @@ export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYT
     if (total > maxBytes) throw new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
     chunks.push(b);
   }
-  const text = Buffer.concat(chunks).toString('utf8');
+  let text: string;
+  try {
+    text = utf8Strict.decode(Buffer.concat(chunks));
+  } catch (e) {
+    if (!(e instanceof TypeError)) throw e;
+    // JSON on the wire is UTF-8 (RFC 8259): a replacement character would silently change the prompt.
+    throw new HandoffError('BAD_REQUEST', 'request body is not valid UTF-8');
+  }
   let value: unknown;
   try {
     value = JSON.parse(text);

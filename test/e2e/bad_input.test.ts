@@ -79,7 +79,12 @@ after(async () => {
   for (const c of children) assert.ok(c.exited, `pid ${c.pid} exited`);
 });
 
-async function postRaw(url: string, path: string, body: string, headers: Record<string, string> = {}): Promise<Reply> {
+async function postRaw(
+  url: string,
+  path: string,
+  body: string | Uint8Array,
+  headers: Record<string, string> = {},
+): Promise<Reply> {
   const r = await fetch(`${url}${path}`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...headers },
@@ -202,6 +207,10 @@ test('HTTP: malformed JSON, wrong types, over-long prompts, max_tokens out of ra
       );
     }
   }
+  // Bytes that are not UTF-8 inside a JSON string: refused, not decoded to replacement characters.
+  const notUtf8 = Buffer.concat([Buffer.from('{"prompt": "a'), Buffer.from([0xff, 0xfe]), Buffer.from('b"}')]);
+  for (const server of [decode, prefill, proxy])
+    assertError(await postRaw(server.url, '/v1/completions', notUtf8), 400, 'BAD_REQUEST', 'a body that is not UTF-8');
   // A body over the 4 MiB limit: a 400 (or the server hangs up while we still send), and the connection
   // is closed, so the next request on this keep-alive client is not stuck behind the unread rest.
   const big = await postRaw(decode.url, '/v1/completions', JSON.stringify({ prompt: 'x'.repeat(5 << 20) })).catch(
