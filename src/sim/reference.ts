@@ -4,13 +4,13 @@
  * engines under test share can hide a bug on both sides). Batch and chunk invariance make this what
  * P/D must match, token for token and logit hash for logit hash; the engine-level colocated comparison
  * is `handoff ab` and the P/D pair tests. Results are memoised per (preset, model seed, prompt,
- * sampling), so seeds that share requests pay once.
+ * sampling), so seeds that share requests pay once; the model and pages are kept per pool size (rigFor).
  */
 import { assert } from '../util/assert.ts';
 import { presetKVGroups, type ModelPreset } from '../kv/presets.ts';
 import { makeKVCacheConfig } from '../kv/spec.ts';
 import { eosTokenIdOf } from '../model/config.ts';
-import { createModel } from '../model/model.ts';
+import { createModel, type Model } from '../model/model.ts';
 import type { SimRequestSpec } from './proxy.ts';
 
 export interface ReferenceResult {
@@ -20,6 +20,30 @@ export interface ReferenceResult {
 
 const memo = new Map<string, ReferenceResult>();
 const MEMO_MAX = 4096;
+
+/**
+ * The model and its pages for runAlone, kept per (preset, model seed, pool size): building a model (its
+ * layers' weight slices, scratch buffers that grow on first use) cost as much as a short request. The
+ * pool is a power of two of pages, at least what the request needs; the pages a run uses are zeroed
+ * before it, so every run still starts from fresh, zeroed pages.
+ */
+const rigs = new Map<string, { model: Model; slabs: Uint8Array[]; pageBytes: number }>();
+const RIGS_MAX = 16;
+
+function rigFor(preset: ModelPreset, modelSeed: number, pagesUsed: number) {
+  const numBlocks = Math.max(8, 2 ** Math.ceil(Math.log2(pagesUsed)));
+  const key = `${preset}:${modelSeed}:${numBlocks}`;
+  let rig = rigs.get(key);
+  if (rig === undefined) {
+    const kvConfig = makeKVCacheConfig(presetKVGroups(preset), numBlocks);
+    const slabs = Array.from({ length: kvConfig.numSlabs }, () => new Uint8Array(numBlocks * kvConfig.pageBytes));
+    rig = { model: createModel(preset, modelSeed, kvConfig), slabs, pageBytes: kvConfig.pageBytes };
+    if (rigs.size >= RIGS_MAX) rigs.clear();
+    rigs.set(key, rig);
+  }
+  for (const s of rig.slabs) s.fill(0, 0, pagesUsed * rig.pageBytes);
+  return rig;
+}
 
 function keyOf(preset: ModelPreset, modelSeed: number, r: SimRequestSpec): string {
   return JSON.stringify([preset, modelSeed, r.promptTokenIds, r.sampling]);
@@ -41,12 +65,7 @@ function runAlone(preset: ModelPreset, modelSeed: number, r: SimRequestSpec): Re
     const pages = g.spec.type === 'mamba' ? 1 : Math.ceil(longest / g.spec.blockSize);
     tables.push(Array.from({ length: pages }, () => next++));
   }
-  const kvConfig = makeKVCacheConfig(groups, next);
-  const model = createModel(preset, modelSeed, kvConfig);
-  const slabs = Array.from(
-    { length: kvConfig.numSlabs },
-    () => new Uint8Array(kvConfig.numBlocks * kvConfig.pageBytes),
-  );
+  const { model, slabs } = rigFor(preset, modelSeed, next);
   const s = r.sampling;
   const stops = new Set(s.stopTokenIds ?? []);
   const out: ReferenceResult = { tokenIds: [], logitsHashes: [] };
