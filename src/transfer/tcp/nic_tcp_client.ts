@@ -97,8 +97,7 @@ export class ClientConn extends Conn {
   }
 
   private chooseBuffer(): Uint8Array {
-    if (this.closedWith !== null) return this.recvBuffer;
-    this.drainScatter();
+    this.drainScatter(); // may close the connection, or finish a READ
     if (this.closedWith !== null) return this.recvBuffer;
     const pending = this.decoder.payloadPending;
     if (pending !== null) {
