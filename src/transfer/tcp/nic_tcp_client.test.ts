@@ -12,6 +12,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import fc from 'fast-check';
+import { assertLanded, shuffledPages, until } from './receive_testkit.ts';
 import { ClientConn } from './nic_tcp_client.ts';
 import { FrameDecoder, encodeDataHeader, encodeFrame, type ControlFrame } from './frame.ts';
 import { packRanges, coalescePacked } from '../core/ranges.ts';
@@ -103,31 +104,7 @@ function streamOf(f: Extract<ControlFrame, { ranges: Float64Array }>, source: Ui
   return Buffer.concat(parts);
 }
 
-const until = async (cond: () => boolean, ms = 5000): Promise<void> => {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    assert.ok(Date.now() < end, 'condition not met in time');
-    await new Promise((r) => setTimeout(r, 2));
-  }
-};
-
-const mapping = fc
-  .record({
-    pages: fc.integer({ min: 1, max: 24 }),
-    seed: fc.integer(),
-    runMax: fc.integer({ min: 1, max: 8 }),
-  })
-  .map(({ pages, seed, runMax }) => {
-    // Remote page i+1 -> a local page; runs of up to runMax pages stay contiguous (coalescable).
-    const local = Array.from({ length: pages }, (_, i) => i + 1);
-    let x = seed >>> 0;
-    for (let i = local.length - 1; i > 0; i -= 1 + (x % runMax)) {
-      x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-      const j = x % (i + 1);
-      [local[i], local[j]] = [local[j] as number, local[i] as number];
-    }
-    return local.map((l, i) => ({ slab: i % 2, remoteOffset: (i + 1) * PAGE, localOffset: l * PAGE, length: PAGE }));
-  });
+const mapping = shuffledPages(PAGE, 24, 8, 'local');
 
 test('READ receive: any mapping, frame size, chunking and threshold lands every byte once; big segments in place', async () => {
   const source = [0, 1].map((s) =>
@@ -173,13 +150,7 @@ test('READ receive: any mapping, frame size, chunking and threshold lands every 
           conn.post(workRequest(7, ranges));
           await until(() => completions.length > 0, 30_000);
           assert.deepEqual(completions, [{ wrId: 7, code: null }]);
-          const want = [0, 1].map(() => new Uint8Array(26 * PAGE).fill(SENTINEL));
-          for (const r of ranges)
-            (want[r.slab] as Uint8Array).set(
-              (source[r.slab] as Uint8Array).subarray(r.remoteOffset, r.remoteOffset + r.length),
-              r.localOffset,
-            );
-          slabs.forEach((s, i) => assert.ok(Buffer.compare(s, want[i] as Uint8Array) === 0, `slab ${i} differs`));
+          assertLanded(slabs, source, ranges, 'local', SENTINEL);
           const total = ranges.length * PAGE;
           if (threshold === 1 || scatter) assert.equal(conn.bytesInPlace, total, 'every byte read in place');
           else if (threshold === 1 << 30) assert.equal(conn.bytesInPlace, 0, 'no segment reaches the threshold');
