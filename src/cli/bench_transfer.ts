@@ -21,9 +21,9 @@ const out = (s: string): void => void process.stdout.write(`${s}\n`);
 
 /** How the tcp backend receives a READ here (HANDOFF_NATIVE=off measures the path without the addon). */
 export function tcpReceiveLine(): string {
-  return scatterNative !== null
+  return scatterNative() !== null
     ? 'tcp receive: readv straight into the pages (native addon)'
-    : `tcp receive: one read per segment >= 64 KiB, else a copy (no native addon: ${scatterNativeStatus})`;
+    : `tcp receive: one read per segment >= 64 KiB, else a copy (no native addon: ${scatterNativeStatus()})`;
 }
 
 function int(name: string, v: unknown, min: number, max: number): number {

@@ -14,6 +14,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
+import { holdingLoopOpen } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkGeometry, deviceRanks } from './page_ops.ts';
 import type { RaceChecker } from './race/race_checker.ts';
@@ -188,8 +189,7 @@ class ThreadedDevice implements Device, DeviceTimeline {
     this.die('device closed');
     // The idle thread is unref'd; a terminate awaited on it alone would let the event loop empty first
     // (the process then exits 13 with the caller's promise unsettled, e.g. before an error is printed).
-    for (const w of this.workers) w.ref();
-    await Promise.all(this.workers.map((w) => w.terminate()));
+    await holdingLoopOpen(Promise.all(this.workers.map((w) => w.terminate())));
   }
 
   private die(reason: string): void {

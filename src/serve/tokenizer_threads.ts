@@ -14,6 +14,7 @@
 import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
+import { holdingLoopOpen } from '../util/env.ts';
 import { encode } from '../model/tokenizer.ts';
 
 export interface ToTokenizerThread {
@@ -132,7 +133,7 @@ export class TokenizerThreads {
       for (const w of t.pending.values()) w.reject(new HandoffError('OVERLOADED', 'the server is shutting down'));
       t.pending.clear();
     }
-    await Promise.all(threads.map((t) => t.worker.terminate()));
+    await holdingLoopOpen(Promise.all(threads.map((t) => t.worker.terminate())));
   }
 
   /** An idle thread, else a new one (up to threadsMax), else the least loaded. */

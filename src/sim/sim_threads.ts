@@ -11,6 +11,7 @@
 import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError, type ErrorCode } from '../util/errors.ts';
+import { holdingLoopOpen } from '../util/env.ts';
 import type { SeedOptions, SeedResult } from './run_sim.ts';
 
 export interface ToSimThread {
@@ -81,6 +82,6 @@ export class SimThreads {
   }
 
   async close(): Promise<void> {
-    await Promise.all(this.threads.map((t) => t.worker.terminate()));
+    await holdingLoopOpen(Promise.all(this.threads.map((t) => t.worker.terminate())));
   }
 }

@@ -23,7 +23,7 @@ import type { ErrorCode } from '../../util/errors.ts';
 import { scatterNative } from './scatter_native.ts';
 
 /** Scatter receive is tested whenever the addon is built (scatter_native.test.ts fails when it is not). */
-const SCATTER_CASES = scatterNative === null ? [false] : [false, true];
+const SCATTER_CASES = scatterNative() === null ? [false] : [false, true];
 
 const PAGE = 4096;
 const SENTINEL = 0xee;

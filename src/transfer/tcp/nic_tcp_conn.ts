@@ -47,7 +47,7 @@ export abstract class Conn implements FrameSink {
     protected readonly ctx: NicContext,
   ) {
     this.sender = new Sender(socket, ctx.slabs, ctx.dataFrameBytes);
-    this.scatter = ctx.scatterRecv ? scatterNative : null;
+    this.scatter = ctx.scatterRecv ? scatterNative() : null;
     this.segs = new Float64Array(this.scatter === null ? 0 : 3 * SCATTER_SEGS_MAX);
     socket.setNoDelay(true);
     socket.on('data', (chunk: Buffer) => this.onChunk(chunk));

@@ -19,7 +19,7 @@ import { scatterNative } from './scatter_native.ts';
 const PAGE = 4096;
 const SENTINEL = 0xee;
 const SESSION = 'cd'.repeat(16);
-const SCATTER_CASES = scatterNative === null ? [false] : [false, true];
+const SCATTER_CASES = scatterNative() === null ? [false] : [false, true];
 
 function ctxFor(slabs: Uint8Array[], scatterRecv: boolean): NicContext {
   return {

@@ -12,10 +12,10 @@ import { SCATTER_SEGS_MAX, scatterNative, scatterNativeStatus, socketFd } from '
 const off = process.env.HANDOFF_NATIVE === 'off';
 
 test('native addon: built by npm ci (scripts/build_native.mjs) unless HANDOFF_NATIVE=off', () => {
-  if (off) return assert.equal(scatterNative, null);
+  if (off) return assert.equal(scatterNative(), null);
   assert.ok(
-    scatterNative !== null,
-    `native addon not loaded: ${scatterNativeStatus} (run: node scripts/build_native.mjs)`,
+    scatterNative() !== null,
+    `native addon not loaded: ${scatterNativeStatus()} (run: node scripts/build_native.mjs)`,
   );
 });
 
@@ -45,7 +45,7 @@ test(
   'scatterRead: bytes land in the segments in order, nothing else is written; 0 when nothing waits',
   { skip: off },
   async () => {
-    const native = scatterNative;
+    const native = scatterNative();
     assert.ok(native !== null);
     const { client, fd, close } = await pair();
     try {
@@ -77,7 +77,7 @@ test(
 );
 
 test('scatterRead: a segment outside its slab or bad arguments throw before any read', { skip: off }, async () => {
-  const native = scatterNative;
+  const native = scatterNative();
   assert.ok(native !== null);
   const { client, fd, close } = await pair();
   try {

@@ -25,11 +25,21 @@ function load(): { native: ScatterNative | null; why: string } {
   }
 }
 
-const loaded = load();
+let loaded: { native: ScatterNative | null; why: string } | null = null;
 
-/** The addon, or null (and why: scatterNativeStatus). */
-export const scatterNative: ScatterNative | null = loaded.native;
-export const scatterNativeStatus: string = loaded.why;
+/**
+ * The addon, or null (scatterNativeStatus says why). Loaded on first use, so only threads that receive
+ * on tcp (the NIC threads) load it.
+ */
+export function scatterNative(): ScatterNative | null {
+  loaded ??= load();
+  return loaded.native;
+}
+
+export function scatterNativeStatus(): string {
+  loaded ??= load();
+  return loaded.why;
+}
 
 /** The descriptor of a connected socket on this platform, or -1 (no scatter receive on it). */
 export function socketFd(socket: net.Socket): number {

@@ -140,7 +140,7 @@ describe('tcp backend: scatter receive (readv into the pages)', () => {
     [5, 4],
     [7, 0],
   ];
-  for (const scatterRecv of scatterNative === null ? [false] : [true, false])
+  for (const scatterRecv of scatterNative() === null ? [false] : [true, false])
     test(`READ and WRITE of scattered pages land exactly${scatterRecv ? ', read in place by readv' : ' (no scatter receive)'}`, async () => {
       const [P, D] = await Promise.all([
         makeNode('tcp', 21, { engineId: 'sP', scatterRecv }),
