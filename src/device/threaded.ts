@@ -70,7 +70,9 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
   const settled = await Promise.allSettled(started);
   const failed = settled.find((r) => r.status === 'rejected');
   if (failed !== undefined) {
-    await Promise.all(settled.map((r) => (r.status === 'fulfilled' ? r.value.worker.terminate() : undefined)));
+    await holdingLoopOpen(
+      Promise.all(settled.map((r) => (r.status === 'fulfilled' ? r.value.worker.terminate() : undefined))),
+    );
     throw failed.reason;
   }
   const threads = settled.map((r) => (r as PromiseFulfilledResult<RankThread>).value);
@@ -100,7 +102,7 @@ async function startThread(init: ThreadInit): Promise<Worker> {
   try {
     await started;
   } catch (err) {
-    await worker.terminate();
+    await holdingLoopOpen(worker.terminate());
     throw err;
   } finally {
     // Only our own listeners: the Worker keeps internal ones that must stay.

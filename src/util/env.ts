@@ -187,9 +187,10 @@ export class SimEnv implements Env {
 
 /**
  * Await `p` while holding the event loop open. For promises settled by something that holds no ref on
- * the loop: Worker.terminate() settles on the worker's exit, but an exiting worker keeps the loop open
- * neither ref'd nor not, and a caller awaiting only that saw its loop end first (node exits 13, a test
- * fails "still pending"; the simulator's stop-at-first-failure run did so about 1 time in 4).
+ * the loop: Worker.terminate() settles on the worker's exit, but a terminating worker no longer holds
+ * the loop open (even after ref()), so a caller awaiting only that could see its loop end first (node
+ * exits 13, a test fails "still pending"; the simulator's stop-at-first-failure run with two threads
+ * did so about 1 time in 4).
  */
 export async function holdingLoopOpen<T>(p: Promise<T>): Promise<T> {
   const hold = setInterval(() => {}, 1 << 30);

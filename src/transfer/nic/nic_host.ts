@@ -8,6 +8,7 @@
 import { MessageChannel, Worker, type MessagePort, type Transferable } from 'node:worker_threads';
 import { assert } from '../../util/assert.ts';
 import { HandoffError, listenFailed, type ErrorCode } from '../../util/errors.ts';
+import { holdingLoopOpen } from '../../util/env.ts';
 import {
   COUNTER,
   COUNTER_INTS,
@@ -246,7 +247,7 @@ export class NicHost implements Nic {
       this.control.postMessage({ t: 'close' } satisfies NicCommand);
       await closed;
       this.worker.removeAllListeners('error');
-      await this.worker.terminate();
+      await holdingLoopOpen(this.worker.terminate());
       this.control.close();
     })();
     return this.closing;
