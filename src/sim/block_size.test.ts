@@ -16,7 +16,7 @@ import { MICRO_PRESETS, type ModelPreset } from '../kv/presets.ts';
 import { runSim } from './run_sim.ts';
 import { buildScenario, HETERO_PAIRINGS } from './scenarios.ts';
 import { SimWorld } from './world.ts';
-import { emptyLoadTally, runAndTally } from './load_tally.ts';
+import { tallyWorlds } from './load_tally.ts';
 
 for (const blockSize of [8, 32]) {
   test(`block size ${blockSize}: 1p1d, 1p1d-write and prefix-hit pass every oracle; zero-mamba-only is caught`, async () => {
@@ -77,20 +77,15 @@ for (const model of MICRO_PRESETS) {
 }
 
 /** Runs hetero-block seeds and sums what decode's connector and scheduler counted. */
-async function loads(model: ModelPreset, prefillBlockSize: number, decodeBlockSize: number, seeds: number[]) {
-  const sum = emptyLoadTally();
-  for (const seed of seeds) {
-    const w = await SimWorld.create({
-      scenario: 'hetero-block',
-      preset: model,
-      seed,
-      strategy: 'random',
-      prefillBlockSize,
-      decodeBlockSize,
-    });
-    await runAndTally(w, sum);
-  }
-  return sum;
+function loads(model: ModelPreset, prefillBlockSize: number, decodeBlockSize: number, seeds: number[]) {
+  return tallyWorlds(seeds, (seed) => ({
+    scenario: 'hetero-block',
+    preset: model,
+    seed,
+    strategy: 'random',
+    prefillBlockSize,
+    decodeBlockSize,
+  }));
 }
 
 test("hetero: the KV really moves across sizes (READs and WRITEs, none fails); decode pages larger than prefill's get their tails zeroed, smaller ones none", async () => {

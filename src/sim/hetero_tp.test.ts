@@ -12,8 +12,7 @@ import assert from 'node:assert/strict';
 import { MICRO_PRESETS, kvTwin, type ModelPreset } from '../kv/presets.ts';
 import { runSim } from './run_sim.ts';
 import { buildScenario, HETERO_TP_PAIRINGS, TP_BLOCK_PAIRINGS } from './scenarios.ts';
-import { SimWorld } from './world.ts';
-import { emptyLoadTally, runAndTally } from './load_tally.ts';
+import { tallyWorlds } from './load_tally.ts';
 
 const SIZES = [8, 16, 32];
 const DEGREES = [1, 2];
@@ -54,9 +53,10 @@ for (const model of MICRO_PRESETS) {
 
 /** Runs hetero-tp seeds and sums what the connectors and decode's scheduler counted. */
 async function loads(model: ModelPreset, tp: [number, number], sizes: [number, number], seeds: number[]) {
-  const sum = { ...emptyLoadTally(), ranks: 0 };
-  for (const seed of seeds) {
-    const w = await SimWorld.create({
+  let ranks = 0;
+  const sum = await tallyWorlds(
+    seeds,
+    (seed) => ({
       scenario: 'hetero-tp',
       preset: model,
       seed,
@@ -66,11 +66,10 @@ async function loads(model: ModelPreset, tp: [number, number], sizes: [number, n
       decodeTp: tp[1],
       prefillBlockSize: sizes[0],
       decodeBlockSize: sizes[1],
-    });
-    await runAndTally(w, sum);
-    sum.ranks = w.D.kvConfig.tensorParallelSize;
-  }
-  return sum;
+    }),
+    (w) => (ranks = w.D.kvConfig.tensorParallelSize),
+  );
+  return { ...sum, ranks };
 }
 
 test('hetero-tp: the KV really moves between degrees (READs and WRITEs, none fails); larger decode pages get their tails zeroed', async () => {

@@ -5,7 +5,7 @@
  */
 import type { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
 import { judgeEnd } from './oracles.ts';
-import type { SimWorld } from './world.ts';
+import { SimWorld, type WorldOptions } from './world.ts';
 
 export interface LoadTally {
   violations: number;
@@ -15,19 +15,28 @@ export interface LoadTally {
   tails: number;
 }
 
-export function emptyLoadTally(): LoadTally {
-  return { violations: 0, reads: 0, writes: 0, failed: 0, tails: 0 };
-}
-
-/** Run `w` to its end, judge it, shut it down, and add what it counted to `sum`. */
-export async function runAndTally(w: SimWorld, sum: LoadTally): Promise<void> {
-  await w.run();
-  await judgeEnd(w);
-  await w.shutdown();
-  const worker = w.D.engine.connector?.worker as OneSidedConnectorWorker;
-  sum.violations += w.violations.length;
-  sum.reads += worker.reads.stats.readsPosted;
-  sum.writes += (w.P.engine.connector?.worker as OneSidedConnectorWorker).saves.stats.writesPosted;
-  sum.failed += w.D.engine.scheduler.stats.loadFailures;
-  sum.tails += worker.reads.stats.tailsZeroed + worker.recvs.stats.tailsZeroed;
+/**
+ * Create, run, judge and shut down one world per seed (options from `optionsOf(seed)`), summing what each
+ * counted; `onWorld` sees each world once it is over.
+ */
+export async function tallyWorlds(
+  seeds: readonly number[],
+  optionsOf: (seed: number) => WorldOptions,
+  onWorld: (w: SimWorld) => void = () => {},
+): Promise<LoadTally> {
+  const sum: LoadTally = { violations: 0, reads: 0, writes: 0, failed: 0, tails: 0 };
+  for (const seed of seeds) {
+    const w = await SimWorld.create(optionsOf(seed));
+    await w.run();
+    await judgeEnd(w);
+    await w.shutdown();
+    const worker = w.D.engine.connector?.worker as OneSidedConnectorWorker;
+    sum.violations += w.violations.length;
+    sum.reads += worker.reads.stats.readsPosted;
+    sum.writes += (w.P.engine.connector?.worker as OneSidedConnectorWorker).saves.stats.writesPosted;
+    sum.failed += w.D.engine.scheduler.stats.loadFailures;
+    sum.tails += worker.reads.stats.tailsZeroed + worker.recvs.stats.tailsZeroed;
+    onWorld(w);
+  }
+  return sum;
 }
