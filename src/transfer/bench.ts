@@ -281,9 +281,10 @@ export class BenchRig {
         const t = await timeMs(env, (series[i] as Baseline).run);
         if (i === 0) this.verify(ranges);
         else if (round === 0) this.verifyBaseline(ranges, bytes);
-        if (timed) ms[i]?.push(t);
-        if (timed) spent += t;
-        else warmSpent += t;
+        if (timed) {
+          ms[i]?.push(t);
+          spent += t;
+        } else warmSpent += t;
       }
       if (!timed) warm++;
     }
