@@ -14,6 +14,7 @@ import OpenAI from 'openai';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
 import { serveArgs } from '../../src/cli/cluster.ts';
+import { scatterNative } from '../../src/transfer/tcp/scatter_native.ts';
 
 const env = new RealEnv(5);
 const NUM_BLOCKS = 256;
@@ -217,6 +218,9 @@ test('/metrics parses; transfers counted; free pages return to the start value o
     if (metric(p!, 'handoff_kv_free_pages') === pages && metric(d!, 'handoff_kv_free_pages') === pages) {
       assert.ok(metric(d!, 'handoff_transfer_bytes_read_total') > 0, 'decode pulled bytes');
       assert.ok(metric(d!, 'handoff_transfer_reads_total') > 0);
+      // The decode server's NIC read the READ replies straight into its pages (readv), unless the addon is off.
+      if (scatterNative() !== null) assert.ok(metric(d!, 'handoff_transfer_scatter_reads_total') > 0, 'scatter reads');
+      else assert.equal(metric(d!, 'handoff_transfer_scatter_reads_total'), 0);
       assert.ok(metric(d!, 'handoff_kv_read_seconds_count') > 0, 'READ latency observed');
       assert.equal(metric(p!, 'handoff_transfer_grants_refused_total'), 0);
       assert.equal(metric(d!, 'handoff_kv_load_failures_total'), 0, 'every READ loaded across block sizes');
