@@ -142,6 +142,10 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     await this.reads.settleLateReads(so.step);
     this.saves.startReadySaves();
     const recv = this.recvs.collect(so.step);
+    // With async scheduling the tails' zeroing sits behind the next step's forward, past what the free
+    // fence covers (it waits for steps): the pages could be freed at this step's update and handed to
+    // another WRITE that lands before the zeroing. Report the loads once it has run.
+    if (recv.tailsZeroed !== null) await recv.tailsZeroed;
     const finishedSending = [...this.producer.takeFinished(), ...this.saves.takeFinished(), ...recv.releasedAborted];
     return { ...emptyConnectorOutput(), finishedSending, finishedRecving: recv.finishedRecving, ...recv.loads };
   }

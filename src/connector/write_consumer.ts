@@ -144,22 +144,30 @@ export class WriteConsumer {
    * Loads past their deadline (vLLM's get_block_ids_with_load_errors), then what finished. A finished
    * load's clipped tails are zeroed now, on the compute stream: after write_done told us the data is
    * visible (the WRITE landed), before any forward of the request (it runs only once we report it).
+   * `tailsZeroed` settles when that zeroing has run: the caller waits for it before reporting (see
+   * OneSidedWorker.postForward), so no page it zeroes is freed and handed to another WRITE first.
    */
-  collect(step?: number): { finishedRecving: string[]; releasedAborted: string[]; loads: LoadFailures } {
+  collect(step?: number): {
+    finishedRecving: string[];
+    releasedAborted: string[];
+    loads: LoadFailures;
+    tailsZeroed: Promise<unknown> | null;
+  } {
     const loads: LoadFailures = { failedLoadReqIds: [], invalidBlockIds: [], loadErrors: {} };
     const now = this.ctx.env.nowMs();
     const finished = this.recvs.take('done');
     const tails = finished.flatMap(([, t]) => t.tails);
+    let tailsZeroed: Promise<unknown> | null = null;
     if (tails.length > 0 && this.ctx.mutations.zeroClippedTails) {
       this.stats.tailsZeroed += new Set(tails.map((s) => s.block)).size;
-      this.ctx.device.compute.enqueue({
+      tailsZeroed = this.ctx.device.compute.enqueue({
         op: { kind: 'zero-spans', spans: tails },
         label: {
           what: 'zero-tail',
           requestIds: finished.map(([, t]) => t.requestId),
           ...(step !== undefined ? { step } : {}),
         },
-      });
+      }).done;
     }
     const done = finished.map(([, t]) => t.requestId);
     const releasedAborted = [...this.releaseNow, ...this.recvs.take('aborted-released').map(([, t]) => t.requestId)];
@@ -181,6 +189,6 @@ export class WriteConsumer {
     }
     this.recvs.take('expired');
     releasedAborted.push(...this.recvs.take('aborted-released').map(([, t]) => t.requestId));
-    return { finishedRecving: done, releasedAborted, loads };
+    return { finishedRecving: done, releasedAborted, loads, tailsZeroed };
   }
 }

@@ -128,3 +128,18 @@ test('hetero-block: the pairing is drawn from the seed among the unequal ones un
   assert.deepEqual([c.prefill.numBlocks, c.decode.numBlocks], [1 + 126, 1 + 32]);
   assert.equal(buildScenario('hetero-block', 'hybrid-micro', 1).mode, 'read', 'WRITE needs a model without Mamba');
 });
+
+test('tight-write with clipped tails (P 4 / D 32, pct): the WRITE tails are zeroed before their pages can be freed', async () => {
+  // Seed 800034 broke I1 before: a request's load finished, its tails' zeroing was queued behind the
+  // next step's forward, the request was aborted and its pages freed once that step was processed,
+  // handed to the next request, and zeroed after that request's WRITE had landed.
+  const r = await runSim({
+    scenario: 'tight-write',
+    strategy: 'pct',
+    seed: 800_000,
+    seeds: 40,
+    prefillBlockSize: 4,
+    decodeBlockSize: 32,
+  });
+  assert.equal(r.firstFailingSeed, null, r.violations[0]?.message ?? '');
+});
