@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # CI's simulator sweep: every scenario x {random, pct} with SIM_CI_SCHEDULES schedules in all (default
-# 10000, split evenly over the pairs) on one pool of seed threads, one per core. Fails when any run
-# reports a violation; prints one line per run and the totals (schedules, distinct, wall time, rate).
+# 10000, split evenly over the pairs) on one pool of seed threads, one per core; then every pair again
+# with prefill pages of 4 tokens and decode pages of 32 (clipped tails in every scenario, READ and WRITE),
+# SIM_CI_HETERO_SCHEDULES in all (default 2800), from seed 800000. Fails when any run reports a
+# violation; prints one line per run and the totals (schedules, distinct, wall time, rate) of each sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 total="${SIM_CI_SCHEDULES:-10000}"
+hetero="${SIM_CI_HETERO_SCHEDULES:-2800}"
 pairs=$(node --import tsx -e "import('./src/sim/scenarios.ts').then(m => console.log(m.SCENARIOS.length * 2))")
-exec node bin/handoff.mjs sim --scenario all --strategy random,pct --seeds $(( (total + pairs - 1) / pairs ))
+node bin/handoff.mjs sim --scenario all --strategy random,pct --seeds $(( (total + pairs - 1) / pairs ))
+node bin/handoff.mjs sim --scenario all --strategy random,pct --seed 800000 --seeds $(( (hetero + pairs - 1) / pairs )) \
+  --prefill-block-size 4 --decode-block-size 32

@@ -49,7 +49,7 @@ export interface LocalEndpoint {
   port: number;
 }
 
-type SideState = 'held' | 'async-loading';
+type SideState = 'held' | 'expiring' | 'async-loading';
 interface SideTransfer {
   state: SideState;
   transferId: string;
@@ -72,16 +72,18 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   private reqsNeedSave = new Map<string, SaveReqMeta>();
   /**
    * Per request, the transfer this side tracks across steps: `held` (producer: pages lent to a peer
-   * until released or the lease ends) or `async-loading` (WRITE consumer: the producer may still write).
-   * Both end by removal: release/lease/finish of the load.
+   * until released or the lease ends), `expiring` (WRITE producer: the lease ended, the pages wait for the
+   * worker to say no push of them runs) or `async-loading` (WRITE consumer: the producer may still write).
+   * All end by removal: release/lease/finish of the load.
    */
   private readonly transfers = new TransferTable<SideState, SideTransfer>(
     'connector scheduler',
-    { held: [], 'async-loading': [] },
+    { held: [], expiring: [], 'async-loading': [] },
     1 << 20,
   );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
+  private expiringSaves: Record<string, string> = {};
   stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
 
   constructor(
@@ -283,6 +285,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     for (const [requestId, h] of this.transfers.inState('held')) meta.sendTransfers[h.transferId] = requestId;
     meta.expiredTransfers = this.expired;
     this.expired = [];
+    meta.expiringSaves = this.expiringSaves;
+    this.expiringSaves = {};
     meta.abortedRecvs = this.abortedRecvs;
     this.abortedRecvs = [];
     this.reqsNeedRecv = new Map();
@@ -394,17 +398,26 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       if (this.transfers.get(id)?.state === 'async-loading') this.transfers.delete(id);
     }
     if (!this.isProducer) return out;
-    const finishedSending = out.finishedSending.filter(
-      (id) => this.transfers.get(id)?.state === 'held' && this.transfers.delete(id),
-    );
+    const finishedSending = out.finishedSending.filter((id) => {
+      const state = this.transfers.get(id)?.state;
+      return (state === 'held' || state === 'expiring') && this.transfers.delete(id);
+    });
     const now = this.env.nowMs();
     for (const [requestId, h] of this.transfers.inState('held')) {
       if (h.deadlineMs > now) continue;
+      this.expired.push(h.transferId);
+      this.stats.leasesExpired++;
+      if (this.config.mode === 'write') {
+        // The worker may be pushing from these pages (it learns of the expiry next step): they are freed
+        // once it reports them (WriteProducer.expire).
+        this.transfers.drop(requestId);
+        this.transfers.add(requestId, { ...h, state: 'expiring' });
+        this.expiringSaves[h.transferId] = requestId;
+        continue;
+      }
       // Lease over and no release: free the pages; the grant dies with them.
       this.transfers.delete(requestId);
       this.grants?.revokeGrant(h.transferId);
-      this.expired.push(h.transferId);
-      this.stats.leasesExpired++;
       finishedSending.push(requestId);
     }
     return { ...emptyConnectorOutput(), ...out, finishedSending };
@@ -417,6 +430,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       this.reqsNeedNotify.size > 0 ||
       this.reqsNeedSave.size > 0 ||
       this.expired.length > 0 ||
+      Object.keys(this.expiringSaves).length > 0 ||
       this.abortedRecvs.length > 0
     );
   }

@@ -127,6 +127,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private bindConnectorMetadata(meta: OneSidedMetadata): void {
     this.producer.bind(meta.sendTransfers, meta.expiredTransfers);
     for (const s of meta.reqsToSave) this.saves.save(s);
+    this.saves.expire(meta.expiringSaves);
     this.saves.prune(meta.sendTransfers);
     for (const a of meta.abortedRecvs) this.recvs.aborted(a.transferId, a.requestId);
     for (const n of meta.reqsToNotify) this.recvs.notifyRemoteBlocks(n);

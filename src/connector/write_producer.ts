@@ -46,6 +46,8 @@ export const ORPHAN_DESTINATIONS_MAX = 1024;
 export class WriteProducer {
   private readonly saves = new TransferTable<SaveState, SaveTransfer>('WRITE producer', SAVE_TRANSITIONS, 1 << 16);
   stats = { writesPosted: 0 };
+  /** Requests of expired leases with no push under way (expire), reported by takeFinished. */
+  private expired: string[] = [];
 
   constructor(
     private readonly ctx: WorkerContext,
@@ -71,6 +73,19 @@ export class WriteProducer {
   prune(held: Record<string, string>): void {
     for (const [transferId] of this.saves.inState('awaiting-destination'))
       if (held[transferId] === undefined) this.saves.drop(transferId);
+  }
+
+  /**
+   * Leases that ended (transfer id → request id): a save not being pushed is dropped and its request
+   * reported (takeFinished) so the scheduler frees its pages; a push under way is reported when it ends.
+   */
+  expire(expiring: Record<string, string>): void {
+    for (const [transferId, requestId] of Object.entries(expiring)) {
+      const state = this.saves.get(transferId)?.state;
+      if (state === 'pushing' || state === 'pushed') continue;
+      if (state !== undefined) this.saves.drop(transferId);
+      this.expired.push(requestId);
+    }
   }
 
   /** Decode released the transfer without telling us where to write (it will never load): drop its save. */
@@ -102,7 +117,9 @@ export class WriteProducer {
 
   /** Requests whose pages were pushed (or whose push failed): they may be freed. */
   takeFinished(): string[] {
-    return this.saves.take('pushed').map(([, t]) => (t.save as SaveReqMeta).requestId);
+    const expired = this.expired;
+    this.expired = [];
+    return [...expired, ...this.saves.take('pushed').map(([, t]) => (t.save as SaveReqMeta).requestId)];
   }
 
   private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {

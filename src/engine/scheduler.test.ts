@@ -118,6 +118,37 @@ test('producer: pages held and granted until release; a lease that runs out free
   assert.ok(scheduler.isQuiescent());
 });
 
+test('WRITE producer: a lease that runs out frees the pages only once the worker reports no push of them runs', () => {
+  const { scheduler, kv, env } = makeScheduler({
+    numBlocks: 16,
+    connector: oneSided(
+      { role: 'producer', mode: 'write', leaseMs: 1000 },
+      { issueGrant: () => assert.fail('no grant in WRITE mode'), revokeGrant: () => {} },
+    ),
+  });
+  const r = makeRequest(40, 1, { do_remote_decode: true, transfer_id: 'W1' });
+  scheduler.addRequest(r);
+  const so = scheduler.schedule();
+  scheduler.updateFromOutput(so, fakeRun(so));
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'held for the decode side');
+  env.advanceTo(5000);
+  const so2 = scheduler.schedule();
+  scheduler.updateFromOutput(so2, fakeRun(so2));
+  // The worker learns of the expiry in the next step's metadata; it may be pushing from the pages already.
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'not freed while the worker may push from them');
+  assert.ok(!scheduler.isQuiescent(), 'the expiry is pending work: steps go on until the worker reports');
+  const so3 = scheduler.schedule();
+  const meta = so3.kvConnectorMetadata as { expiredTransfers: string[]; expiringSaves: Record<string, string> };
+  assert.deepEqual(meta.expiredTransfers, ['W1']);
+  assert.deepEqual(meta.expiringSaves, { W1: r.requestId }, 'the worker is told which request to report');
+  scheduler.updateFromOutput(so3, fakeRun(so3));
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'still held: no report yet (a push under way)');
+  const so4 = scheduler.schedule();
+  scheduler.updateFromOutput(so4, fakeRun(so4, { finishedSending: [r.requestId] }));
+  assert.equal(kv.getNumFreeBlocks(), 15, 'freed once the worker reported it');
+  assert.ok(scheduler.isQuiescent());
+});
+
 test('WRITE consumer: async load parks the request, exempts its pages from zeroing, resumes on finishedRecving', () => {
   const { scheduler, kv } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'consumer', mode: 'write' }) });
   const r = makeRequest(33, 2, {

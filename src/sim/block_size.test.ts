@@ -143,3 +143,19 @@ test('tight-write with clipped tails (P 4 / D 32, pct): the WRITE tails are zero
   });
   assert.equal(r.firstFailingSeed, null, r.violations[0]?.message ?? '');
 });
+
+test('tight-write, P 4 / D 64: a WRITE lease that ends while decode waits for pages never lets prefill push from freed pages', async () => {
+  // Seed 1200093 broke I4 before: prefill's lease ended and its pages were freed at once, while its
+  // worker, not told yet, pushed them to decode's late destination.
+  for (const strategy of ['random', 'pct'] as const) {
+    const r = await runSim({
+      scenario: 'tight-write',
+      strategy,
+      seed: 1_200_080,
+      seeds: 20,
+      prefillBlockSize: 4,
+      decodeBlockSize: 64,
+    });
+    assert.equal(r.firstFailingSeed, null, `${strategy}: ${r.violations[0]?.message ?? ''}`);
+  }
+});
