@@ -72,8 +72,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   private reqsNeedSave = new Map<string, SaveReqMeta>();
   /**
    * Per request, the transfer this side tracks across steps: `held` (producer: pages lent to a peer
-   * until released or the lease ends), `expiring` (WRITE producer: the lease ended, the pages wait for the
-   * worker to say no push of them runs) or `async-loading` (WRITE consumer: the producer may still write).
+   * until released or the lease ends), `expiring` (producer: the lease ended, the pages wait for the
+   * worker to say nothing reads them any more) or `async-loading` (WRITE consumer: the producer may still write).
    * All end by removal: release/lease/finish of the load.
    */
   private readonly transfers = new TransferTable<SideState, SideTransfer>(
@@ -83,7 +83,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
-  private expiringSaves: Record<string, string> = {};
+  private expiring: Record<string, string> = {};
   stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
 
   constructor(
@@ -285,8 +285,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     for (const [requestId, h] of this.transfers.inState('held')) meta.sendTransfers[h.transferId] = requestId;
     meta.expiredTransfers = this.expired;
     this.expired = [];
-    meta.expiringSaves = this.expiringSaves;
-    this.expiringSaves = {};
+    meta.expiring = this.expiring;
+    this.expiring = {};
     meta.abortedRecvs = this.abortedRecvs;
     this.abortedRecvs = [];
     this.reqsNeedRecv = new Map();
@@ -405,20 +405,15 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const now = this.env.nowMs();
     for (const [requestId, h] of this.transfers.inState('held')) {
       if (h.deadlineMs > now) continue;
+      // Lease over and no release: no new READ of the pages (the grant dies now), but the NIC may still be
+      // sending a reply from them, or the worker pushing them (it learns of the expiry next step): they
+      // are freed once the worker reports them (Producer.expire, WriteProducer.expire).
+      this.grants?.revokeGrant(h.transferId);
       this.expired.push(h.transferId);
       this.stats.leasesExpired++;
-      if (this.config.mode === 'write') {
-        // The worker may be pushing from these pages (it learns of the expiry next step): they are freed
-        // once it reports them (WriteProducer.expire).
-        this.transfers.drop(requestId);
-        this.transfers.add(requestId, { ...h, state: 'expiring' });
-        this.expiringSaves[h.transferId] = requestId;
-        continue;
-      }
-      // Lease over and no release: free the pages; the grant dies with them.
-      this.transfers.delete(requestId);
-      this.grants?.revokeGrant(h.transferId);
-      finishedSending.push(requestId);
+      this.transfers.drop(requestId);
+      this.transfers.add(requestId, { ...h, state: 'expiring' });
+      this.expiring[h.transferId] = requestId;
     }
     return { ...emptyConnectorOutput(), ...out, finishedSending };
   }
@@ -430,7 +425,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       this.reqsNeedNotify.size > 0 ||
       this.reqsNeedSave.size > 0 ||
       this.expired.length > 0 ||
-      Object.keys(this.expiringSaves).length > 0 ||
+      Object.keys(this.expiring).length > 0 ||
       this.abortedRecvs.length > 0
     );
   }

@@ -60,7 +60,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       log,
     );
     this.reads = new ReadConsumer(this.ctx);
-    this.producer = new Producer(this.ctx);
+    this.producer = new Producer(this.ctx, () => this.onActivity?.());
     this.recvs = new WriteConsumer(this.ctx);
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
     this.unsubscribe = transfer.onNotification((from, n) => {
@@ -127,7 +127,8 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   private bindConnectorMetadata(meta: OneSidedMetadata): void {
     this.producer.bind(meta.sendTransfers, meta.expiredTransfers);
     for (const s of meta.reqsToSave) this.saves.save(s);
-    this.saves.expire(meta.expiringSaves);
+    if (this.ctx.config.mode === 'write') this.saves.expire(meta.expiring);
+    else this.producer.expire(meta.expiring);
     this.saves.prune(meta.sendTransfers);
     for (const a of meta.abortedRecvs) this.recvs.aborted(a.transferId, a.requestId);
     for (const n of meta.reqsToNotify) this.recvs.notifyRemoteBlocks(n);

@@ -8,6 +8,9 @@
  * The scheduler side sends the full transfer → request map of held pages every step (`sendTransfers`);
  * a held transfer it no longer names (lease over, request gone) is dropped. A release revokes the
  * transfer's grant at once. Releases for transfers never named are kept, bounded, for a while.
+ *
+ * A lease that ended (READ mode, `expire`): the grant is revoked, and the request is reported once the NIC
+ * says it sends nothing more from the pages (a reply under way when the lease ended goes out first).
  */
 import { TransferTable } from './transfer_table.ts';
 import type { WorkerContext } from './worker_context.ts';
@@ -29,7 +32,24 @@ export class Producer {
     1 << 20,
   );
 
-  constructor(private readonly ctx: WorkerContext) {}
+  /** Requests of ended leases whose pages the NIC no longer reads (expire), reported by takeFinished. */
+  private drained: string[] = [];
+
+  constructor(
+    private readonly ctx: WorkerContext,
+    private readonly onActivity: () => void = () => {},
+  ) {}
+
+  /** Leases that ended (transfer id → request id): revoke, wait for the NIC to let go, then report. */
+  expire(expiring: Record<string, string>): void {
+    for (const [transferId, requestId] of Object.entries(expiring)) {
+      this.ctx.transfer.revokeGrant(transferId);
+      void this.ctx.transfer.drainGrant(transferId).then(() => {
+        this.drained.push(requestId);
+        this.onActivity();
+      });
+    }
+  }
 
   /** This step's metadata: every held transfer (transfer id → request id) and expired leases. */
   bind(sendTransfers: Record<string, string>, expiredTransfers: string[]): void {
@@ -63,6 +83,8 @@ export class Producer {
 
   /** Requests whose pages may be freed now (vLLM's get_finished, sending side). */
   takeFinished(): string[] {
-    return this.transfers.take('released').map(([, t]) => t.requestId as string);
+    const drained = this.drained;
+    this.drained = [];
+    return [...drained, ...this.transfers.take('released').map(([, t]) => t.requestId as string)];
   }
 }

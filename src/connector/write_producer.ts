@@ -12,6 +12,7 @@
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { SaveReqMeta } from '../worker/connector_metadata.ts';
+import type { TransferHandle } from '../transfer/core/types.ts';
 import { HandoffError } from '../util/errors.ts';
 import { alignState, tokenRun, type TokenAlignment } from './alignment.ts';
 import { TransferTable } from './transfer_table.ts';
@@ -124,11 +125,12 @@ export class WriteProducer {
 
   private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
     const { transfer, config } = this.ctx;
+    let h: TransferHandle | null = null;
     try {
       const peer = this.ctx.peerGeometry(dest.fromEngineId);
       const { ranges, footprint } = this.ctx.rangesFor(this.plan(save, dest, peer), peer, false);
       this.stats.writesPosted++;
-      const h = transfer.postWrite({
+      h = transfer.postWrite({
         peerEngineId: dest.fromEngineId,
         transferId: save.transferId,
         grantToken: dest.grant,
@@ -151,6 +153,9 @@ export class WriteProducer {
         { transferId: save.transferId, err: String(e) },
         'KV WRITE failed; decode will time out and recompute',
       );
+      // Timed out or failed: the NIC may still be sending from our pages. They are reported (and freed)
+      // only once it acknowledged that it stopped.
+      if (h !== null) await transfer.abort([h]);
     }
   }
 

@@ -83,7 +83,7 @@ test('async scheduling: a decode step is scheduled before the previous output is
   assert.ok(scheduler.isQuiescent());
 });
 
-test('producer: pages held and granted until release; a lease that runs out frees them and revokes the grant', () => {
+test('producer: pages held and granted until release; a lease that runs out revokes the grant, frees them once the worker let go', () => {
   const issued: string[] = [];
   const revoked: string[] = [];
   const grants: GrantIssuer = {
@@ -113,8 +113,12 @@ test('producer: pages held and granted until release; a lease that runs out free
   env.advanceTo(5000);
   const so3 = scheduler.schedule();
   scheduler.updateFromOutput(so3, fakeRun(so3));
-  assert.deepEqual(revoked, ['T2'], 'lease ran out without a release');
-  assert.equal(kv.getNumFreeBlocks(), 15);
+  assert.deepEqual(revoked, ['T2'], 'lease ran out without a release: no new READ is served');
+  assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'a reply may still be going out from the pages');
+  const so4 = scheduler.schedule();
+  assert.deepEqual((so4.kvConnectorMetadata as { expiring: Record<string, string> }).expiring, { T2: r2.requestId });
+  scheduler.updateFromOutput(so4, fakeRun(so4, { finishedSending: [r2.requestId] }));
+  assert.equal(kv.getNumFreeBlocks(), 15, 'freed once the worker reported that the NIC let go');
   assert.ok(scheduler.isQuiescent());
 });
 
@@ -138,9 +142,9 @@ test('WRITE producer: a lease that runs out frees the pages only once the worker
   assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'not freed while the worker may push from them');
   assert.ok(!scheduler.isQuiescent(), 'the expiry is pending work: steps go on until the worker reports');
   const so3 = scheduler.schedule();
-  const meta = so3.kvConnectorMetadata as { expiredTransfers: string[]; expiringSaves: Record<string, string> };
+  const meta = so3.kvConnectorMetadata as { expiredTransfers: string[]; expiring: Record<string, string> };
   assert.deepEqual(meta.expiredTransfers, ['W1']);
-  assert.deepEqual(meta.expiringSaves, { W1: r.requestId }, 'the worker is told which request to report');
+  assert.deepEqual(meta.expiring, { W1: r.requestId }, 'the worker is told which request to report');
   scheduler.updateFromOutput(so3, fakeRun(so3));
   assert.equal(kv.getNumFreeBlocks(), 15 - 6, 'still held: no report yet (a push under way)');
   const so4 = scheduler.schedule();

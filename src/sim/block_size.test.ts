@@ -159,3 +159,19 @@ test('tight-write, P 4 / D 64: a WRITE lease that ends while decode waits for pa
     assert.equal(r.firstFailingSeed, null, `${strategy}: ${r.violations[0]?.message ?? ''}`);
   }
 });
+
+test('8 requests, P 4 / D 64: a step with no forward still orders its zeroing before the pages can be freed', async () => {
+  // Seed 2500044 raced before: a step whose only request lost its READ ran no forward, so its output did
+  // not wait for the stream; counted as processed, it let the request's pages be freed, re-used as READ
+  // destinations two steps later, with the step's zeroing of them still unordered with those READs.
+  const r = await runSim({
+    scenario: '1p1d',
+    strategy: 'random',
+    seed: 2_500_040,
+    seeds: 10,
+    requests: 8,
+    prefillBlockSize: 4,
+    decodeBlockSize: 64,
+  });
+  assert.equal(r.firstFailingSeed, null, r.violations[0]?.message ?? '');
+});

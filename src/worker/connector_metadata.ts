@@ -59,11 +59,12 @@ export interface OneSidedMetadata {
   /** Producer: transfers whose lease expired this step (grant to revoke). */
   expiredTransfers: string[];
   /**
-   * WRITE producer: transfer id → request id of leases that expired this step. The scheduler frees their
-   * pages only once the worker reports them in finishedSending: at once when no push of them runs, after
-   * the push otherwise (the worker may have started one before it saw this).
+   * Producer: transfer id → request id of leases that expired this step. The scheduler frees their pages
+   * only once the worker reports them in finishedSending: READ, once the NIC no longer sends from them (a
+   * reply under way when the grant ended); WRITE, at once when no push of them runs, after it otherwise
+   * (the worker may have started one before it saw this).
    */
-  expiringSaves: Record<string, string>;
+  expiring: Record<string, string>;
   /**
    * WRITE consumer: requests that finished (aborted) while the producer may still be writing their
    * pages. The worker revokes the grant and reports them in finishedSending once no WRITE can land.
@@ -81,7 +82,7 @@ export function emptyOneSidedMetadata(): OneSidedMetadata {
     reqsToNotify: [],
     sendTransfers: {},
     expiredTransfers: [],
-    expiringSaves: {},
+    expiring: {},
     abortedRecvs: [],
   };
 }

@@ -139,7 +139,14 @@ export class ModelRunner {
 
   /** 4. Enqueue the step kernel (when there is anything to compute or forget), then the pad; null if none. */
   private enqueueForward(so: SchedulerOutput, requests: StepArgs['requests']): Promise<ForwardResult | null> {
-    if (requests.length === 0 && this.forgotten.length === 0) return Promise.resolve(null);
+    // No forward: the output still waits until the stream ran what the step queued (zeroing, copies,
+    // clipped tails). The free fence counts a processed step as done on the device: pages freed after it
+    // must not be zeroed later by it (an empty step once let a READ into a freed page race its zeroing).
+    if (requests.length === 0 && this.forgotten.length === 0)
+      return this.device.compute
+        .recordEvent()
+        .wait()
+        .then(() => null);
     const args: StepArgs = { step: so.step, requests, forget: this.forgotten };
     this.forgotten = [];
     this.stats.forwards++;

@@ -78,6 +78,12 @@ export interface Nic {
   /** Admit `peerEngineId` (null: any holder of the token) to `blockIds` until `ttlMs` from now. */
   grant(transferId: string, token: string, peerEngineId: string | null, blockIds: number[], ttlMs: number): void;
   revokeGrant(transferId: string, why: GrantEnd): void;
+  /**
+   * Settles once the NIC no longer reads or writes pages for `transferId` (call it after the grant is
+   * revoked, so no new work request of it is served): a READ reply still being sent, a WRITE still being
+   * pushed. Only then may the pages go back to the pool.
+   */
+  drainGrant(transferId: string): Promise<void>;
   /** Completions and aborts, in the order the NIC produced them. */
   onCompletion(fn: (ev: NicCompletionEvent) => void): () => void;
   stats(): NicStats;

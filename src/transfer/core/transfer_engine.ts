@@ -171,6 +171,10 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
     return this.grants.revoke(transferId);
   }
 
+  drainGrant(transferId: string): Promise<void> {
+    return this.nic.drainGrant(transferId);
+  }
+
   // ---- work requests (requesting side) ----
 
   handshake(peer: PeerAddress): Promise<EngineMetadata> {

@@ -223,6 +223,11 @@ export interface TransferEngine {
   issueGrant(req: GrantRequest): Grant;
   /** True when a live grant was revoked. */
   revokeGrant(transferId: string): boolean;
+  /**
+   * After revokeGrant: settles once this engine's NIC no longer touches the transfer's pages (a READ
+   * reply or WRITE still being sent when the grant ended); then they may be freed.
+   */
+  drainGrant(transferId: string): Promise<void>;
 
   /** Metadata exchange, once per peer; PEER_INCOMPATIBLE, UNAUTHORIZED or PEER_UNAVAILABLE on failure. */
   handshake(peer: PeerAddress): Promise<EngineMetadata>;

@@ -49,6 +49,7 @@ export class NicHost implements Nic {
   private readonly counters: Int32Array;
   private readonly freeSlots: number[] = [];
   private readonly listeners = new Set<(ev: NicEvent) => void>();
+  private drains = 0;
   private closing: Promise<void> | null = null;
   private readonly ring = new RangeRing(RING_DOUBLES);
   private readonly directs = new Map<string, DirectLink>();
@@ -157,6 +158,14 @@ export class NicHost implements Nic {
 
   revokeGrant(transferId: string, _why: GrantEnd): void {
     this.send({ t: 'revoke', transferId });
+  }
+
+  drainGrant(transferId: string): Promise<void> {
+    if (this.closing !== null) return Promise.resolve(); // a closing NIC stops touching memory
+    const id = ++this.drains;
+    return this.request({ t: 'drain', transferId, id }, (ev) =>
+      (ev.t === 'drained' && ev.id === id) || ev.t === 'closed' ? true : undefined,
+    ).then(() => undefined);
   }
 
   stats(): NicStats {

@@ -78,6 +78,8 @@ export type NicCommand =
       expiresAtEpochMs: number;
     }
   | { t: 'revoke'; transferId: string }
+  /** Answer `drained` once nothing reads `transferId`'s pages (after its revoke: Nic.drainGrant). */
+  | { t: 'drain'; transferId: string; id: number }
   /** tcp: `peerEngineId` may open a data connection to us presenting `session`. */
   | { t: 'session'; session: string; peerEngineId: string }
   | { t: 'peer'; peerEngineId: string; inproc?: InprocPeer; tcp?: TcpPeer }
@@ -93,6 +95,7 @@ export type NicCommand =
 export type NicEvent =
   | { t: 'ready'; dataPort: number }
   | NicCompletionEvent
+  | { t: 'drained'; id: number }
   | { t: 'rawPort'; port: number }
   | { t: 'rawDone'; bytes: number }
   | { t: 'rawCopied'; ms: number }

@@ -170,6 +170,11 @@ class Nic implements NicContext {
       case 'revoke':
         this.grants.revoke(cmd.transferId);
         return;
+      case 'drain':
+        // inproc copies a served READ or WRITE in one go on this thread: none runs now. tcp sends from the
+        // pages until the kernel took the bytes.
+        void (this.tcp?.drain(cmd.transferId) ?? Promise.resolve()).then(() => this.emit({ t: 'drained', id: cmd.id }));
+        return;
       case 'session':
         this.addSession(cmd.session, cmd.peerEngineId);
         return;

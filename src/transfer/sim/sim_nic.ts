@@ -182,6 +182,11 @@ export class SimNic implements Nic {
     this.fabric.emit({ t: 'grant', engineId: this.engineId, change: 'issued', transferId, blockIds, peerEngineId });
   }
 
+  /** A served work request copies when it runs, in one step: nothing is ever half served. */
+  drainGrant(_transferId: string): Promise<void> {
+    return Promise.resolve();
+  }
+
   revokeGrant(transferId: string, why: GrantEnd): void {
     const g = this.grantRecords.get(transferId);
     assert(g !== undefined, `sim NIC: revoke of unknown grant ${transferId}`);

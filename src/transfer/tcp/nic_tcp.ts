@@ -18,6 +18,8 @@ import type { ErrorCode } from '../../util/errors.ts';
 import { sideBytes, sideOf, sortedBy, splitPacked } from '../core/ranges.ts';
 
 const SERVER_CONNECTIONS_MAX = 256;
+/** How long a drain waits for a connection whose peer does not read before it drops the connection. */
+export const DRAIN_TIMEOUT_MS = 10_000;
 
 export class TcpPlane {
   private readonly server: net.Server;
@@ -146,6 +148,24 @@ export class TcpPlane {
       }
     }
     settle();
+  }
+
+  /**
+   * Settles once no connection reads `transferId`'s pages any more (its grant is revoked: no new READ of
+   * it is served): READ replies and WRITEs of it still queued are sent and flushed to the kernel first. A
+   * connection still holding some after `timeoutMs` (a peer that stopped reading) is dropped.
+   */
+  async drain(transferId: string, timeoutMs = DRAIN_TIMEOUT_MS): Promise<void> {
+    const conns = [...this.serverConns, ...[...this.clients.values()].flat()];
+    await Promise.all(
+      conns.map(async (c) => {
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), timeoutMs)));
+        const r = await Promise.race([c.drained(transferId), late]);
+        clearTimeout(timer);
+        if (r === 'late') c.destroy('PEER_UNAVAILABLE', `transfer ${transferId} not drained in ${timeoutMs} ms`);
+      }),
+    );
   }
 
   async close(): Promise<void> {

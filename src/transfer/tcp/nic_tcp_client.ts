@@ -160,7 +160,7 @@ export class ClientConn extends Conn {
     } else {
       this.writes.add(wr.wrId);
       this.send({ type: 'write', ...frame });
-      this.sender.enqueue(wr.wrId, sideOf(wr.ranges, 'local'), () => {});
+      this.sender.enqueue(wr.wrId, wr.transferId, sideOf(wr.ranges, 'local'), () => {});
     }
   }
 

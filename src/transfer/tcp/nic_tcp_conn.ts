@@ -107,6 +107,11 @@ export abstract class Conn implements FrameSink {
     this.socket.destroy();
   }
 
+  /** Settles once this connection no longer reads `transferId`'s pages (tcp_sender.ts drained). */
+  drained(transferId: string): Promise<void> {
+    return this.sender.drained(transferId);
+  }
+
   protected send(f: ControlFrame): void {
     if (!this.socket.destroyed) this.socket.write(encodeFrame(f));
   }
@@ -165,7 +170,7 @@ export class ServerConn extends Conn {
         const ranges = wireSide(f.ranges);
         const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges, f.reqId);
         if (!d.ok) return this.deny(f.reqId, d.reason);
-        this.sender.enqueue(f.reqId, ranges, () => this.ctx.count(COUNTER.readsServed));
+        this.sender.enqueue(f.reqId, f.transferId, ranges, () => this.ctx.count(COUNTER.readsServed));
         return;
       }
       case 'write': {

@@ -8,6 +8,11 @@
  * Back-pressure without stalls: frames are handed to the socket while less than SEND_HIGH_WATER bytes
  * wait in it (write()'s false at Node's 16 KiB highWaterMark would stop a 1 MiB frame at every write and
  * leave the kernel idle while we wait for 'drain'); past it we wait for 'drain', once.
+ *
+ * drained(transferId): the slabs are read until the kernel took the bytes, which may be long after a
+ * frame was handed to the socket (Node keeps the views queued while the peer is slow). It settles once
+ * no stream of the transfer is queued and every byte handed to the socket before that was flushed (an
+ * empty write's callback: writes complete in order), or the socket is gone.
  */
 import type net from 'node:net';
 import { encodeDataHeader } from './frame.ts';
@@ -16,28 +21,74 @@ import { RangeStream, type SideRanges } from '../core/ranges.ts';
 /** Bytes handed to a socket but not yet flushed before the sender waits for 'drain'. */
 export const SEND_HIGH_WATER = 8 << 20;
 
+const EMPTY = new Uint8Array(0);
+
+interface Item {
+  reqId: number;
+  transferId: string;
+  stream: RangeStream;
+  onSent: () => void;
+}
+
 export class Sender {
-  private readonly queue: Array<{ reqId: number; stream: RangeStream; onSent: () => void }> = [];
+  private readonly queue: Item[] = [];
+  /** Per transfer: its streams queued, or written and not yet flushed to the kernel. */
+  private readonly unflushed = new Map<string, number>();
+  private readonly drains: Array<{ transferId: string; done: () => void }> = [];
   private waiting = false;
 
   constructor(
     private readonly socket: net.Socket,
     private readonly slabs: readonly Uint8Array[],
     private readonly frameBytes: number,
-  ) {}
+  ) {
+    socket.once('close', () => {
+      this.unflushed.clear();
+      this.checkDrains();
+    });
+  }
+
+  /** Settles once the socket no longer reads `transferId`'s pages (see above). */
+  drained(transferId: string): Promise<void> {
+    return new Promise((done) => {
+      this.drains.push({ transferId, done });
+      this.checkDrains();
+    });
+  }
 
   has(reqId: number): boolean {
     return this.queue.some((q) => q.reqId === reqId);
   }
 
-  enqueue(reqId: number, ranges: SideRanges, onSent: () => void): void {
-    this.queue.push({ reqId, stream: new RangeStream(ranges), onSent });
+  enqueue(reqId: number, transferId: string, ranges: SideRanges, onSent: () => void): void {
+    this.queue.push({ reqId, transferId, stream: new RangeStream(ranges), onSent });
+    this.unflushed.set(transferId, (this.unflushed.get(transferId) ?? 0) + 1);
     this.pump();
   }
 
   cancel(reqId: number): void {
     const i = this.queue.findIndex((q) => q.reqId === reqId);
-    if (i >= 0) this.queue.splice(i, 1);
+    if (i < 0) return;
+    const [item] = this.queue.splice(i, 1) as [Item];
+    // Frames of it already written may still wait in Node: flushed once an empty write behind them is.
+    if (item.stream.expected === 0 || this.socket.destroyed) this.flushed(item.transferId);
+    else this.socket.write(EMPTY, () => this.flushed(item.transferId));
+  }
+
+  /** One stream of `transferId` no longer reads the slabs (its last write completed, or failed). */
+  private flushed(transferId: string): void {
+    const n = (this.unflushed.get(transferId) ?? 1) - 1;
+    if (n > 0) this.unflushed.set(transferId, n);
+    else this.unflushed.delete(transferId);
+    if (this.drains.length > 0) this.checkDrains();
+  }
+
+  private checkDrains(): void {
+    for (const d of [...this.drains]) {
+      if (!this.socket.destroyed && this.unflushed.has(d.transferId)) continue;
+      this.drains.splice(this.drains.indexOf(d), 1);
+      d.done();
+    }
   }
 
   private pump(): void {
@@ -57,14 +108,22 @@ export class Sender {
       if (item === undefined) return;
       const { stream } = item;
       const len = Math.min(this.frameBytes, stream.total - stream.expected);
-      socket.cork();
-      socket.write(encodeDataHeader(item.reqId, stream.expected, len));
+      const views: Uint8Array[] = [encodeDataHeader(item.reqId, stream.expected, len)];
       stream.advance(len, (slab, offset, _piece, seg) => {
         const s = this.slabs[slab] as Uint8Array;
-        socket.write(new Uint8Array(s.buffer, s.byteOffset + offset, seg));
+        views.push(new Uint8Array(s.buffer, s.byteOffset + offset, seg));
       });
+      const last = stream.complete;
+      socket.cork();
+      // The stream's last write gets the callback (writes complete in order): called with an error too
+      // when the socket is destroyed first; either way nothing reads the views after it.
+      for (let i = 0; i < views.length; i++)
+        socket.write(
+          views[i] as Uint8Array,
+          last && i === views.length - 1 ? () => this.flushed(item.transferId) : undefined,
+        );
       socket.uncork();
-      if (stream.complete) {
+      if (last) {
         this.queue.shift();
         item.onSent();
       }

@@ -100,6 +100,34 @@ export function registerGrantConformance(s: ConformanceSuite): void {
     assert.ok(untouched(D));
   });
 
+  test('drainGrant after a revoke settles once nothing is served from the pages; a READ after it is refused', async () => {
+    reset(D);
+    const t = tid();
+    const { token } = P.engine.issueGrant({
+      transferId: t,
+      peerEngineId: D.engine.engineId,
+      blockIds: [1, 2],
+      ttlMs: 60_000,
+    });
+    const pairs: Array<[number, number]> = [
+      [1, 1],
+      [2, 2],
+    ];
+    const h = D.engine.postRead(readOf(P, t, token, pageRanges(pairs)));
+    assert.equal(P.engine.revokeGrant(t), true);
+    await P.engine.drainGrant(t);
+    // The READ posted before the revoke either was served in full before the drain settled, or refused.
+    await D.engine.wait([h], 5000).then(
+      () => assertLanded(D, P, pairs),
+      (e: unknown) => assert.equal((e as { code?: string }).code, 'GRANT_DENIED'),
+    );
+    await P.engine.drainGrant(`${t}-never-granted`); // nothing to wait for
+    await rejectsWith(
+      D.engine.wait([D.engine.postRead(readOf(P, t, token, pageRanges([[1, 1]])))], 5000),
+      'GRANT_DENIED',
+    );
+  });
+
   test('WRITE lands in the granted destination pages before it completes; a wrong token writes nothing', async () => {
     reset(D);
     const t = tid();
