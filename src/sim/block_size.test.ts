@@ -129,49 +129,36 @@ test('hetero-block: the pairing is drawn from the seed among the unequal ones un
   assert.equal(buildScenario('hetero-block', 'hybrid-micro', 1).mode, 'read', 'WRITE needs a model without Mamba');
 });
 
-test('tight-write with clipped tails (P 4 / D 32, pct): the WRITE tails are zeroed before their pages can be freed', async () => {
-  // Seed 800034 broke I1 before: a request's load finished, its tails' zeroing was queued behind the
-  // next step's forward, the request was aborted and its pages freed once that step was processed,
-  // handed to the next request, and zeroed after that request's WRITE had landed.
-  const r = await runSim({
+/**
+ * Worlds a long hunt found broken (session 7); each failed before its fix, at the seed named.
+ *   - tight-write, P 4 / D 32, seed 800034 (I1): a request's WRITE load finished, its tails' zeroing was
+ *     queued behind the next step's forward, the request was aborted and its pages freed once that step
+ *     was processed, handed to the next request, and zeroed after that request's WRITE had landed.
+ *   - tight-write, P 4 / D 64, seed 1200093 (I4): prefill's lease ended and its pages were freed at once,
+ *     while its worker, not told yet, pushed them to decode's late destination.
+ *   - 1p1d with 8 requests, P 4 / D 64, seed 2500044 (race): a step whose only request lost its READ ran
+ *     no forward, so its output did not wait for the stream; counted as processed, it let the request's
+ *     pages be freed and re-used as READ destinations two steps later, unordered with its zeroing of them.
+ */
+const HUNTED = [
+  { scenario: 'tight-write', strategies: ['pct'], seed: 800_000, seeds: 40, pages: [4, 32], requests: undefined },
+  {
     scenario: 'tight-write',
-    strategy: 'pct',
-    seed: 800_000,
-    seeds: 40,
-    prefillBlockSize: 4,
-    decodeBlockSize: 32,
-  });
-  assert.equal(r.firstFailingSeed, null, r.violations[0]?.message ?? '');
-});
+    strategies: ['random', 'pct'],
+    seed: 1_200_080,
+    seeds: 20,
+    pages: [4, 64],
+    requests: undefined,
+  },
+  { scenario: '1p1d', strategies: ['random'], seed: 2_500_040, seeds: 10, pages: [4, 64], requests: 8 },
+] as const;
 
-test('tight-write, P 4 / D 64: a WRITE lease that ends while decode waits for pages never lets prefill push from freed pages', async () => {
-  // Seed 1200093 broke I4 before: prefill's lease ended and its pages were freed at once, while its
-  // worker, not told yet, pushed them to decode's late destination.
-  for (const strategy of ['random', 'pct'] as const) {
-    const r = await runSim({
-      scenario: 'tight-write',
-      strategy,
-      seed: 1_200_080,
-      seeds: 20,
-      prefillBlockSize: 4,
-      decodeBlockSize: 64,
-    });
-    assert.equal(r.firstFailingSeed, null, `${strategy}: ${r.violations[0]?.message ?? ''}`);
-  }
-});
-
-test('8 requests, P 4 / D 64: a step with no forward still orders its zeroing before the pages can be freed', async () => {
-  // Seed 2500044 raced before: a step whose only request lost its READ ran no forward, so its output did
-  // not wait for the stream; counted as processed, it let the request's pages be freed, re-used as READ
-  // destinations two steps later, with the step's zeroing of them still unordered with those READs.
-  const r = await runSim({
-    scenario: '1p1d',
-    strategy: 'random',
-    seed: 2_500_040,
-    seeds: 10,
-    requests: 8,
-    prefillBlockSize: 4,
-    decodeBlockSize: 64,
+for (const h of HUNTED) {
+  const [prefillBlockSize, decodeBlockSize] = h.pages;
+  test(`hunted: ${h.scenario}, P ${prefillBlockSize} / D ${decodeBlockSize}, ${h.requests ?? 'default'} requests, seeds ${h.seed}+${h.seeds} pass every oracle`, async () => {
+    for (const strategy of h.strategies) {
+      const r = await runSim({ ...h, strategy, prefillBlockSize, decodeBlockSize });
+      assert.equal(r.firstFailingSeed, null, `${strategy}: ${r.violations[0]?.message ?? ''}`);
+    }
   });
-  assert.equal(r.firstFailingSeed, null, r.violations[0]?.message ?? '');
-});
+}
