@@ -18,6 +18,8 @@ export const COST = {
   notifyMs: 0.02,
   handshakeMs: 0.05,
   actionMs: 0,
+  /** How long an enabled message may wait for the explorer before it goes first (world.ts choices()). */
+  netWaitMaxMs: 20,
 } as const;
 
 export function forwardCostMs(tokens: number): number {

@@ -303,7 +303,13 @@ export class SimWorld {
         else out.push(c);
       }
     }
-    for (const item of this.fabric.enabled(this.env.nowMs())) out.push(this.itemChoice(item));
+    const now = this.env.nowMs();
+    const items = this.fabric.enabled(now);
+    // The clock sums the choices' costs: picking one instance's compute again and again would age a message
+    // that really travels meanwhile. Past COST.netWaitMaxMs it goes first, so none times out without a fault.
+    const overdue = items.filter((item) => now - item.notBeforeMs >= COST.netWaitMaxMs);
+    if (overdue.length > 0) return overdue.map((item) => this.itemChoice(item));
+    for (const item of items) out.push(this.itemChoice(item));
     for (const a of this.actions.values()) if (a.enabled()) out.push(this.actionChoice(a));
     if (out.length > 0) return out;
     if (held.length > 0) return held;
