@@ -57,7 +57,13 @@ export interface BenchPoint extends BenchResult {
 
 export const NUM_SLABS = 2;
 const CALIBRATION_ROUNDS = 2;
-const ROUNDS_BUDGET_MS = 300;
+/**
+ * Timed rounds get up to ROUNDS_MAX_FACTOR x `repeats` while they stay under this budget. Loopback on the
+ * 2-core VM swings ±20% from one 64 MiB READ to the next: with 6 rounds a point's ratio moved 0.78-1.27
+ * between back-to-back measurements of one rig, with 20 rounds 0.87-1.11.
+ */
+const ROUNDS_BUDGET_MS = 1000;
+const ROUNDS_MAX_FACTOR = 10;
 /**
  * Untimed rounds first, for at least this long (2-30 rounds): a rig's NIC threads are new isolates whose
  * JIT starts cold, and one warm-up round left the first point measured on a rig (an 8 MiB READ of
@@ -262,13 +268,13 @@ export class BenchRig {
   ): Promise<number[][]> {
     const env = this.env;
     const ms: number[][] = series.map(() => []);
-    // At least `repeats` timed rounds; short READs get more (up to 5x) while the timed runs stay under
-    // ROUNDS_BUDGET_MS: more samples where they are cheap, for a steadier median on a noisy machine.
+    // At least `repeats` timed rounds; more (up to ROUNDS_MAX_FACTOR x) while the timed runs stay under
+    // ROUNDS_BUDGET_MS: a steadier median on a noisy machine.
     let [spent, warm, warmSpent] = [0, 0, 0];
     const warming = (): boolean => warm < WARMUP_ROUNDS.min || (warm < WARMUP_ROUNDS.max && warmSpent < WARMUP_MS);
     for (
       let round = 0;
-      warming() || round - warm < repeats || (round - warm < 5 * repeats && spent < ROUNDS_BUDGET_MS);
+      warming() || round - warm < repeats || (round - warm < ROUNDS_MAX_FACTOR * repeats && spent < ROUNDS_BUDGET_MS);
       round++
     ) {
       const timed = !warming();
