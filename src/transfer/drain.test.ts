@@ -1,10 +1,10 @@
 /**
- * drainGrant over real engines (NIC threads; tcp on loopback, and inproc): a 64 MiB READ is being served when the producer
- * revokes its grant and waits for drainGrant, then overwrites every source page, as a freed and reused page
- * would be. Proves that the READ, when it completes, holds only the bytes from before the overwrite: the
- * NIC sent nothing from the pages after the drain settled. (Settling at once, as before the drain existed,
- * lets the overwrite reach the wire: the bytes Node still held as views of the slab went out changed; on
-inproc it can land in the middle of the serving NIC thread's copy.)
+ * drainGrant over real engines (NIC threads; tcp on loopback, and inproc): a 64 MiB READ is being served
+ * when the producer revokes its grant and waits for drainGrant, then overwrites every source page, as a
+ * freed and reused page would be. Proves that the READ, when it completes, holds only the bytes from before
+ * the overwrite: the NIC sent nothing from the pages after the drain settled. (Settling at once, as before
+ * the drain existed, lets the overwrite reach the wire on tcp: the bytes Node still held as views of the
+ * slab went out changed. On inproc it could land in the middle of the serving NIC thread's copy.)
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
