@@ -4,8 +4,8 @@
  * pool's and the stream's observers; transfers posted and landed, grants issued and ended: the
  * simulator's fabric events), asserting the invariants of failure-modes.md §5:
  *
- *   free → allocated → zero-queued → zeroed ─┬→ in-use → freed
- *                  └→ read-posted → landed ──┘
+ *   free → allocated → zero-queued → zeroed ─────┬→ in-use → freed
+ *                  └→ transfer-posted → landed ──┘
  *
  *   I1  no zero pending on a page a transfer writes; no stale zero (from an earlier allocation) lands
  *   I2  a fresh page (stale bytes of its previous owner) is zeroed, or every byte a forward reads was landed,
@@ -23,7 +23,8 @@
 import type { PageAccess, PageSpan } from '../device/types.ts';
 import { addSpan, firstGap, overlaps, type SlabSpans } from './span_set.ts';
 
-export type PageState = 'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'read-posted' | 'landed' | 'in-use' | 'freed';
+export type PageState =
+  'free' | 'allocated' | 'zero-queued' | 'zeroed' | 'transfer-posted' | 'landed' | 'in-use' | 'freed';
 export type Invariant = 'I1' | 'I2' | 'I3' | 'I4' | 'I5' | 'I6' | 'I7';
 /** Who posted a transfer into a page: this instance (a READ it awaits and can abort) or its peer (a WRITE). */
 export type Writer = 'self' | 'peer';
@@ -355,7 +356,7 @@ export class PageLifecycle {
       if (p.pendingZeros > 0)
         this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
       p.inbound.set(itemId, { epoch: p.epoch, writer, owner });
-      this.move(b, 'read-posted', `wr ${itemId}`);
+      this.move(b, 'transfer-posted', `wr ${itemId}`);
     }
   }
 
