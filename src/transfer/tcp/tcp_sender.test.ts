@@ -2,7 +2,8 @@
  * Sender.drained (tcp_sender.ts), over a real loopback socket pair: it settles only once the kernel took
  * every byte of the transfer's queued streams, since until then Node holds views of the slab. Proves: with
  * the peer not reading, a 24 MiB reply stays queued and drained() stays pending; once the peer reads it
- * settles; a transfer with nothing queued settles at once; a destroyed socket settles it too.
+ * settles; a 7 MiB reply written to the socket in full is not drained while Node still holds part of it;
+ * a transfer with nothing queued settles at once; a destroyed socket settles it too.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -47,6 +48,25 @@ test('drained: pending while the peer does not read the queued reply, settled on
     b.resume();
     assert.equal(await settledWithin(drained, 10_000), true, 'drained once the peer read');
     assert.ok(got > 0);
+  } finally {
+    close();
+  }
+});
+
+test('drained: a stream handed to the socket in full is not drained while Node still holds its bytes', async () => {
+  const { a, b, close } = await socketPair();
+  try {
+    b.pause();
+    const sender = new Sender(a, [new Uint8Array(8 * MiB)], 4 * MiB);
+    let sent = false;
+    sender.enqueue(1, 'T', rangesOf(7 * MiB), () => (sent = true)); // under SEND_HIGH_WATER: written at once
+    await new Promise((r) => setTimeout(r, 100));
+    assert.ok(sent && !sender.has(1), 'every frame was handed to the socket');
+    assert.ok(a.writableLength > 0, 'the kernel took only part: Node holds views of the rest');
+    const drained = sender.drained('T');
+    assert.equal(await settledWithin(drained, 300), false, 'not drained while those views wait');
+    b.resume();
+    assert.equal(await settledWithin(drained, 10_000), true);
   } finally {
     close();
   }

@@ -10,9 +10,10 @@
  * leave the kernel idle while we wait for 'drain'); past it we wait for 'drain', once.
  *
  * drained(transferId): the slabs are read until the kernel took the bytes, which may be long after a
- * frame was handed to the socket (Node keeps the views queued while the peer is slow). It settles once
- * no stream of the transfer is queued and every byte handed to the socket before that was flushed (an
- * empty write's callback: writes complete in order), or the socket is gone.
+ * frame was handed to the socket (Node keeps the views queued while the peer is slow). Each stream counts
+ * as unflushed from enqueue until an empty write behind its last bytes (or behind what a cancel left
+ * written) calls back; drained settles once none of the transfer's streams is unflushed, or the socket
+ * is gone.
  */
 import type net from 'node:net';
 import { encodeDataHeader } from './frame.ts';
@@ -108,20 +109,16 @@ export class Sender {
       if (item === undefined) return;
       const { stream } = item;
       const len = Math.min(this.frameBytes, stream.total - stream.expected);
-      const views: Uint8Array[] = [encodeDataHeader(item.reqId, stream.expected, len)];
+      socket.cork();
+      socket.write(encodeDataHeader(item.reqId, stream.expected, len));
       stream.advance(len, (slab, offset, _piece, seg) => {
         const s = this.slabs[slab] as Uint8Array;
-        views.push(new Uint8Array(s.buffer, s.byteOffset + offset, seg));
+        socket.write(new Uint8Array(s.buffer, s.byteOffset + offset, seg));
       });
       const last = stream.complete;
-      socket.cork();
-      // The stream's last write gets the callback (writes complete in order): called with an error too
-      // when the socket is destroyed first; either way nothing reads the views after it.
-      for (let i = 0; i < views.length; i++)
-        socket.write(
-          views[i] as Uint8Array,
-          last && i === views.length - 1 ? () => this.flushed(item.transferId) : undefined,
-        );
+      // Behind the stream's last bytes, an empty write whose callback runs once they are flushed (writes
+      // complete in order; called with an error when the socket is destroyed first: nothing reads them then).
+      if (last) socket.write(EMPTY, () => this.flushed(item.transferId));
       socket.uncork();
       if (last) {
         this.queue.shift();
