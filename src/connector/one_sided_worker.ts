@@ -61,7 +61,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     );
     this.reads = new ReadConsumer(this.ctx);
     this.producer = new Producer(this.ctx, () => this.onActivity?.());
-    this.recvs = new WriteConsumer(this.ctx);
+    this.recvs = new WriteConsumer(this.ctx, () => this.onActivity?.());
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
     this.unsubscribe = transfer.onNotification((from, n) => {
       if (n.type === 'release') {

@@ -2,11 +2,14 @@
  * WRITE consumer (decode, WRITE mode): one transfer per request waiting for the producer to push.
  *
  *   granted ──write_done──> done (finishedRecving)
- *      │  └──deadline──> expired (the load failed: recompute or fail by policy)
- *      └──request aborted──> aborted ──write_done or deadline──> aborted-released (finishedSending)
+ *      │  └──deadline──> expiring ──drained──> expired (the load failed: recompute or fail by policy)
+ *      └──request aborted──> aborted ──drained or write_done──> aborted-released (finishedSending)
  *
  * `granted`: decode's pages are granted to the producer and it was told where to write (sent without
- * blocking the step). The grant is revoked on every way out, before the pages can be reused.
+ * blocking the step). The grant is revoked on every way out, before the pages can be reused; a load that
+ * did not finish (deadline, abort) then waits for drainGrant: a WRITE under way when the grant ended
+ * lands no byte after it settles (the tcp receiver drops the rest of its payload and refuses it), so the
+ * pages can be recomputed or freed without a late byte of the producer over them.
  *
  * The scheduler exempts the load's pages from zeroing (an async load), so a page the WRITE fills only in
  * part (larger than prefill's pages, issue 14) has its clipped tail zeroed here once the load is done: the
@@ -19,7 +22,7 @@ import type { PageSpan } from '../device/types.ts';
 import { TransferTable } from './transfer_table.ts';
 import type { WorkerContext } from './worker_context.ts';
 
-type RecvState = 'granted' | 'aborted' | 'done' | 'expired' | 'aborted-released';
+type RecvState = 'granted' | 'aborted' | 'done' | 'expiring' | 'expired' | 'aborted-released';
 interface RecvTransfer {
   state: RecvState;
   requestId: string;
@@ -30,9 +33,10 @@ interface RecvTransfer {
 }
 
 const RECV_TRANSITIONS = {
-  granted: ['done', 'expired', 'aborted'],
+  granted: ['done', 'expiring', 'aborted'],
   aborted: ['aborted-released'],
   done: [],
+  expiring: ['expired'],
   expired: [],
   'aborted-released': [],
 } as const;
@@ -45,7 +49,11 @@ export class WriteConsumer {
   private releaseNow: string[] = [];
   stats = { tailsZeroed: 0 };
 
-  constructor(private readonly ctx: WorkerContext) {}
+  constructor(
+    private readonly ctx: WorkerContext,
+    /** Wakes the engine: a drain that settled has a load or a release to report. */
+    private readonly onActivity: () => void = () => {},
+  ) {}
 
   get size(): number {
     return this.recvs.size;
@@ -99,9 +107,10 @@ export class WriteConsumer {
   }
 
   /**
-   * The request finished (aborted) while the producer may still write: no new WRITE is accepted into
-   * its pages; they are released when write_done arrives or the deadline passes. A request whose
-   * producer was never told where to write (or whose load already ended) is released at the next collect.
+   * The request finished (aborted) while the producer may still write: no WRITE lands in its pages once
+   * the grant's drain settled, and they are released then (or at write_done, if that comes first). A
+   * request whose producer was never told where to write (or whose load already ended) is released at
+   * the next collect.
    */
   aborted(transferId: string, requestId: string): void {
     const t = this.recvs.get(transferId);
@@ -112,9 +121,20 @@ export class WriteConsumer {
       return;
     }
     this.ctx.transfer.revokeGrant(transferId);
-    if (t?.state === 'granted') this.recvs.move(transferId, 'aborted');
+    if (t?.state === 'granted') {
+      this.recvs.move(transferId, 'aborted');
+      this.afterDrain(transferId, 'aborted', 'aborted-released');
+    }
     // Never told where to write, or its load already ended: nothing can land.
     else if (t === undefined || t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);
+  }
+
+  /** Once nothing more lands for `transferId`, move it from `from` to `to` (unless it moved on already). */
+  private afterDrain(transferId: string, from: 'aborted' | 'expiring', to: 'aborted-released' | 'expired'): void {
+    void this.ctx.transfer.drainGrant(transferId).then(() => {
+      if (this.recvs.get(transferId)?.state === from) this.recvs.move(transferId, to);
+      this.onActivity();
+    });
   }
 
   /** The producer's data is visible in our pages. */
@@ -141,7 +161,8 @@ export class WriteConsumer {
   }
 
   /**
-   * Loads past their deadline (vLLM's get_block_ids_with_load_errors), then what finished. A finished
+   * What finished, then loads past their deadline (vLLM's get_block_ids_with_load_errors: reported once
+   * their drain settled, at a later collect), and aborted loads that may be released. A finished
    * load's clipped tails are zeroed now, on the compute stream: after write_done told us the data is
    * visible (the WRITE landed), before any forward of the request (it runs only once we report it).
    * `tailsZeroed` settles when that zeroing has run: the caller waits for it before reporting (see
@@ -173,13 +194,13 @@ export class WriteConsumer {
     const releasedAborted = [...this.releaseNow, ...this.recvs.take('aborted-released').map(([, t]) => t.requestId)];
     this.releaseNow = [];
     for (const [transferId, t] of [...this.recvs.entries()]) {
-      if (t.deadlineMs > now || (t.state !== 'granted' && t.state !== 'aborted')) continue;
+      // An aborted load is released once its drain settles, whatever the deadline.
+      if (t.deadlineMs > now || t.state !== 'granted') continue;
       this.ctx.transfer.revokeGrant(transferId); // stop accepting the producer's WRITEs into these pages first
-      if (t.state === 'aborted') {
-        this.recvs.move(transferId, 'aborted-released'); // past the deadline no WRITE of the producer lands
-        continue;
-      }
-      this.recvs.move(transferId, 'expired');
+      this.recvs.move(transferId, 'expiring');
+      this.afterDrain(transferId, 'expiring', 'expired');
+    }
+    for (const [, t] of this.recvs.take('expired')) {
       loads.failedLoadReqIds.push(t.requestId);
       loads.invalidBlockIds.push(...t.blockIds);
       loads.loadErrors[t.requestId] = {
@@ -187,8 +208,6 @@ export class WriteConsumer {
         message: `the producer did not write within ${this.ctx.config.transferTimeoutMs} ms`,
       };
     }
-    this.recvs.take('expired');
-    releasedAborted.push(...this.recvs.take('aborted-released').map(([, t]) => t.requestId));
     return { finishedRecving: done, releasedAborted, loads, tailsZeroed };
   }
 }

@@ -58,6 +58,39 @@ test('I7 nearest legal: the WRITE landed and the WRITE grant was revoked before 
   assert.deepEqual(seen, []);
 });
 
+test('I7 nearest legal: a WRITE still in flight under a grant that ended (revoked and drained) is harmless at the free', () => {
+  const { lc, seen } = make();
+  lc.allocated([1], true);
+  lc.grant('xfer-0', [1], true, true);
+  lc.inboundPosted(10, [1], 'peer', 'd-0', 'xfer-0');
+  lc.grant('xfer-0', [1], false, true);
+  lc.freed([1]);
+  assert.deepEqual(seen, []);
+});
+
+test('I7: that WRITE landing after all (the revoke did not stop it) is still a stale writer', () => {
+  const { lc, seen } = make();
+  lc.allocated([1], true);
+  lc.grant('xfer-0', [1], true, true);
+  lc.inboundPosted(10, [1], 'peer', 'd-0', 'xfer-0');
+  lc.grant('xfer-0', [1], false, true);
+  lc.freed([1]);
+  lc.allocated([1], true);
+  lc.inboundDone(10, [1], true);
+  assert.deepEqual(codes(seen), ['I7']);
+  assert.match(seen[0]!.message, /stale writer: transfer 10 posted for d-0 at generation 1 landed on generation 2/);
+});
+
+test('I7: a WRITE in flight under a grant still live at the free is a stale writer', () => {
+  const { lc, seen } = make();
+  lc.allocated([1], true);
+  lc.grant('xfer-0', [1], true, true);
+  lc.inboundPosted(10, [1], 'peer', 'd-0', 'xfer-0');
+  lc.freed([1]);
+  assert.deepEqual(codes(seen), ['I7']);
+  assert.match(seen[0]!.message, /WRITE 10 in flight, grant xfer-0/);
+});
+
 test('a READ grant (the peer reads the page) at the free stays I4, not a stale writer', () => {
   const { lc, seen } = make();
   lc.allocated([1], true);

@@ -51,8 +51,8 @@ interface Page {
   hit: boolean;
   zeroQueued: boolean;
   pendingZeros: number;
-  /** Transfers writing the page: the generation each was posted for, and who posted it. */
-  inbound: Map<number, { epoch: number; writer: Writer; owner: string }>;
+  /** Transfers writing the page: the generation each was posted for, who posted it, a peer's grant. */
+  inbound: Map<number, { epoch: number; writer: Writer; owner: string; grant: string | null }>;
   outbound: Set<number>;
   /** Grants letting the peer read the page (producer) and write it (WRITE consumer). */
   grants: Set<string>;
@@ -155,7 +155,11 @@ export class PageLifecycle {
     for (const b of blocks) {
       const p = this.page(b);
       const own = [...p.inbound].filter(([, w]) => w.writer === 'self').map(([id]) => id);
-      const peer = [...p.inbound].filter(([, w]) => w.writer === 'peer').map(([id]) => id);
+      // A peer's WRITE whose grant has ended cannot land any more (the NIC refuses it; on tcp the drain
+      // after the revoke waits until no byte of one under way lands): harmless, like a queued READ below.
+      const peer = [...p.inbound]
+        .filter(([, w]) => w.writer === 'peer' && (w.grant === null || p.writeGrants.has(w.grant)))
+        .map(([id]) => id);
       if (peer.length > 0 || p.writeGrants.size > 0) {
         const what = [...peer.map((id) => `WRITE ${id} in flight`), ...[...p.writeGrants].map((t) => `grant ${t}`)];
         this.violate(
@@ -343,7 +347,13 @@ export class PageLifecycle {
    * A transfer will write these pages of this instance (READ destination, WRITE target): it is bound to
    * their current generation, for `owner` (the request it was posted for, in messages).
    */
-  inboundPosted(itemId: number, blocks: readonly number[], writer: Writer = 'self', owner = ''): void {
+  inboundPosted(
+    itemId: number,
+    blocks: readonly number[],
+    writer: Writer = 'self',
+    owner = '',
+    grant: string | null = null,
+  ): void {
     for (const b of blocks) {
       const p = this.page(b);
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
@@ -355,7 +365,7 @@ export class PageLifecycle {
         );
       if (p.pendingZeros > 0)
         this.violate('I1', b, `transfer ${itemId} writes the page while its zeroing is still queued`);
-      p.inbound.set(itemId, { epoch: p.epoch, writer, owner });
+      p.inbound.set(itemId, { epoch: p.epoch, writer, owner, grant });
       this.move(b, 'transfer-posted', `wr ${itemId}`);
     }
   }

@@ -146,6 +146,11 @@ const TRANSFER_COUNTERS: ReadonlyArray<readonly [string, string, keyof TransferS
     'tcp receives (readv) that put payload straight into KV pages',
     'scatterReads',
   ],
+  [
+    'handoff_transfer_writes_cut_total',
+    'WRITEs into this engine stopped mid-payload because their grant was revoked',
+    'writesCut',
+  ],
 ];
 
 /** The transfer engine's counters (0 without a connector). */

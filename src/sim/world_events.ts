@@ -124,7 +124,7 @@ export class WorldEvents {
       this.reads.set(key, (this.reads.get(key) ?? new Set()).add(item.id));
     } else {
       poster.lifecycle.outboundPosted(item.id, p.local);
-      peer.lifecycle.inboundPosted(item.id, p.remote, 'peer', owner);
+      peer.lifecycle.inboundPosted(item.id, p.remote, 'peer', owner, item.transferId);
       const key = `${item.from}|${item.transferId}`;
       const rec = this.writes.get(key) ?? { posted: new Set(), landed: new Set(), observed: new Set() };
       rec.posted.add(item.id);

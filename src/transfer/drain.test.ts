@@ -5,6 +5,12 @@
  * the overwrite: the NIC sent nothing from the pages after the drain settled. (Settling at once, as before
  * the drain existed, lets the overwrite reach the wire on tcp: the bytes Node still held as views of the
  * slab went out changed. On inproc it could land in the middle of the serving NIC thread's copy.)
+ *
+ * The WRITE twin: a 64 MiB WRITE is landing in the consumer's pages when the consumer revokes its grant
+ * (its load timed out, or its request was aborted) and waits for drainGrant, then reuses the pages.
+ * Proves that nothing of the WRITE lands after the drain settled, and that the WRITE then fails
+ * (GRANT_DENIED) instead of reporting done. (Before the revoke stopped WRITEs under way, the tcp
+ * receiver kept landing an announced WRITE's bytes until its last one, over the reused pages.)
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -83,6 +89,72 @@ for (const backend of ['tcp', 'inproc'] as const)
         }
       }
       assert.ok(served > 0, 'at least one READ was under way when its grant ended');
+    } finally {
+      await Promise.all([P.engine.close(), D.engine.close()]);
+    }
+  });
+
+for (const backend of ['tcp', 'inproc'] as const)
+  test(`drainGrant, ${backend}: a WRITE landing while its grant ends lands nothing after the drain`, async () => {
+    const [P, D] = await Promise.all([
+      engine(backend, `drainw-P-${backend}`, 0xaa),
+      engine(backend, `drainw-D-${backend}`, 0),
+    ]);
+    try {
+      await P.engine.handshake(D.engine.address());
+      const blocks = Array.from({ length: PAGES - 1 }, (_, i) => i + 1);
+      const write = (t: string, pages: number[]) => {
+        const { token } = D.engine.issueGrant({
+          transferId: t,
+          peerEngineId: P.engine.engineId,
+          blockIds: pages,
+          ttlMs: 60_000,
+        });
+        const ranges: TransferRange[] = [0, 1].flatMap((slab) =>
+          pages.map((b) => ({ slab, localOffset: b * PAGE, remoteOffset: b * PAGE, length: PAGE })),
+        );
+        return P.engine.postWrite({
+          peerEngineId: D.engine.engineId,
+          transferId: t,
+          grantToken: token,
+          ranges,
+          label: { what: 'drain' },
+          footprint: [],
+        });
+      };
+      await P.engine.wait([write('drainw-warm', [1])], 10_000); // the data connection is open
+      let cut = 0;
+      for (let round = 0; round < 4; round++) {
+        for (const s of D.slabs) s.fill(0);
+        const t = `drainw-${round}`;
+        const h = write(t, blocks);
+        await env.sleep(3); // the WRITE reaches D and its bytes are landing (64 MiB take ~20 ms here)
+        D.engine.revokeGrant(t);
+        await D.engine.drainGrant(t);
+        for (const s of D.slabs) s.fill(0x55, PAGE); // the pages are reused
+        const done = await P.engine.wait([h], 10_000).then(
+          () => true,
+          (e: unknown) => (assert.equal((e as { code?: string }).code, 'GRANT_DENIED'), false),
+        );
+        await env.sleep(20); // anything still on the wire has arrived
+        for (const s of D.slabs) {
+          const late = s.subarray(PAGE).findIndex((x) => x !== 0x55);
+          assert.equal(
+            late,
+            -1,
+            `byte ${late + PAGE} of the WRITE landed after the drain (it ended ${done ? 'done' : 'denied'})`,
+          );
+        }
+        if (!done) cut++;
+      }
+      if (backend === 'tcp') {
+        // inproc lands a WRITE in one copy on D's NIC thread, which the drain waits behind: never cut.
+        assert.ok(cut > 0, 'at least one WRITE was under way when its grant ended');
+        // Denied mid-payload (cut) or, when the revoke came first, at its announcement (refused).
+        const { writesCut, grantsRefused } = D.engine.stats();
+        assert.ok(writesCut > 0, 'a WRITE was stopped mid-payload');
+        assert.equal(writesCut + grantsRefused, cut, 'each denied WRITE counted once by the receiver');
+      }
     } finally {
       await Promise.all([P.engine.close(), D.engine.close()]);
     }

@@ -60,6 +60,8 @@ export interface NicStats {
   badFrames: number;
   /** readv calls that received payload straight into pages (tcp scatter receive, READ replies and WRITEs). */
   scatterReads: number;
+  /** WRITEs into this engine stopped mid-payload because their grant was revoked (tcp: denied, nothing more lands). */
+  writesCut: number;
 }
 
 export interface Nic {

@@ -60,7 +60,7 @@ interface HandleState {
 
 type HostCounters = Omit<
   TransferStats,
-  'grantsRefused' | 'badFrames' | 'scatterReads' | 'grantsIssued' | 'grantsExpired'
+  'grantsRefused' | 'badFrames' | 'scatterReads' | 'writesCut' | 'grantsIssued' | 'grantsExpired'
 >;
 
 /** What the core takes from TransferEngineOptions (the registered slabs belong to the NIC). */

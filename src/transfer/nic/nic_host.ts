@@ -173,6 +173,7 @@ export class NicHost implements Nic {
       grantsRefused: this.counter(COUNTER.grantsRefused),
       badFrames: this.counter(COUNTER.badFrames),
       scatterReads: this.counter(COUNTER.scatterReads),
+      writesCut: this.counter(COUNTER.writesCut),
     };
   }
 

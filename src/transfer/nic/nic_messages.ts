@@ -18,8 +18,15 @@ export { CQ_DONE, CQ_FAILED, CQ_FREE, CQ_PENDING } from '../core/nic.ts';
 export const CQ_INTS_PER_SLOT = 2;
 
 /** Counters the NIC thread increments with Atomics (Int32Array indexes). */
-export const COUNTER = { grantsRefused: 0, readsServed: 1, writesAccepted: 2, badFrames: 3, scatterReads: 4 } as const;
-export const COUNTER_INTS = 5;
+export const COUNTER = {
+  grantsRefused: 0,
+  readsServed: 1,
+  writesAccepted: 2,
+  badFrames: 3,
+  scatterReads: 4,
+  writesCut: 5,
+} as const;
+export const COUNTER_INTS = 6;
 
 export const ERROR_CODE_LIST = Object.keys(ERROR_CODES) as ErrorCode[];
 

@@ -169,6 +169,7 @@ class Nic implements NicContext {
         return;
       case 'revoke':
         this.grants.revoke(cmd.transferId);
+        this.tcp?.revoked(cmd.transferId);
         return;
       case 'drain':
         // inproc copies a served READ or WRITE in one go on this thread: none runs now. tcp sends from the

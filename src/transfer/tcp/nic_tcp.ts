@@ -150,10 +150,16 @@ export class TcpPlane {
     settle();
   }
 
+  /** `transferId`'s grant was revoked: WRITEs of it under way on any connection land nothing more. */
+  revoked(transferId: string): void {
+    for (const c of this.serverConns) c.revoked(transferId);
+  }
+
   /**
    * Settles once no connection reads `transferId`'s pages any more (its grant is revoked: no new READ of
    * it is served): READ replies and WRITEs of it still queued are sent and flushed to the kernel first. A
-   * connection still holding some after `timeoutMs` (a peer that stopped reading) is dropped.
+   * connection still holding some after `timeoutMs` (a peer that stopped reading) is dropped. WRITEs of
+   * it landing here stopped at the revoke that came before (revoked): nothing to wait for.
    */
   async drain(transferId: string, timeoutMs = DRAIN_TIMEOUT_MS): Promise<void> {
     const conns = [...this.serverConns, ...[...this.clients.values()].flat()];

@@ -142,7 +142,7 @@ export function expectPiece(stream: RangeStream, head: DataHead, piece: Uint8Arr
 /** A peer connected to our data port: we serve its READs and accept its WRITEs. */
 export class ServerConn extends Conn {
   private peer: string | null = null;
-  private readonly writes = new Map<number, { stream: RangeStream; denied: boolean }>();
+  private readonly writes = new Map<number, { transferId: string; stream: RangeStream; denied: boolean }>();
 
   constructor(socket: net.Socket, ctx: NicContext, onClosed: () => void) {
     super(socket, ctx);
@@ -178,7 +178,7 @@ export class ServerConn extends Conn {
         if (this.writes.size >= WRITES_MAX) throw new FrameError('too many writes in flight');
         const ranges = wireSide(f.ranges);
         const d = this.ctx.checkGrant(peer, f.transferId, f.grantToken, ranges, f.reqId);
-        this.writes.set(f.reqId, { stream: new RangeStream(ranges), denied: !d.ok });
+        this.writes.set(f.reqId, { transferId: f.transferId, stream: new RangeStream(ranges), denied: !d.ok });
         if (!d.ok) this.deny(f.reqId, d.reason);
         return;
       }
@@ -208,6 +208,20 @@ export class ServerConn extends Conn {
       });
     }
     this.finishWrite(head.reqId);
+  }
+
+  /**
+   * `transferId`'s grant was revoked: its WRITEs under way land no further byte (the rest of each payload
+   * is read and dropped) and are answered GRANT_DENIED, not done. Landing runs on this thread only, so
+   * once this returns nothing of them reaches the pages: the consumer may reuse them after the drain.
+   */
+  revoked(transferId: string): void {
+    for (const [reqId, w] of this.writes) {
+      if (w.transferId !== transferId || w.denied) continue;
+      w.denied = true;
+      this.ctx.count(COUNTER.writesCut);
+      this.deny(reqId, `the grant of ${transferId} was revoked while its WRITE was landing`);
+    }
   }
 
   protected liveStream(reqId: number): RangeStream | undefined {
