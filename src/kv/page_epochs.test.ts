@@ -58,13 +58,20 @@ test('I7 nearest legal: the WRITE landed and the WRITE grant was revoked before 
   assert.deepEqual(seen, []);
 });
 
-test('I7 nearest legal: a WRITE still in flight under a grant that ended (revoked and drained) is harmless at the free', () => {
+test('I7 nearest legal: a WRITE queued under a grant that ended (revoked and drained) holds nothing up: the free, a new owner posting and reading, its refusal', () => {
   const { lc, seen } = make();
   lc.allocated([1], true);
   lc.grant('xfer-0', [1], true, true);
   lc.inboundPosted(10, [1], 'peer', 'd-0', 'xfer-0');
   lc.grant('xfer-0', [1], false, true);
   lc.freed([1]);
+  lc.inboundPosted(11, [1], 'peer', 'd-0', 'xfer-0'); // posted late, into the free page: it will be refused
+  lc.allocated([1], true);
+  lc.inboundPosted(12, [1], 'self', 'd-1');
+  lc.inboundDone(12, [1], true);
+  lc.forwardEnqueued(1, [{ slab: 0, block: 1, start: 0, end: 64, write: false }]);
+  lc.inboundDone(10, [1], false);
+  lc.inboundDone(11, [1], false);
   assert.deepEqual(seen, []);
 });
 
@@ -78,7 +85,10 @@ test('I7: that WRITE landing after all (the revoke did not stop it) is still a s
   lc.allocated([1], true);
   lc.inboundDone(10, [1], true);
   assert.deepEqual(codes(seen), ['I7']);
-  assert.match(seen[0]!.message, /stale writer: transfer 10 posted for d-0 at generation 1 landed on generation 2/);
+  assert.match(
+    seen[0]!.message,
+    /stale writer: transfer 10 posted for d-0 at generation 1 landed after its grant ended \(on generation 2\)/,
+  );
 });
 
 test('I7: a WRITE in flight under a grant still live at the free is a stale writer', () => {

@@ -53,6 +53,11 @@ interface Page {
   pendingZeros: number;
   /** Transfers writing the page: the generation each was posted for, who posted it, a peer's grant. */
   inbound: Map<number, { epoch: number; writer: Writer; owner: string; grant: string | null }>;
+  /**
+   * A peer's WRITEs into the page whose grant ended (revoked and drained): the NIC refuses them, so they
+   * hold nothing up (a free, a zeroing, a forward); only their landing after all is a violation.
+   */
+  refused: Map<number, { epoch: number; owner: string }>;
   outbound: Set<number>;
   /** Grants letting the peer read the page (producer) and write it (WRITE consumer). */
   grants: Set<string>;
@@ -89,6 +94,7 @@ export class PageLifecycle {
       zeroQueued: b === 0,
       pendingZeros: 0,
       inbound: new Map(),
+      refused: new Map(),
       outbound: new Set(),
       grants: new Set(),
       writeGrants: new Set(),
@@ -155,11 +161,7 @@ export class PageLifecycle {
     for (const b of blocks) {
       const p = this.page(b);
       const own = [...p.inbound].filter(([, w]) => w.writer === 'self').map(([id]) => id);
-      // A peer's WRITE whose grant has ended cannot land any more (the NIC refuses it; on tcp the drain
-      // after the revoke waits until no byte of one under way lands): harmless, like a queued READ below.
-      const peer = [...p.inbound]
-        .filter(([, w]) => w.writer === 'peer' && (w.grant === null || p.writeGrants.has(w.grant)))
-        .map(([id]) => id);
+      const peer = [...p.inbound].filter(([, w]) => w.writer === 'peer').map(([id]) => id);
       if (peer.length > 0 || p.writeGrants.size > 0) {
         const what = [...peer.map((id) => `WRITE ${id} in flight`), ...[...p.writeGrants].map((t) => `grant ${t}`)];
         this.violate(
@@ -356,6 +358,11 @@ export class PageLifecycle {
   ): void {
     for (const b of blocks) {
       const p = this.page(b);
+      if (writer === 'peer' && grant !== null && !p.writeGrants.has(grant)) {
+        // Posted under a grant that ended: the NIC will refuse it (checked if it lands after all).
+        p.refused.set(itemId, { epoch: p.epoch, owner });
+        continue;
+      }
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} targets a free page`);
       else if (p.hit)
         this.violate(
@@ -377,9 +384,19 @@ export class PageLifecycle {
   inboundDone(itemId: number, blocks: readonly number[], landed: boolean, spans?: readonly PageSpan[]): void {
     for (const b of blocks) {
       const p = this.page(b);
+      const refused = p.refused.get(itemId);
       const w = p.inbound.get(itemId);
       p.inbound.delete(itemId);
+      p.refused.delete(itemId);
       if (!landed) continue;
+      if (refused !== undefined) {
+        this.violate(
+          'I7',
+          b,
+          `stale writer: transfer ${itemId} posted for ${refused.owner || 'its owner'} at generation ${refused.epoch} landed after its grant ended${p.allocated ? ` (on generation ${p.epoch})` : ' (on a freed page)'}`,
+        );
+        continue;
+      }
       if (!p.allocated) this.violate('I4', b, `transfer ${itemId} landed in a freed page`);
       else if (w !== undefined && w.epoch !== p.epoch)
         this.violate(
@@ -421,6 +438,13 @@ export class PageLifecycle {
       const g = peerWrites ? p.writeGrants : p.grants;
       if (live) g.add(transferId);
       else g.delete(transferId);
+      if (live || !peerWrites) continue;
+      // The grant's WRITEs still queued can only be refused now (on tcp: once the drain settled).
+      for (const [id, w] of [...p.inbound]) {
+        if (w.grant !== transferId) continue;
+        p.inbound.delete(id);
+        p.refused.set(id, { epoch: w.epoch, owner: w.owner });
+      }
     }
   }
 

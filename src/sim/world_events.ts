@@ -7,7 +7,9 @@
  *     the destination before the data; a READ consumer's release (its "done" to the producer) only
  *     after every READ of its transfer ended;
  *   - checks the request half of I7 (ownership epochs): a transfer posted for request R may write only
- *     pages no other live request owns (the lifecycle binds it to the pages' generation);
+ *     pages no other live request owns (the lifecycle binds it to the pages' generation); a WRITE posted
+ *     under a grant the destination already ended is exempt: its NIC refuses it (the lifecycle flags
+ *     it if it lands after all);
  *   - offers scenario actions and injects faults at a READ's post (abort it, kill the prefill, slow it),
  *     and the abort scenario's abort from decode's WRITE grant on (decode awaits prefill's WRITE);
  *   - records NIC slices and maps race-checker work-request ids to them for the trace.
@@ -36,6 +38,9 @@ export class WorldEvents {
   private readonly reads = new Map<string, Set<number>>();
   /** `${instance}:${race-checker work request id}` → fabric item id. */
   private readonly rcItems = new Map<string, number>();
+
+  /** Consumers' live WRITE grants (`engineId|transferId`). */
+  private readonly writeGrants = new Set<string>();
 
   constructor(private readonly w: SimWorld) {}
 
@@ -73,6 +78,8 @@ export class WorldEvents {
         // A consumer's grant lets the producer WRITE its pages; a producer's lets the consumer READ them.
         const peerWrites = inst?.spec.role === 'consumer';
         inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued', peerWrites);
+        if (peerWrites && ev.change === 'issued') this.writeGrants.add(`${ev.engineId}|${ev.transferId}`);
+        else if (peerWrites) this.writeGrants.delete(`${ev.engineId}|${ev.transferId}`);
         // WRITE: from its grant on, decode waits for prefill's WRITE; the abort scenario may strike then.
         const target = this.w.proxy.requests.find((q) => q.transferId === ev.transferId);
         if (peerWrites && ev.change === 'issued' && target?.spec.index === this.w.scenario.abortTarget)
@@ -184,6 +191,7 @@ export class WorldEvents {
   private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
     const r = this.requestOf(item);
     if (r === undefined || !dst.alive) return '';
+    const refused = item.kind === 'write' && !this.writeGrants.has(`${item.to}|${item.transferId}`);
     const idOf = (q: ProxyRequest): string =>
       dst.spec.role === 'consumer' ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q);
     const owner = idOf(r);
@@ -194,7 +202,7 @@ export class WorldEvents {
         .getBlockIds(idOf(q))
         .flat()
         .filter((b) => blocks.includes(b) && !mine.has(b));
-      if (taken.length > 0)
+      if (taken.length > 0 && !refused)
         this.w.violate(
           'lifecycle',
           `I7: ${dst.name} blocks ${taken.join(',')}: ${item.kind.toUpperCase()} net#${item.id} posted for ${owner} writes pages owned by ${idOf(q)} (a stale writer)`,
