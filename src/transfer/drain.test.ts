@@ -42,6 +42,31 @@ async function engine(
   return { engine: e, slabs };
 }
 
+/**
+ * Post a READ (by `poster` from `granter`) or a WRITE (by `poster` into `granter`) of `pages` (every page
+ * at the same offset on both sides, both slabs) under a fresh grant of `granter`'s.
+ */
+function post(kind: 'read' | 'write', poster: TransferEngine, granter: TransferEngine, t: string, pages: number[]) {
+  const { token } = granter.issueGrant({
+    transferId: t,
+    peerEngineId: poster.engineId,
+    blockIds: pages,
+    ttlMs: 60_000,
+  });
+  const ranges: TransferRange[] = [0, 1].flatMap((slab) =>
+    pages.map((b) => ({ slab, localOffset: b * PAGE, remoteOffset: b * PAGE, length: PAGE })),
+  );
+  const req = {
+    peerEngineId: granter.engineId,
+    transferId: t,
+    grantToken: token,
+    ranges,
+    label: { what: 'drain' },
+    footprint: [],
+  };
+  return kind === 'read' ? poster.postRead(req) : poster.postWrite(req);
+}
+
 for (const backend of ['tcp', 'inproc'] as const)
   test(`drainGrant, ${backend}: a READ served while the grant ends gets none of the bytes written after the drain`, async () => {
     const [P, D] = await Promise.all([
@@ -56,23 +81,7 @@ for (const backend of ['tcp', 'inproc'] as const)
         for (const s of P.slabs) s.fill(0xaa);
         for (const s of D.slabs) s.fill(0);
         const t = `drain-${round}`;
-        const { token } = P.engine.issueGrant({
-          transferId: t,
-          peerEngineId: D.engine.engineId,
-          blockIds: blocks,
-          ttlMs: 60_000,
-        });
-        const ranges: TransferRange[] = [0, 1].flatMap((slab) =>
-          blocks.map((b) => ({ slab, localOffset: b * PAGE, remoteOffset: b * PAGE, length: PAGE })),
-        );
-        const h = D.engine.postRead({
-          peerEngineId: P.engine.engineId,
-          transferId: t,
-          grantToken: token,
-          ranges,
-          label: { what: 'drain' },
-          footprint: [],
-        });
+        const h = post('read', D.engine, P.engine, t, blocks);
         await env.sleep(3); // the READ reaches P and its reply is under way (64 MiB take ~20 ms here)
         P.engine.revokeGrant(t);
         await P.engine.drainGrant(t);
@@ -103,31 +112,12 @@ for (const backend of ['tcp', 'inproc'] as const)
     try {
       await P.engine.handshake(D.engine.address());
       const blocks = Array.from({ length: PAGES - 1 }, (_, i) => i + 1);
-      const write = (t: string, pages: number[]) => {
-        const { token } = D.engine.issueGrant({
-          transferId: t,
-          peerEngineId: P.engine.engineId,
-          blockIds: pages,
-          ttlMs: 60_000,
-        });
-        const ranges: TransferRange[] = [0, 1].flatMap((slab) =>
-          pages.map((b) => ({ slab, localOffset: b * PAGE, remoteOffset: b * PAGE, length: PAGE })),
-        );
-        return P.engine.postWrite({
-          peerEngineId: D.engine.engineId,
-          transferId: t,
-          grantToken: token,
-          ranges,
-          label: { what: 'drain' },
-          footprint: [],
-        });
-      };
-      await P.engine.wait([write('drainw-warm', [1])], 10_000); // the data connection is open
+      await P.engine.wait([post('write', P.engine, D.engine, 'drainw-warm', [1])], 10_000); // the data connection is open
       let cut = 0;
       for (let round = 0; round < 4; round++) {
         for (const s of D.slabs) s.fill(0);
         const t = `drainw-${round}`;
-        const h = write(t, blocks);
+        const h = post('write', P.engine, D.engine, t, blocks);
         await env.sleep(3); // the WRITE reaches D and its bytes are landing (64 MiB take ~20 ms here)
         D.engine.revokeGrant(t);
         await D.engine.drainGrant(t);
