@@ -3,7 +3,9 @@
  * colocated server, sends seeded requests through the proxy at a fixed concurrency for `--duration-s`,
  * sends each one to the colocated server too and compares the token ids, then checks that both sides
  * got every page back (/metrics) and that the race checkers found nothing. Exit 1 on any error,
- * mismatch, leak or race.
+ * mismatch, leak or race. With `--abort-rate p` a drawn share of the P/D requests is abandoned by its
+ * client after a drawn delay (0-400 ms: before prefill, during the transfer, during decode): those are
+ * not compared, and every check above still holds for the rest and for the pages.
  */
 import type { Command } from 'commander';
 import { rethrowIfAssertion } from '../util/assert.ts';
@@ -11,11 +13,13 @@ import { RealEnv, SeededRng, type Env } from '../util/env.ts';
 import { createLogger } from '../util/log.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
-import { choiceFlag, intFlag, presetFlag } from './flags.ts';
+import { choiceFlag, intFlag, numberFlag, presetFlag } from './flags.ts';
 
 export interface SoakResult {
   durationS: number;
   requests: number;
+  /** Requests whose client went away on purpose (`abortRate`): neither compared nor counted as errors. */
+  aborted: number;
   errors: number;
   mismatches: number;
   outputTokens: number;
@@ -38,11 +42,12 @@ async function metrics(url: string): Promise<Map<string, number>> {
   return m;
 }
 
-async function completion(url: string, body: Record<string, unknown>): Promise<number[]> {
+async function completion(url: string, body: Record<string, unknown>, signal?: AbortSignal): Promise<number[]> {
   const res = await fetch(`${url}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(body),
+    ...(signal ? { signal } : {}),
   });
   const json = (await res.json()) as {
     choices?: Array<{ token_ids?: number[] }>;
@@ -65,6 +70,7 @@ async function pagesBack(url: string, env: Env, timeoutMs: number): Promise<bool
 
 interface SoakTally {
   requests: number;
+  aborted: number;
   errors: number;
   mismatches: number;
   outputTokens: number;
@@ -90,18 +96,24 @@ function soakRequestBody(rng: SeededRng, model: string): Record<string, unknown>
  * (`refUrl`) until the deadline, comparing the token ids.
  */
 async function driveSoakLoad(
-  o: { preset: string; concurrency: number; seed: number },
+  o: { preset: string; concurrency: number; seed: number; abortRate: number },
   urls: { pdUrl: string; refUrl: string },
   env: Env,
   deadline: number,
   onProgress?: (done: number, errors: number, mismatches: number) => void,
 ): Promise<SoakTally> {
   const rng = new SeededRng(o.seed);
-  const tally: SoakTally = { requests: 0, errors: 0, mismatches: 0, outputTokens: 0, firstProblem: null };
+  const tally: SoakTally = { requests: 0, aborted: 0, errors: 0, mismatches: 0, outputTokens: 0, firstProblem: null };
   const worker = async (): Promise<void> => {
     while (env.nowMs() < deadline) {
       const body = soakRequestBody(rng, o.preset);
       tally.requests++;
+      // Drawn only with aborts on, so a seed's workload without them is the one it always was.
+      if (o.abortRate > 0 && rng.int(1000) < o.abortRate * 1000) {
+        await abandoned(urls.pdUrl, body, rng.int(400), env);
+        tally.aborted++;
+        continue;
+      }
       try {
         const [pd, ref] = await Promise.all([completion(urls.pdUrl, body), completion(urls.refUrl, body)]);
         tally.outputTokens += pd.length;
@@ -119,6 +131,18 @@ async function driveSoakLoad(
   };
   await Promise.all(Array.from({ length: o.concurrency }, worker));
   return tally;
+}
+
+/** A P/D request whose client goes away after `afterMs` (unless it was answered first). */
+async function abandoned(url: string, body: Record<string, unknown>, afterMs: number, env: Env): Promise<void> {
+  const client = new AbortController();
+  const answered = completion(url, body, client.signal).then(
+    () => undefined,
+    (e: unknown) => rethrowIfAssertion(e), // catch-ok: aborted by us, or failed on its way out: not compared
+  );
+  await Promise.race([answered, env.sleep(afterMs)]);
+  client.abort();
+  await answered;
 }
 
 /** After the load: did both sides get every page back, and how many races did their checkers find. */
@@ -144,6 +168,8 @@ export async function runSoak(
     concurrency: number;
     numBlocks: number;
     seed: number;
+    /** Share of P/D requests abandoned by their client (0 to 1; default 0). */
+    abortRate?: number;
   },
   env: Env,
   onProgress?: (done: number, errors: number, mismatches: number) => void,
@@ -167,12 +193,13 @@ export async function runSoak(
   const deadline = t0 + o.durationS * 1000;
   try {
     const urls = { pdUrl: cluster.proxyUrl, refUrl: colocated.url };
-    const tally = await driveSoakLoad(o, urls, env, deadline, onProgress);
+    const tally = await driveSoakLoad({ ...o, abortRate: o.abortRate ?? 0 }, urls, env, deadline, onProgress);
     const elapsedS = (env.nowMs() - t0) / 1000;
     const checks = await checkSoakCluster({ prefillUrl: cluster.prefill.url, decodeUrl: cluster.decode.url }, env);
     return {
       durationS: elapsedS,
       requests: tally.requests,
+      aborted: tally.aborted,
       errors: tally.errors,
       mismatches: tally.mismatches,
       outputTokens: tally.outputTokens,
@@ -197,6 +224,7 @@ export function registerSoak(program: Command): void {
     .option('--concurrency <n>', 'requests in flight', '16')
     .option('--num-blocks <n>', 'KV pages per instance', '1024')
     .option('--seed <n>', 'workload seed', '0')
+    .option('--abort-rate <p>', 'share of P/D requests whose client goes away after 0-400 ms (0 to 1)', '0')
     .option('--json', 'print one JSON object')
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const env = new RealEnv();
@@ -209,6 +237,7 @@ export function registerSoak(program: Command): void {
           concurrency: intFlag('concurrency', opts['concurrency'], 1, 1024),
           numBlocks: intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20),
           seed: intFlag('seed', opts['seed'], 0, 2 ** 31),
+          abortRate: numberFlag('abort-rate', opts['abortRate'], 0, 1),
         },
         env,
         (done, errors, mismatches) => {
@@ -221,7 +250,7 @@ export function registerSoak(program: Command): void {
       if (opts['json']) process.stdout.write(`${JSON.stringify({ ...r, ok })}\n`);
       else
         process.stdout.write(
-          `soak ${ok ? 'PASS' : 'FAIL'}: ${r.requests} requests in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
+          `soak ${ok ? 'PASS' : 'FAIL'}: ${r.requests} requests (${r.aborted} abandoned) in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
             `pages back: prefill ${r.prefillPagesBack} decode ${r.decodePagesBack}, races ${r.races}, ${r.tokensPerSec.toFixed(1)} output tok/s` +
             `${r.firstProblem ? `\n  first problem: ${r.firstProblem}` : ''}\n`,
         );

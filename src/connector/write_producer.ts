@@ -13,7 +13,7 @@
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { SaveReqMeta } from '../worker/connector_metadata.ts';
 import type { TransferHandle } from '../transfer/core/types.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
 import { alignState, tokenRun, type TokenAlignment } from './alignment.ts';
 import { TransferTable } from './transfer_table.ts';
 import type { PeerGeometry, TransferPlan, WorkerContext } from './worker_context.ts';
@@ -151,7 +151,9 @@ export class WriteProducer {
       rethrowIfAssertion(e);
       this.ctx.log?.warn(
         { transferId: save.transferId, err: String(e) },
-        'KV WRITE failed; decode will time out and recompute',
+        isHandoffError(e) && e.code === 'GRANT_DENIED'
+          ? 'KV WRITE refused: decode revoked its grant (its request went away or its load timed out)'
+          : 'KV WRITE failed; decode will time out and recompute',
       );
       // Timed out or failed: the NIC may still be sending from our pages. They are reported (and freed)
       // only once it acknowledged that it stopped.
