@@ -62,6 +62,12 @@ export interface ConnectorScheduler {
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput;
   /** True while the connector holds pages or waits for peers, so an idle engine keeps stepping. */
   hasPendingWork(): boolean;
+  /**
+   * Producer: the finished request's answer (its kv_transfer_params) never reached its client, so no
+   * consumer will read or be pushed these pages: end its lease now (revoke, drain, free, as at expiry).
+   * True if a hold was ended.
+   */
+  endHold(requestId: string): boolean;
 }
 
 /** Colocated serving: nothing is loaded, nothing is held. */
@@ -91,6 +97,9 @@ export class NullConnector implements ConnectorScheduler {
     return out;
   }
   hasPendingWork(): boolean {
+    return false;
+  }
+  endHold(): boolean {
     return false;
   }
 }

@@ -84,7 +84,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
   private expired: string[] = [];
   private expiring: Record<string, string> = {};
-  stats = { leasesExpired: 0, readRequests: 0, grantsIssued: 0 };
+  stats = { leasesExpired: 0, holdsEnded: 0, readRequests: 0, grantsIssued: 0 };
 
   constructor(
     readonly config: OneSidedConfig,
@@ -410,7 +410,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       // are freed once the worker reports them (Producer.expire, WriteProducer.expire).
       this.grants?.revokeGrant(h.transferId);
       this.expired.push(h.transferId);
-      this.stats.leasesExpired++;
+      if (h.deadlineMs !== -Infinity) this.stats.leasesExpired++; // else endHold counted it
       this.transfers.drop(requestId);
       this.transfers.add(requestId, { ...h, state: 'expiring' });
       this.expiring[h.transferId] = requestId;
@@ -428,6 +428,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       Object.keys(this.expiring).length > 0 ||
       this.abortedRecvs.length > 0
     );
+  }
+
+  endHold(requestId: string): boolean {
+    const h = this.transfers.get(requestId);
+    if (h?.state !== 'held') return false;
+    h.deadlineMs = -Infinity; // the next update moves it to expiring, as a lease that ended
+    this.stats.holdsEnded++;
+    return true;
   }
 
   get numHeld(): number {

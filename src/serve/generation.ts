@@ -94,7 +94,18 @@ export class Generation {
     );
   }
 
-  /** The client went away: abort in the engine (pages freed) and report nothing more. */
+  /**
+   * The answer was written but never reached the client: pages the engine still holds for a peer
+   * (a prefill's, for decode) are freed now (EngineCore.abort of a finished request ends its hold).
+   */
+  undelivered(): void {
+    this.engine.abort(this.requestId);
+  }
+
+  /**
+   * The client went away: abort in the engine (pages freed; a request that already finished and holds
+   * its pages for a peer has them freed too, as its answer is now never sent) and report nothing more.
+   */
   cancel(): void {
     if (this.finished) return;
     this.cancelled = true;

@@ -306,6 +306,7 @@ function snapshot(e: LLMEngine, c: OneSidedConnector | null): InstanceStatsSnaps
     pagesTailZeroed: c?.worker.stats.tailsZeroed ?? 0,
     kvLoadFailures: s.loadFailures,
     leasesExpired: c?.scheduler.stats.leasesExpired ?? 0,
+    holdsEnded: c?.scheduler.stats.holdsEnded ?? 0,
     engineSteps: e.core.stats.steps,
     transfer: c ? c.transfer.stats() : null,
     races: e.device.raceChecker

@@ -345,6 +345,11 @@ export class InstanceServer {
       if (!gen.done) {
         this.log?.info({ requestId }, 'client disconnected: aborting the request');
         gen.cancel();
+      } else if (!res.writableFinished) {
+        // Answered, but the client left before the answer was flushed: a prefill's pages held for decode
+        // would wait for their lease, since nobody has the params to read or release them.
+        this.log?.info({ requestId }, 'client disconnected before the answer was sent: ending its hold');
+        gen.undelivered();
       }
     });
   }

@@ -23,6 +23,8 @@ export interface InstanceStatsSnapshot {
   pagesTailZeroed: number;
   kvLoadFailures: number;
   leasesExpired: number;
+  /** Held prefill pages freed at once because their answer never reached the client. */
+  holdsEnded: number;
   engineSteps: number;
   transfer: TransferStats | null;
   /** Races reported by the device's race checker (null when --race-check is off). */
@@ -106,6 +108,11 @@ function registerEngineMetrics(f: ScrapedFamilies): void {
     'handoff_leases_expired_total',
     'held prefill pages freed because no release arrived in time',
     (x) => x.leasesExpired,
+  );
+  f.mirror(
+    'handoff_holds_ended_total',
+    'held prefill pages freed at once because their answer never reached the client',
+    (x) => x.holdsEnded,
   );
   f.mirror('handoff_engine_steps_total', 'engine steps taken', (x) => x.engineSteps);
 }

@@ -171,6 +171,33 @@ test('a decode request refused after prefill answered (too long for decode) rele
   }
 });
 
+test('an answer that never reached its client: aborting the finished prefill request frees its held pages now (grant revoked), not at the lease', async () => {
+  const pair = await PdPair.create(base('undelivered'), env);
+  try {
+    const r = await pair.prefill.generate({
+      ...(prompts[3] as GenerateRequest),
+      requestId: 'undelivered-req',
+      sampling: { maxTokens: 1 },
+      kvTransferParams: { do_remote_decode: true, transfer_id: 'undelivered-1' },
+    });
+    assert.ok(pair.prefill.kv.getNumFreeBlocks() < 127, 'held for decode (60 s lease)');
+    pair.prefill.abort('undelivered-req'); // what the server does when the client left before the answer went out
+    for (let k = 0; k < 200 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
+    assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'freed long before the lease');
+    const stats = pair.prefillConnector.scheduler.stats;
+    assert.deepEqual([stats.holdsEnded, stats.leasesExpired], [1, 0]);
+    await assert.rejects(
+      pair.decode.generate({ ...(prompts[3] as GenerateRequest), kvTransferParams: r.kvTransferParams }),
+      (e: Error & { code?: string }) => e.code === 'GRANT_DENIED',
+      'a READ with those params (had they leaked) is refused',
+    );
+    pair.prefill.abort('undelivered-req'); // again: nothing held any more, nothing happens
+    assert.equal(pair.prefillConnector.scheduler.stats.holdsEnded, 1);
+  } finally {
+    await pair.close();
+  }
+});
+
 test('WRITE: a decode that will never load (client gone before it told prefill where to write) releases prefill’s pages now; a lease-ended save is never pushed', async () => {
   const pair = await PdPair.create(
     base('write-release', { decode: { mode: 'write' }, prefill: { leaseMs: 400 } }),
