@@ -60,11 +60,12 @@ export class EngineCore {
    * The client went away: abort the request; if it already finished and holds its pages for a peer, its
    * answer never reached the client (the server calls this only then), so the hold ends now.
    */
-  abort(requestId: string): void {
+  abort(requestId: string, endHold = true): void {
     if (this.scheduler.abortRequest(requestId)) {
       for (const o of this.scheduler.drainPendingOutputs()) this.dispatch(o);
       this.kick();
-    } else if (!this.scheduler.requests.has(requestId) && this.scheduler.connector.endHold(requestId)) this.kick();
+    } else if (endHold && !this.scheduler.requests.has(requestId) && this.scheduler.connector.endHold(requestId))
+      this.kick();
   }
 
   /** Start the loop (idempotent). */

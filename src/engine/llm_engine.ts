@@ -228,8 +228,17 @@ export class LLMEngine {
     });
   }
 
+  /** The client went away: abort the request, or end its hold if it finished holding pages for a peer. */
   abort(requestId: string): void {
     this.core.abort(requestId);
+  }
+
+  /**
+   * Abort the request if it has not finished; once finished it is left alone (its answer, and any pages
+   * it holds for a peer, are still on their way to the client: in-band cancel, /handoff/cancel).
+   */
+  cancel(requestId: string): void {
+    this.core.abort(requestId, false);
   }
 
   /**

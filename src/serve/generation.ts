@@ -41,6 +41,7 @@ export interface GenerationObserver {
 export interface EngineHandle {
   submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): unknown;
   abort(requestId: string): void;
+  cancel(requestId: string): void;
 }
 
 export class Generation {
@@ -92,6 +93,16 @@ export class Generation {
       },
       (o) => this.onOutput(o),
     );
+  }
+
+  /**
+   * Cancelled in band (/handoff/cancel): the request is aborted if it still runs, and its client, still
+   * connected, gets the abort as its answer; a request already finished answers as usual. True if it ran.
+   */
+  cancelInBand(): boolean {
+    if (this.finished) return false;
+    this.engine.cancel(this.requestId);
+    return true;
   }
 
   /**

@@ -204,6 +204,7 @@ function servedEngine(e: LLMEngine): ServedEngine {
   return {
     submit: e.submit.bind(e),
     abort: e.abort.bind(e),
+    cancel: e.cancel.bind(e),
     releaseUnused: e.releaseUnused.bind(e),
     kvEvents: e.kvEvents,
     load: () => loadOf(e),

@@ -358,6 +358,31 @@ test('a client that disconnects mid-stream aborts its request and its pages come
   assert.equal((await abortCount()) - metricBefore, 1, 'the request ended as aborted, not by length');
 });
 
+test('POST /handoff/cancel aborts a running request in band (its client, still connected, gets REQUEST_ABORTED), or one that starts later; unknown ids and bad bodies', async () => {
+  const running = post(
+    '/v1/completions',
+    { prompt: 'cancel me', max_tokens: 400, ignore_eos: true },
+    { 'x-request-id': 'cancel-1' },
+  );
+  for (let k = 0; k < 400 && !inst.engine.scheduler.requests.has('cancel-1'); k++) await env.sleep(5);
+  assert.deepEqual((await post('/handoff/cancel', { request_id: 'cancel-1' })).json, { cancelled: true });
+  const r = await running;
+  assert.equal(r.json?.error?.code, 'REQUEST_ABORTED', r.text);
+  assert.deepEqual((await post('/handoff/cancel', { request_id: 'cancel-1' })).json, { cancelled: false });
+  // A cancel that comes before its request (still being read or tokenized here) waits for it.
+  assert.deepEqual((await post('/handoff/cancel', { request_id: 'cancel-2' })).json, { cancelled: false });
+  const early = await post(
+    '/v1/completions',
+    { prompt: 'too late', max_tokens: 400, ignore_eos: true },
+    { 'x-request-id': 'cancel-2' },
+  );
+  assert.equal(early.json?.error?.code, 'REQUEST_ABORTED', early.text);
+  assert.equal((await post('/handoff/cancel', { request_id: 7 })).status, 400);
+  assert.equal((await post('/handoff/cancel', 'not json')).status, 400);
+  await waitIdle(inst);
+  assert.equal(inst.engine.kv.getNumFreeBlocks(), 159);
+});
+
 async function abortCount(): Promise<number> {
   const text = await (await fetch(`${inst.url}/metrics`)).text();
   const m = /handoff_requests_total\{finish_reason="abort"[^}]*\} (\d+)/.exec(text);

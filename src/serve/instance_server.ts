@@ -8,6 +8,9 @@
  *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
  *   POST /handoff/release                         decode: {kv_transfer_params} of a request it will never
  *                                                 get (client gone after prefill answered): release them
+ *   POST /handoff/cancel                          {request_id}: abort that request if it still runs; its
+ *                                                 client (the proxy) stays connected and gets the abort,
+ *                                                 or the answer if it had finished (nothing is lost)
  *   GET  /handoff/kv_events[?since=SEQ]           the KV events as an NDJSON stream (kv_event_stream.ts)
  *   GET  /handoff/kv_events/dump                  every cached block hash at the current seq
  *   POST /handoff/reset_prefix_cache              forget every cached prefix (refused while pages are in use)
@@ -80,6 +83,10 @@ export interface InstanceServerOptions {
 }
 
 /** What the server needs of an engine besides submit/abort. */
+/** An early cancel waits this long for its request to start, and at most this many wait. */
+const EARLY_CANCEL_MS = 30_000;
+const EARLY_CANCELS_MAX = 1024;
+
 export interface ServedEngine extends EngineHandle {
   /** Non-null once the engine loop died. */
   readonly crashed: Error | null;
@@ -95,6 +102,8 @@ export class InstanceServer {
   readonly metrics: InstanceMetrics;
   private readonly server: Server;
   private readonly live = new Map<Generation, ServerResponse>();
+  /** Cancels that came before their request started here (still reading or tokenizing it): id → when. */
+  private readonly earlyCancels = new Map<string, number>();
   private readonly tokenizer: TokenizerThreads;
   private readonly kvStreams: KvEventStreams;
   private closing = false;
@@ -177,6 +186,7 @@ export class InstanceServer {
       if (path.startsWith('/v1/') || (path.startsWith('/handoff/') && path !== '/handoff/info'))
         checkBearer(req, this.opts.apiKey);
       if (req.method === 'POST' && path === '/handoff/release') return await this.releaseUnused(req, res);
+      if (req.method === 'POST' && path === '/handoff/cancel') return await this.cancel(req, res);
       if (req.method === 'GET' && path === '/handoff/kv_events') return this.kvStreams.stream(req, res);
       if (req.method === 'GET' && path === '/handoff/kv_events/dump') return this.kvStreams.dump(res);
       if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
@@ -217,6 +227,20 @@ export class InstanceServer {
         },
       ],
     };
+  }
+
+  /** POST /handoff/cancel: the proxy's client went away while this request ran here (see the header). */
+  private async cancel(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const id: unknown = (await readJsonBody(req))['request_id'];
+    if (typeof id !== 'string' || id.length === 0 || id.length > 256)
+      throw new HandoffError('BAD_REQUEST', 'request_id must be a non-empty string', { param: 'request_id' });
+    const gen = [...this.live.keys()].find((g) => g.requestId === id);
+    if (gen === undefined) {
+      const oldest = this.earlyCancels.keys().next();
+      if (this.earlyCancels.size >= EARLY_CANCELS_MAX && oldest.done !== true) this.earlyCancels.delete(oldest.value);
+      this.earlyCancels.set(id, this.env.nowMs());
+    }
+    sendJson(res, 200, { cancelled: gen?.cancelInBand() ?? false });
   }
 
   /** POST /handoff/release: the proxy's client went away between prefill's answer and this decode request. */
@@ -340,6 +364,9 @@ export class InstanceServer {
     });
     gen.start(); // throws (PROMPT_TOO_LONG, BAD_TRANSFER_PARAMS, duplicate id, ...) before anything is allocated
     this.live.set(gen, res);
+    const cancelledAt = this.earlyCancels.get(requestId);
+    this.earlyCancels.delete(requestId);
+    if (cancelledAt !== undefined && this.env.nowMs() - cancelledAt < EARLY_CANCEL_MS) gen.cancelInBand();
     res.on('close', () => {
       this.live.delete(gen);
       if (!gen.done) {

@@ -41,7 +41,7 @@ import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDe
 import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { relay } from './proxy_relay.ts';
-import { callUpstream, upstreamError } from './upstream.ts';
+import { callUpstream, notifyUpstream, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
   prefillUrls: string[];
@@ -348,9 +348,24 @@ export class Proxy {
       {
         prefill: async (ask, signal) => {
           // Once prefill answers, its answer is read even if the client left: pdFlow then has its pages released.
-          const c = { path, body: prefillBody(body, ask), headers, signal, signalUntilHeaders: true };
-          const answer = await this.post('prefill', p, c, async (r) => (await r.json()) as Body, failed);
-          return { kvTransferParams: answer['kv_transfer_params'] };
+          // READ: the client leaving is told to prefill in band (its /handoff/cancel), never by dropping the
+          // connection, so an answer already on its way is not lost with the pages it holds (until the lease).
+          const inBand = this.opts.mode === 'read';
+          const cancel = (): void => void this.cancelUpstream(p, headers);
+          if (inBand) signal.addEventListener('abort', cancel, { once: true });
+          const c = {
+            path,
+            body: prefillBody(body, ask),
+            headers,
+            signal: inBand ? NEVER_ABORTED : signal,
+            signalUntilHeaders: true,
+          };
+          try {
+            const answer = await this.post('prefill', p, c, async (r) => (await r.json()) as Body, failed);
+            return { kvTransferParams: answer['kv_transfer_params'] };
+          } finally {
+            signal.removeEventListener('abort', cancel);
+          }
         },
         decode: (params, signal) => {
           if (this.opts.mode === 'read') failed.held = params;
@@ -368,24 +383,18 @@ export class Proxy {
     );
   }
 
+  /** Ask prefill to abort a request whose client left (best effort: its answer, if any, still comes). */
+  private cancelUpstream(p: PoolMember, headers: Record<string, string>): Promise<void> {
+    const body = { request_id: headers['x-request-id'] };
+    const what = 'cancel of a prefill request failed; it runs to the end';
+    return notifyUpstream(this.env, this.log, { url: `${p.url}/handoff/cancel`, body, headers, what }, this.opts);
+  }
+
   /** Ask decode to release prefill's pages for a request it will never get; best effort (the lease is the fallback). */
-  private async releaseUnused(d: PoolMember, params: Body, headers: Record<string, string>): Promise<void> {
-    try {
-      const u = await callUpstream(this.env, {
-        method: 'POST',
-        url: `${d.url}/handoff/release`,
-        body: { kv_transfer_params: params },
-        headers,
-        timeoutMs: this.opts.healthTimeoutMs,
-      });
-      u.done();
-    } catch (e) {
-      rethrowIfAssertion(e);
-      this.log?.warn(
-        { url: d.url, err: (e as Error).message },
-        'release of unused prefill pages failed; the lease frees them',
-      );
-    }
+  private releaseUnused(d: PoolMember, params: Body, headers: Record<string, string>): Promise<void> {
+    const body = { kv_transfer_params: params };
+    const what = 'release of unused prefill pages failed; the lease frees them';
+    return notifyUpstream(this.env, this.log, { url: `${d.url}/handoff/release`, body, headers, what }, this.opts);
   }
 
   /**
@@ -445,6 +454,9 @@ export class Proxy {
     );
   }
 }
+
+/** The signal of a call nothing aborts but its timeout. */
+const NEVER_ABORTED = new AbortController().signal;
 
 /** One client request as the legs need it. */
 interface Call {

@@ -7,6 +7,7 @@
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError, handoffErrorFromJSON } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
 
 export interface UpstreamCall {
   method: 'GET' | 'POST';
@@ -70,6 +71,31 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
 }
 
 /** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
+/**
+ * A best-effort POST to an instance (a release, a cancel): its answer is not needed, and a failure is
+ * logged as `what` (the caller has a fallback: a lease, a request that runs to its end).
+ */
+export async function notifyUpstream(
+  env: Env,
+  log: Logger | undefined,
+  n: { url: string; body: Record<string, unknown>; headers: Record<string, string>; what: string },
+  o: { healthTimeoutMs: number },
+): Promise<void> {
+  try {
+    const u = await callUpstream(env, {
+      method: 'POST',
+      url: n.url,
+      body: n.body,
+      headers: n.headers,
+      timeoutMs: o.healthTimeoutMs,
+    });
+    u.done();
+  } catch (e) {
+    rethrowIfAssertion(e);
+    log?.warn({ url: n.url, err: (e as Error).message }, n.what);
+  }
+}
+
 export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
   // catch-ok: the body of an error response is only decoration for the message; a failed read leaves it empty
   const text = await r.text().catch(() => '');
