@@ -214,10 +214,13 @@ export class SimProxy {
       resolve({ outcome, kvTransferParams });
     };
     if (inst.spec.role === 'producer') this.prefillLegs.set(requestId, { inst, fail: (e) => settle(e.outcome, null) });
+    // As the HTTP proxy does: a READ prefill leg is cancelled in band (its answer, if it finished, still
+    // comes and is released through decode); any other leg is aborted (an answer never sent ends its hold).
+    const inBand = this.mode === 'read' && inst.spec.role === 'producer';
     signal.addEventListener(
       'abort',
       () => {
-        if (pending && inst.alive) inst.engine.abort(requestId);
+        if (pending && inst.alive) inBand ? inst.engine.cancel(requestId) : inst.engine.abort(requestId);
       },
       { once: true },
     );
