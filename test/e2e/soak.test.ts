@@ -1,7 +1,7 @@
 /**
  * A short `handoff soak` (issue 8's load run, scaled down for CI): real prefill, decode (race checker on)
  * and proxy processes plus a colocated server; every request's P/D tokens equal colocated, no errors,
- * every page back on both sides, and the race checkers report nothing; the same in WRITE mode with a
+ * every page back on both sides, and the race checkers report nothing; the same in READ and WRITE mode with a
  * third of the clients going away mid-request (before prefill, during the WRITE, during decode).
  */
 import { test } from 'node:test';
@@ -25,6 +25,18 @@ test('soak, WRITE, a third of the clients go away (0-400 ms in): the rest == col
   const r = await runSoak(
     { preset: 'dsv4-mini', mode: 'write', durationS: 6, concurrency: 4, numBlocks: 512, seed: 5, abortRate: 0.3 },
     new RealEnv(2),
+  );
+  assert.ok(r.aborted > 0 && r.requests - r.aborted >= 4, `${r.requests} requests ran, ${r.aborted} abandoned`);
+  assert.equal(r.errors, 0, r.firstProblem ?? '');
+  assert.equal(r.mismatches, 0, r.firstProblem ?? '');
+  assert.ok(r.prefillPagesBack && r.decodePagesBack, 'free pages back to the start value on both sides');
+  assert.equal(r.races, 0);
+});
+
+test('soak, READ, a third of the clients go away (0-400 ms in): the rest == colocated, every page back, no races', async () => {
+  const r = await runSoak(
+    { preset: 'dsv4-mini', mode: 'read', durationS: 6, concurrency: 4, numBlocks: 512, seed: 6, abortRate: 0.3 },
+    new RealEnv(3),
   );
   assert.ok(r.aborted > 0 && r.requests - r.aborted >= 4, `${r.requests} requests ran, ${r.aborted} abandoned`);
   assert.equal(r.errors, 0, r.firstProblem ?? '');
