@@ -41,7 +41,7 @@ import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDe
 import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { relay } from './proxy_relay.ts';
-import { callUpstream, notifyUpstream, upstreamError } from './upstream.ts';
+import { callUpstream, inBandCancel, notifyUpstream, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
   prefillUrls: string[];
@@ -348,23 +348,29 @@ export class Proxy {
       {
         prefill: async (ask, signal) => {
           // Once prefill answers, its answer is read even if the client left: pdFlow then has its pages released.
-          // READ: the client leaving is told to prefill in band (its /handoff/cancel), never by dropping the
-          // connection, so an answer already on its way is not lost with the pages it holds (until the lease).
-          const inBand = this.opts.mode === 'read';
-          const cancel = (): void => void this.cancelUpstream(p, headers);
-          if (inBand) signal.addEventListener('abort', cancel, { once: true });
+          // READ: the client leaving is told to prefill in band (upstream.ts inBandCancel), so an answer
+          // already on its way is not lost with the pages it holds (until the lease).
+          const timeoutMs = this.opts.healthTimeoutMs;
+          const leg =
+            this.opts.mode === 'read'
+              ? inBandCancel(this.env, this.log, { base: p.url, headers, timeoutMs }, signal)
+              : null;
           const c = {
             path,
             body: prefillBody(body, ask),
             headers,
-            signal: inBand ? NEVER_ABORTED : signal,
+            signal: leg?.signal ?? signal,
             signalUntilHeaders: true,
           };
           try {
-            const answer = await this.post('prefill', p, c, async (r) => (await r.json()) as Body, failed);
+            const read = async (r: Response): Promise<Body> => {
+              leg?.dispose(); // the answer is here: nothing left to cancel
+              return (await r.json()) as Body;
+            };
+            const answer = await this.post('prefill', p, c, read, failed);
             return { kvTransferParams: answer['kv_transfer_params'] };
           } finally {
-            signal.removeEventListener('abort', cancel);
+            leg?.dispose();
           }
         },
         decode: (params, signal) => {
@@ -381,13 +387,6 @@ export class Proxy {
       },
       { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client },
     );
-  }
-
-  /** Ask prefill to abort a request whose client left (best effort: its answer, if any, still comes). */
-  private cancelUpstream(p: PoolMember, headers: Record<string, string>): Promise<void> {
-    const body = { request_id: headers['x-request-id'] };
-    const what = 'cancel of a prefill request failed; it runs to the end';
-    return notifyUpstream(this.env, this.log, { url: `${p.url}/handoff/cancel`, body, headers, what }, this.opts);
   }
 
   /** Ask decode to release prefill's pages for a request it will never get; best effort (the lease is the fallback). */
@@ -454,9 +453,6 @@ export class Proxy {
     );
   }
 }
-
-/** The signal of a call nothing aborts but its timeout. */
-const NEVER_ABORTED = new AbortController().signal;
 
 /** One client request as the legs need it. */
 interface Call {

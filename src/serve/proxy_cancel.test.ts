@@ -3,12 +3,19 @@
  * /handoff/cancel with the request id) and keeps its connection, so an answer prefill had already sent
  * still arrives, and the pages it holds are released through decode at once (POST /handoff/release)
  * instead of waiting for the lease. Dropping the connection instead lost such an answer, and with it
- * the only way to release those pages before the lease (found by `soak --abort-rate`). The upstreams
- * here are plain HTTP servers that record what the proxy does.
+ * the only way to release those pages before the lease (found by `soak --abort-rate`). A prefiller
+ * without the route (vLLM) has its connection dropped, as before. The upstreams here are plain HTTP
+ * servers that record what the proxy does.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import {
+  createServer,
+  request as httpRequest,
+  type ClientRequest,
+  type IncomingMessage,
+  type ServerResponse,
+} from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { RealEnv } from '../util/env.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy } from './proxy.ts';
@@ -24,7 +31,7 @@ interface Fake {
   close(): Promise<void>;
 }
 
-async function fake(): Promise<Fake> {
+async function fake(cancelStatus = 200): Promise<Fake> {
   const seen: Fake['seen'] = [];
   let took!: (c: { answer(body: unknown): void; dropped(): boolean }) => void;
   const completion = new Promise<{ answer(body: unknown): void; dropped(): boolean }>((r) => (took = r));
@@ -36,7 +43,7 @@ async function fake(): Promise<Fake> {
       seen.push({ path, id: req.headers['x-request-id'] as string | undefined, body });
       if (path === '/health') return res.end('{}');
       if (path !== '/v1/completions') {
-        res.statusCode = path === '/handoff/info' ? 404 : 200;
+        res.statusCode = path === '/handoff/info' ? 404 : path === '/handoff/cancel' ? cancelStatus : 200;
         return res.end('{}');
       }
       let gone = false;
@@ -57,24 +64,30 @@ async function fake(): Promise<Fake> {
   };
 }
 
-test('READ: a client leaving during prefill cancels it in band; an answer already sent is read and its pages released through decode', async () => {
-  const [prefill, decode] = await Promise.all([fake(), fake()]);
+/** A proxy over `prefill` and `decode`, and a client whose request it is sending to prefill now. */
+async function leaving(prefill: Fake, decode: Fake): Promise<{ proxy: Proxy; client: ClientRequest }> {
   const proxy = new Proxy(
     { ...DEFAULT_PROXY_OPTIONS, prefillUrls: [prefill.url], decodeUrls: [decode.url], healthTimeoutMs: 500 },
     env,
   );
   const port = await proxy.listen(0, '127.0.0.1');
   await proxy.start();
+  const client = httpRequest({
+    host: '127.0.0.1',
+    port,
+    method: 'POST',
+    path: '/v1/completions',
+    headers: { 'content-type': 'application/json', 'x-request-id': 'client-1' },
+  });
+  client.on('error', () => {});
+  client.end(JSON.stringify({ model: 'm', prompt: 'hello there', max_tokens: 4 }));
+  return { proxy, client };
+}
+
+test('READ: a client leaving during prefill cancels it in band; an answer already sent is read and its pages released through decode', async () => {
+  const [prefill, decode] = await Promise.all([fake(), fake()]);
+  const { proxy, client } = await leaving(prefill, decode);
   try {
-    const client = httpRequest({
-      host: '127.0.0.1',
-      port,
-      method: 'POST',
-      path: '/v1/completions',
-      headers: { 'content-type': 'application/json', 'x-request-id': 'client-1' },
-    });
-    client.on('error', () => {});
-    client.end(JSON.stringify({ model: 'm', prompt: 'hello there', max_tokens: 4 }));
     const c = await prefill.completion;
     client.destroy(); // the client leaves while prefill computes
     for (let k = 0; k < 200 && !prefill.seen.some((s) => s.path === '/handoff/cancel'); k++) await env.sleep(5);
@@ -88,6 +101,24 @@ test('READ: a client leaving during prefill cancels it in band; an answer alread
     assert.ok(release, 'the held pages are released through decode, not left to the lease');
     assert.equal(JSON.parse(release.body).kv_transfer_params.grant, 'g');
     assert.equal(decode.seen.filter((s) => s.path === '/v1/completions').length, 0, 'decode never ran it');
+  } finally {
+    await proxy.close();
+    await Promise.all([prefill.close(), decode.close()]);
+  }
+});
+
+test('READ: a prefiller that has no /handoff/cancel (vLLM) has its connection dropped, as before', async () => {
+  const [prefill, decode] = await Promise.all([fake(404), fake()]);
+  const { proxy, client } = await leaving(prefill, decode);
+  try {
+    const c = await prefill.completion;
+    client.destroy();
+    for (let k = 0; k < 200 && !c.dropped(); k++) await env.sleep(5);
+    assert.ok(
+      prefill.seen.some((s) => s.path === '/handoff/cancel'),
+      'it was asked first',
+    );
+    assert.equal(c.dropped(), true, 'then the connection was dropped');
   } finally {
     await proxy.close();
     await Promise.all([prefill.close(), decode.close()]);

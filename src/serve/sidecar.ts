@@ -21,7 +21,7 @@ import { hexId } from '../util/ids.ts';
 import { peerAllowed, type PeerAllowList } from '../connector/peer_directory.ts';
 import { pdFlow, type TransferParams } from './pd_flow.ts';
 import { prefillBody, decodeBody } from './proxy_flow.ts';
-import { callUpstream, upstreamError } from './upstream.ts';
+import { callUpstream, inBandCancel, upstreamError } from './upstream.ts';
 
 export const PREFILLER_HEADER = 'x-prefiller-host-port';
 const PARAM = PREFILLER_HEADER;
@@ -77,15 +77,18 @@ export function runSidecar(env: Env, call: SidecarCall, legs: SidecarLegs): Prom
   return pdFlow<void>(
     {
       prefill: async (ask, signal) => {
+        // The client leaving is told to the prefiller in band where it can be (upstream.ts inBandCancel).
+        const base = `http://${host}:${port}`;
+        const leg = inBandCancel(env, undefined, { base, headers: call.headers, timeoutMs: 2000 }, signal);
         const u = await callUpstream(env, {
           method: 'POST',
           url,
           body: prefillBody(call.body, ask),
           headers: call.headers,
-          signal,
+          signal: leg.signal,
           signalUntilHeaders: true,
           timeoutMs: call.timeoutMs,
-        });
+        }).finally(() => leg.dispose());
         try {
           if (!u.response.ok) throw await upstreamError('prefill', u.response);
           const answer = (await u.response.json()) as Record<string, unknown>;

@@ -70,7 +70,6 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
   }
 }
 
-/** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
 /**
  * A best-effort POST to an instance (a release, a cancel): its answer is not needed, and a failure is
  * logged as `what` (the caller has a fallback: a lease, a request that runs to its end).
@@ -96,6 +95,43 @@ export async function notifyUpstream(
   }
 }
 
+/**
+ * The abort of a prefill leg, told in band: when `client` aborts, POST `${base}/handoff/cancel`
+ * {request_id} and keep the leg's connection, so an answer already sent still arrives, and with it the
+ * params of the pages it holds, which the flow then releases through decode. The returned signal (for
+ * the leg's own call) aborts, dropping the connection as before, only if the prefiller cannot be told:
+ * no such route (a vLLM prefiller), an error, no answer.
+ */
+export function inBandCancel(
+  env: Env,
+  log: Logger | undefined,
+  leg: { base: string; headers: Record<string, string>; timeoutMs: number },
+  client: AbortSignal,
+): { signal: AbortSignal; dispose(): void } {
+  const drop = new AbortController();
+  const onAbort = (): void => {
+    const id = leg.headers['x-request-id'];
+    if (id === undefined) return drop.abort();
+    const body = { request_id: id };
+    const url = `${leg.base}/handoff/cancel`;
+    void callUpstream(env, { method: 'POST', url, body, headers: leg.headers, timeoutMs: leg.timeoutMs }).then(
+      (u) => {
+        if (!u.response.ok) drop.abort();
+        u.done();
+      },
+      (e: unknown) => {
+        rethrowIfAssertion(e);
+        log?.warn({ url, err: (e as Error).message }, 'in-band cancel failed: dropping the connection');
+        drop.abort();
+      },
+    );
+  };
+  if (client.aborted) onAbort();
+  else client.addEventListener('abort', onAbort, { once: true });
+  return { signal: drop.signal, dispose: () => client.removeEventListener('abort', onAbort) };
+}
+
+/** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
 export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
   // catch-ok: the body of an error response is only decoration for the message; a failed read leaves it empty
   const text = await r.text().catch(() => '');
