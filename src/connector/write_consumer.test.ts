@@ -115,3 +115,17 @@ test('a WRITE done before its deadline is finished without a drain', () => {
   assert.deepEqual(c.loads.failedLoadReqIds, []);
   assert.deepEqual(calls, ['grant t1', 'revoke t1']);
 });
+
+test('a request aborted while its timed-out load drains is released once drained, not reported as a failed load', async () => {
+  const { env, calls, recvs, notify, settle } = rig();
+  notify('r1', 't1');
+  env.advanceTo(DEFAULT_ONE_SIDED_CONFIG.transferTimeoutMs + 1);
+  assert.deepEqual(recvs.collect().loads.failedLoadReqIds, []);
+  recvs.aborted('t1', 'r1'); // the client leaves before the drain settled
+  assert.deepEqual(calls, ['grant t1', 'revoke t1', 'drain t1', 'revoke t1', 'drain t1']);
+  await settle('t1');
+  const c = recvs.collect();
+  assert.deepEqual(c.releasedAborted, ['r1'], 'its pages go back (the scheduler holds them for this)');
+  assert.deepEqual(c.loads.failedLoadReqIds, []);
+  assert.equal(recvs.size, 0);
+});

@@ -3,6 +3,7 @@
  *
  *   granted ──write_done──> done (finishedRecving)
  *      │  └──deadline──> expiring ──drained──> expired (the load failed: recompute or fail by policy)
+ *      │                      └──request aborted──┐
  *      └──request aborted──> aborted ──drained or write_done──> aborted-released (finishedSending)
  *
  * `granted`: decode's pages are granted to the producer and it was told where to write (sent without
@@ -36,7 +37,7 @@ const RECV_TRANSITIONS = {
   granted: ['done', 'expiring', 'aborted'],
   aborted: ['aborted-released'],
   done: [],
-  expiring: ['expired'],
+  expiring: ['expired', 'aborted'],
   expired: [],
   'aborted-released': [],
 } as const;
@@ -121,7 +122,8 @@ export class WriteConsumer {
       return;
     }
     this.ctx.transfer.revokeGrant(transferId);
-    if (t?.state === 'granted') {
+    if (t?.state === 'granted' || t?.state === 'expiring') {
+      // An expiring load's drain is under way: the one asked now settles after it, and releases.
       this.recvs.move(transferId, 'aborted');
       this.afterDrain(transferId, 'aborted', 'aborted-released');
     }
