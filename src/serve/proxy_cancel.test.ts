@@ -4,7 +4,8 @@
  * still arrives, and the pages it holds are released through decode at once (POST /handoff/release)
  * instead of waiting for the lease. Dropping the connection instead lost such an answer, and with it
  * the only way to release those pages before the lease (found by `soak --abort-rate`). A prefiller
- * without the route (vLLM) has its connection dropped, as before. The upstreams here are plain HTTP
+ * without the route (vLLM), or that takes the cancel but never answers, has its connection dropped, as
+ * before (the latter after CANCELLED_ANSWER_MS). The upstreams here are plain HTTP
  * servers that record what the proxy does.
  */
 import { test } from 'node:test';
@@ -19,6 +20,7 @@ import {
 import type { AddressInfo } from 'node:net';
 import { RealEnv } from '../util/env.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy } from './proxy.ts';
+import { CANCELLED_ANSWER_MS } from './upstream.ts';
 
 const env = new RealEnv(5);
 const HELD = { do_remote_prefill: true, remote_engine_id: 'prefill-x', transfer_id: 't', grant: 'g' };
@@ -119,6 +121,25 @@ test('READ: a prefiller that has no /handoff/cancel (vLLM) has its connection dr
       'it was asked first',
     );
     assert.equal(c.dropped(), true, 'then the connection was dropped');
+  } finally {
+    await proxy.close();
+    await Promise.all([prefill.close(), decode.close()]);
+  }
+});
+
+test('READ: a prefiller that takes the cancel but never answers has its connection dropped after CANCELLED_ANSWER_MS', async () => {
+  const [prefill, decode] = await Promise.all([fake(), fake()]);
+  const { proxy, client } = await leaving(prefill, decode);
+  try {
+    const c = await prefill.completion;
+    client.destroy();
+    const t0 = env.nowMs();
+    for (let k = 0; k < 200 && !prefill.seen.some((s) => s.path === '/handoff/cancel'); k++) await env.sleep(5);
+    await env.sleep(CANCELLED_ANSWER_MS / 2);
+    assert.equal(c.dropped(), false, 'kept while the answer may still come');
+    for (let k = 0; k < 1000 && !c.dropped(); k++) await env.sleep(10);
+    assert.equal(c.dropped(), true);
+    assert.ok(env.nowMs() - t0 >= CANCELLED_ANSWER_MS, 'not before the bound');
   } finally {
     await proxy.close();
     await Promise.all([prefill.close(), decode.close()]);

@@ -5,7 +5,7 @@
  * becomes the instance's own error (code and message) with the instance's HTTP status.
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
-import type { Env } from '../util/env.ts';
+import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, handoffErrorFromJSON } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 
@@ -95,12 +95,16 @@ export async function notifyUpstream(
   }
 }
 
+/** How long a prefill leg cancelled in band waits for its answer before its connection is dropped. */
+export const CANCELLED_ANSWER_MS = 10_000;
+
 /**
  * The abort of a prefill leg, told in band: when `client` aborts, POST `${base}/handoff/cancel`
  * {request_id} and keep the leg's connection, so an answer already sent still arrives, and with it the
  * params of the pages it holds, which the flow then releases through decode. The returned signal (for
- * the leg's own call) aborts, dropping the connection as before, only if the prefiller cannot be told:
- * no such route (a vLLM prefiller), an error, no answer.
+ * the leg's own call) aborts, dropping the connection as before, only if the prefiller cannot be told
+ * (no such route: a vLLM prefiller; an error; no answer), or if it was told but its answer (the abort, or
+ * the answer it had already sent) is not in within CANCELLED_ANSWER_MS.
  */
 export function inBandCancel(
   env: Env,
@@ -109,6 +113,8 @@ export function inBandCancel(
   client: AbortSignal,
 ): { signal: AbortSignal; dispose(): void } {
   const drop = new AbortController();
+  let late: TimerHandle | null = null;
+  let disposed = false;
   const onAbort = (): void => {
     const id = leg.headers['x-request-id'];
     if (id === undefined) return drop.abort();
@@ -117,6 +123,7 @@ export function inBandCancel(
     void callUpstream(env, { method: 'POST', url, body, headers: leg.headers, timeoutMs: leg.timeoutMs }).then(
       (u) => {
         if (!u.response.ok) drop.abort();
+        else if (!disposed) late = env.setTimer(CANCELLED_ANSWER_MS, () => drop.abort());
         u.done();
       },
       (e: unknown) => {
@@ -128,7 +135,14 @@ export function inBandCancel(
   };
   if (client.aborted) onAbort();
   else client.addEventListener('abort', onAbort, { once: true });
-  return { signal: drop.signal, dispose: () => client.removeEventListener('abort', onAbort) };
+  return {
+    signal: drop.signal,
+    dispose: () => {
+      disposed = true;
+      client.removeEventListener('abort', onAbort);
+      late?.cancel();
+    },
+  };
 }
 
 /** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
