@@ -82,7 +82,6 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     1 << 20,
   );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
-  private expired: string[] = [];
   private expiring: Record<string, string> = {};
   stats = { leasesExpired: 0, holdsEnded: 0, readRequests: 0, grantsIssued: 0 };
 
@@ -283,8 +282,6 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     meta.reqsToNotify = [...this.reqsNeedNotify.values()];
     meta.reqsToSave = [...this.reqsNeedSave.values()];
     for (const [requestId, h] of this.transfers.inState('held')) meta.sendTransfers[h.transferId] = requestId;
-    meta.expiredTransfers = this.expired;
-    this.expired = [];
     meta.expiring = this.expiring;
     this.expiring = {};
     meta.abortedRecvs = this.abortedRecvs;
@@ -405,17 +402,22 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const now = this.env.nowMs();
     for (const [requestId, h] of this.transfers.inState('held')) {
       if (h.deadlineMs > now) continue;
-      // Lease over and no release: no new READ of the pages (the grant dies now), but the NIC may still be
-      // sending a reply from them, or the worker pushing them (it learns of the expiry next step): they
-      // are freed once the worker reports them (Producer.expire, WriteProducer.expire).
-      this.grants?.revokeGrant(h.transferId);
-      this.expired.push(h.transferId);
-      if (h.deadlineMs !== -Infinity) this.stats.leasesExpired++; // else endHold counted it
-      this.transfers.drop(requestId);
-      this.transfers.add(requestId, { ...h, state: 'expiring' });
-      this.expiring[h.transferId] = requestId;
+      this.endLease(requestId, h);
+      this.stats.leasesExpired++;
     }
     return { ...emptyConnectorOutput(), ...out, finishedSending };
+  }
+
+  /**
+   * A held transfer's lease ends (run out, or endHold): no new READ of the pages (the grant dies now), but
+   * the NIC may still be sending a reply from them, or the worker pushing them (it learns of this in the
+   * next metadata): they are freed once the worker reports them (Producer.expire, WriteProducer.expire).
+   */
+  private endLease(requestId: string, h: SideTransfer): void {
+    this.grants?.revokeGrant(h.transferId);
+    this.transfers.drop(requestId);
+    this.transfers.add(requestId, { ...h, state: 'expiring' });
+    this.expiring[h.transferId] = requestId;
   }
 
   hasPendingWork(): boolean {
@@ -424,7 +426,6 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       this.reqsNeedRecv.size > 0 ||
       this.reqsNeedNotify.size > 0 ||
       this.reqsNeedSave.size > 0 ||
-      this.expired.length > 0 ||
       Object.keys(this.expiring).length > 0 ||
       this.abortedRecvs.length > 0
     );
@@ -433,7 +434,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   endHold(requestId: string): boolean {
     const h = this.transfers.get(requestId);
     if (h?.state !== 'held') return false;
-    h.deadlineMs = -Infinity; // the next update moves it to expiring, as a lease that ended
+    this.endLease(requestId, h);
     this.stats.holdsEnded++;
     return true;
   }

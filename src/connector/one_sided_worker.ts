@@ -125,7 +125,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   /** Producer bookkeeping, grants to revoke, WRITE saves and WRITE destination notices of this step. */
   private bindConnectorMetadata(meta: OneSidedMetadata): void {
-    this.producer.bind(meta.sendTransfers, meta.expiredTransfers);
+    this.producer.bind(meta.sendTransfers);
     for (const s of meta.reqsToSave) this.saves.save(s);
     if (this.ctx.config.mode === 'write') this.saves.expire(meta.expiring);
     else this.producer.expire(meta.expiring);

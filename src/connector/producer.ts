@@ -51,9 +51,8 @@ export class Producer {
     }
   }
 
-  /** This step's metadata: every held transfer (transfer id → request id) and expired leases. */
-  bind(sendTransfers: Record<string, string>, expiredTransfers: string[]): void {
-    for (const t of expiredTransfers) this.ctx.transfer.revokeGrant(t);
+  /** This step's metadata: every held transfer (transfer id → request id); ended leases come to expire. */
+  bind(sendTransfers: Record<string, string>): void {
     for (const [transferId, t] of [...this.transfers.entries()]) {
       if (t.state === 'held' && sendTransfers[transferId] === undefined) this.transfers.drop(transferId);
     }

@@ -122,19 +122,25 @@ export class WriteConsumer {
       return;
     }
     this.ctx.transfer.revokeGrant(transferId);
-    if (t?.state === 'granted' || t?.state === 'expiring') {
-      // An expiring load's drain is under way: the one asked now settles after it, and releases.
+    if (t?.state === 'granted') {
       this.recvs.move(transferId, 'aborted');
-      this.afterDrain(transferId, 'aborted', 'aborted-released');
+      this.afterDrain(transferId);
     }
+    // Timed out and draining: that drain now releases it instead of failing the load.
+    else if (t?.state === 'expiring') this.recvs.move(transferId, 'aborted');
     // Never told where to write, or its load already ended: nothing can land.
     else if (t === undefined || t.state === 'done' || t.state === 'expired') this.releaseNow.push(requestId);
   }
 
-  /** Once nothing more lands for `transferId`, move it from `from` to `to` (unless it moved on already). */
-  private afterDrain(transferId: string, from: 'aborted' | 'expiring', to: 'aborted-released' | 'expired'): void {
+  /**
+   * Once nothing more lands for `transferId` (its grant revoked): an expiring load is reported failed, an
+   * aborted one released (unless write_done came first).
+   */
+  private afterDrain(transferId: string): void {
     void this.ctx.transfer.drainGrant(transferId).then(() => {
-      if (this.recvs.get(transferId)?.state === from) this.recvs.move(transferId, to);
+      const state = this.recvs.get(transferId)?.state;
+      if (state === 'expiring') this.recvs.move(transferId, 'expired');
+      else if (state === 'aborted') this.recvs.move(transferId, 'aborted-released');
       this.onActivity();
     });
   }
@@ -200,7 +206,7 @@ export class WriteConsumer {
       if (t.deadlineMs > now || t.state !== 'granted') continue;
       this.ctx.transfer.revokeGrant(transferId); // stop accepting the producer's WRITEs into these pages first
       this.recvs.move(transferId, 'expiring');
-      this.afterDrain(transferId, 'expiring', 'expired');
+      this.afterDrain(transferId);
     }
     for (const [, t] of this.recvs.take('expired')) {
       loads.failedLoadReqIds.push(t.requestId);

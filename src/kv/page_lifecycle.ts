@@ -448,6 +448,11 @@ export class PageLifecycle {
     }
   }
 
+  /** Whether the peer may still WRITE some of `blocks` under `transferId` (a grant of ours not ended). */
+  writeGrantLive(transferId: string, blocks: readonly number[]): boolean {
+    return blocks.some((b) => this.page(b).writeGrants.has(transferId));
+  }
+
   /** Pages still allocated (null block excluded). */
   allocatedCount(): number {
     return this.pages.filter((p, b) => b !== 0 && p.allocated).length;

@@ -82,11 +82,11 @@ export interface InstanceServerOptions {
   sidecarTimeoutMs?: number;
 }
 
-/** What the server needs of an engine besides submit/abort. */
 /** An early cancel waits this long for its request to start, and at most this many wait. */
 const EARLY_CANCEL_MS = 30_000;
 const EARLY_CANCELS_MAX = 1024;
 
+/** What the server needs of an engine besides submit/abort. */
 export interface ServedEngine extends EngineHandle {
   /** Non-null once the engine loop died. */
   readonly crashed: Error | null;

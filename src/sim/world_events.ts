@@ -39,9 +39,6 @@ export class WorldEvents {
   /** `${instance}:${race-checker work request id}` → fabric item id. */
   private readonly rcItems = new Map<string, number>();
 
-  /** Consumers' live WRITE grants (`engineId|transferId`). */
-  private readonly writeGrants = new Set<string>();
-
   constructor(private readonly w: SimWorld) {}
 
   /** The pages (and the byte spans inside each) that ranges of an instance with `pageBytes` pages touch. */
@@ -78,8 +75,6 @@ export class WorldEvents {
         // A consumer's grant lets the producer WRITE its pages; a producer's lets the consumer READ them.
         const peerWrites = inst?.spec.role === 'consumer';
         inst?.lifecycle.grant(ev.transferId, ev.blockIds, ev.change === 'issued', peerWrites);
-        if (peerWrites && ev.change === 'issued') this.writeGrants.add(`${ev.engineId}|${ev.transferId}`);
-        else if (peerWrites) this.writeGrants.delete(`${ev.engineId}|${ev.transferId}`);
         // WRITE: from its grant on, decode waits for prefill's WRITE; the abort scenario may strike then.
         const target = this.w.proxy.requests.find((q) => q.transferId === ev.transferId);
         if (peerWrites && ev.change === 'issued' && target?.spec.index === this.w.scenario.abortTarget)
@@ -191,7 +186,8 @@ export class WorldEvents {
   private checkOwner(item: FabricItem, dst: SimInstance, blocks: readonly number[]): string {
     const r = this.requestOf(item);
     if (r === undefined || !dst.alive) return '';
-    const refused = item.kind === 'write' && !this.writeGrants.has(`${item.to}|${item.transferId}`);
+    const refused =
+      item.kind === 'write' && item.transferId !== null && !dst.lifecycle.writeGrantLive(item.transferId, blocks);
     const idOf = (q: ProxyRequest): string =>
       dst.spec.role === 'consumer' ? this.w.proxy.decodeId(q) : this.w.proxy.prefillId(q);
     const owner = idOf(r);

@@ -56,8 +56,6 @@ export interface OneSidedMetadata {
   reqsToNotify: NotifyReqMeta[];
   /** Producer: transfer id → request id of every request whose pages are held for a peer. */
   sendTransfers: Record<string, string>;
-  /** Producer: transfers whose lease expired this step (grant to revoke). */
-  expiredTransfers: string[];
   /**
    * Producer: transfer id → request id of leases that expired this step. The scheduler frees their pages
    * only once the worker reports them in finishedSending: READ, once the NIC no longer sends from them (a
@@ -81,7 +79,6 @@ export function emptyOneSidedMetadata(): OneSidedMetadata {
     reqsToSave: [],
     reqsToNotify: [],
     sendTransfers: {},
-    expiredTransfers: [],
     expiring: {},
     abortedRecvs: [],
   };
