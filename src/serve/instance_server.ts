@@ -233,7 +233,9 @@ export class InstanceServer {
   private async cancel(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const id: unknown = (await readJsonBody(req))['request_id'];
     if (typeof id !== 'string' || id.length === 0 || id.length > 256)
-      throw new HandoffError('BAD_REQUEST', 'request_id must be a non-empty string', { param: 'request_id' });
+      throw new HandoffError('BAD_REQUEST', 'request_id must be a string of 1 to 256 characters', {
+        param: 'request_id',
+      });
     const gen = [...this.live.keys()].find((g) => g.requestId === id);
     if (gen === undefined) {
       const oldest = this.earlyCancels.keys().next();
