@@ -42,6 +42,8 @@ const NONDETERMINISM_ALLOWED = [
   /^transfer\/(tcp|inproc|nic)\/[^/]*\.(ts|mjs)$/,
   // Prompts tokenized off the HTTP event loop (serve/tokenizer_threads.ts): threads, nothing else.
   /^serve\/tokenizer_thread[^/]*\.(ts|mjs)$/,
+  // The serving process's own health on /metrics: its CPU time and event-loop delay sampler.
+  /^serve\/process_metrics\.ts$/,
   // Simulator seeds across threads (sim/sim_threads.ts): a seed's result does not depend on its thread.
   /^sim\/sim_thread[^/]*\.(ts|mjs)$/,
 ];
@@ -70,6 +72,8 @@ const FORBIDDEN = [
   /\bsetInterval\s*\(/,
   /\bperformance\.now\s*\(/,
   /\bnew Worker\s*\(/,
+  /\bmonitorEventLoopDelay\s*\(/,
+  /\bprocess\.cpuUsage\s*\(/,
 ];
 
 export function determinismViolations(file: string, text: string): string[] {

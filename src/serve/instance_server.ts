@@ -168,6 +168,7 @@ export class InstanceServer {
     }
     this.live.clear();
     this.kvStreams.closeAll();
+    this.metrics.close();
     this.server.closeAllConnections();
     await Promise.all([closed, this.tokenizer.close()]);
   }

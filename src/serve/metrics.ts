@@ -6,6 +6,7 @@
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { TransferStats } from '../transfer/core/types.ts';
+import { registerProcessMetrics } from './process_metrics.ts';
 
 /** Everything read from the engine at scrape time (plain data). */
 export interface InstanceStatsSnapshot {
@@ -194,6 +195,7 @@ export class InstanceMetrics {
   private readonly httpErrors: Counter<'code'>;
   private readonly prefixQueries: Counter;
   private readonly prefixHits: Counter;
+  private readonly processMetrics: { stop(): void };
 
   constructor(labels: { role: string; model: string }, read: () => InstanceStatsSnapshot) {
     const reg = this.registry;
@@ -203,6 +205,7 @@ export class InstanceMetrics {
     registerCheckerMetrics(families);
     registerTransferMetrics(families);
     registerReadLatency(reg, read);
+    this.processMetrics = registerProcessMetrics(reg);
     this.ttft = latencyHistogram(
       reg,
       'handoff_time_to_first_token_seconds',
@@ -277,5 +280,10 @@ export class InstanceMetrics {
   /** The exposition text (Prometheus text format 0.0.4). */
   async text(): Promise<{ contentType: string; body: string }> {
     return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+  }
+
+  /** Stop the process metrics' event-loop sampler (the server is closing). */
+  close(): void {
+    this.processMetrics.stop();
   }
 }

@@ -144,6 +144,7 @@ export class Proxy {
   async close(): Promise<void> {
     this.closed = true;
     this.timer?.cancel();
+    this.metrics.close();
     const done = new Promise<void>((resolve) => this.server.close(() => resolve()));
     this.server.closeAllConnections();
     await Promise.all([done, this.tokenizer.close(), ...this.feeds.map((f) => f.close())]);

@@ -1,6 +1,7 @@
 /** /metrics of the proxy: requests by outcome, and per instance its health and requests in flight. */
 import { Counter, Gauge, Registry } from 'prom-client';
 import type { InstancePool } from './instance_pool.ts';
+import { registerProcessMetrics } from './process_metrics.ts';
 
 export type ProxyOutcome = 'ok' | 'error' | 'client_abort';
 
@@ -9,6 +10,7 @@ export class ProxyMetrics {
   private readonly requests: Counter<'outcome'>;
   private readonly routes: Counter<'path'>;
   private readonly retries: Counter;
+  private readonly processMetrics: { stop(): void };
 
   constructor(pools: readonly InstancePool[]) {
     const reg = this.registry;
@@ -49,6 +51,7 @@ export class ProxyMetrics {
       (m) => m.inflight,
     );
     perMember('handoff_proxy_instance_served', 'requests sent to the instance so far', (m) => m.served);
+    this.processMetrics = registerProcessMetrics(reg);
   }
 
   count(outcome: ProxyOutcome): void {
@@ -63,5 +66,10 @@ export class ProxyMetrics {
 
   async text(): Promise<{ contentType: string; body: string }> {
     return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+  }
+
+  /** Stop the process metrics' event-loop sampler (the proxy is closing). */
+  close(): void {
+    this.processMetrics.stop();
   }
 }
