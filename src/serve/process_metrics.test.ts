@@ -1,7 +1,7 @@
 /**
  * The process families on /metrics measure this process: a loop blocked for 150 ms shows as a delay of
  * at least 100 ms in the next scrape (and not in the one right after it), sockets opened here raise the
- * open-fd count by as many, memory and CPU are positive, and stop() ends the sampler.
+ * open-fd count by about as many, memory and CPU are positive, and stop() ends the sampler.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -37,7 +37,7 @@ test('process metrics: loop delay, open fds, memory and CPU of this process', as
     assert.ok((b.get('nodejs_eventloop_delay_seconds{quantile="1"}') ?? Infinity) < maxA, 'each scrape starts over');
 
     const servers: Server[] = [];
-    for (let i = 0; i < 20; i++) {
+    for (let i = 0; i < 100; i++) {
       const s = createServer();
       await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
       servers.push(s);
@@ -45,7 +45,8 @@ test('process metrics: loop delay, open fds, memory and CPU of this process', as
     const c = await values(reg);
     for (const s of servers) await new Promise<void>((r) => s.close(() => r()));
     const fdsBefore = b.get('process_open_fds') ?? 0;
-    assert.ok((c.get('process_open_fds') ?? 0) >= fdsBefore + 20, '20 listening sockets are 20 more fds');
+    // 100 listening sockets are 100 more fds; the slack is for descriptors the runtime itself closed meanwhile.
+    assert.ok((c.get('process_open_fds') ?? 0) >= fdsBefore + 90, `${c.get('process_open_fds')} vs ${fdsBefore}`);
     assert.ok((c.get('process_max_fds') ?? 0) >= (c.get('process_open_fds') ?? Infinity));
     for (const name of ['process_resident_memory_bytes', 'nodejs_heap_size_used_bytes', 'process_cpu_seconds_total'])
       assert.ok((c.get(name) ?? 0) > 0, `${name} is positive`);
