@@ -3,14 +3,18 @@
  * completion's prompt blocks arrive as BlockStored with the hashes a router computes from the same
  * tokens (kv/block_hash.ts); heartbeats say where the publisher is; `since` replays; the dump equals
  * the events replayed; bad `since` is a 400; the API key guards the feed; reset emits AllBlocksCleared.
+ * A batch published right after the server ended its streams (shutdown) is not written to them.
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { RealEnv } from '../util/env.ts';
 import { extendBlockHashes } from '../kv/block_hash.ts';
 import type { KvEventBatch } from '../kv/kv_events.ts';
 import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance } from './instance.ts';
 import { ndjsonLines } from './kv_event_feed.ts';
+import { KvEventStreams, type KvEventSource } from './kv_event_stream.ts';
 
 let inst: Instance;
 const env = new RealEnv(5);
@@ -120,4 +124,51 @@ test('the feed refuses a bad since and a missing key; a reset emits AllBlocksCle
   assert.deepEqual(await r.json(), { reset: true });
   const lines = await readFeed(`?since=${before[0]!.seq}`, (ls) => ls.some((l) => 'heartbeat' in l));
   assert.equal(batches(lines).at(-1)?.events.at(-1)?.type, 'AllBlocksCleared');
+});
+
+test('closeAll ends every stream and stops feeding it: a batch published in the same turn is not written after the end', async () => {
+  const listeners = new Set<(b: KvEventBatch) => void>();
+  let seq = 0;
+  const source: KvEventSource = {
+    epoch: '1-e',
+    get seq() {
+      return seq;
+    },
+    since: () => [],
+    dump: () => ({ epoch: '1-e', seq, block_hashes: [] }),
+    flush: () => null,
+    subscribe: (l) => {
+      listeners.add(l);
+      return () => listeners.delete(l);
+    },
+  };
+  const load = { running: 0, waiting: 0, held_for_send: 0, held_for_send_pages: 0, free_pages: 1, total_pages: 1 };
+  const streams = new KvEventStreams(source, () => load, env, 1000);
+  const server = createServer((req, res) => streams.stream(req, res));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const errors: unknown[] = [];
+  const onErr = (e: unknown): void => void errors.push(e);
+  process.on('uncaughtException', onErr); // what killed the instance: write after end on a ServerResponse
+  try {
+    const r = await fetch(`http://127.0.0.1:${(server.address() as AddressInfo).port}/handoff/kv_events`);
+    const reader = (r.body as ReadableStream<Uint8Array>).getReader();
+    await reader.read(); // the first heartbeat
+    assert.equal(listeners.size, 1);
+    streams.closeAll();
+    assert.equal(listeners.size, 0, 'unsubscribed at the end, not at the socket close');
+    // An engine still running publishes in the same turn (pages withdrawn as requests are cancelled).
+    for (const l of [...listeners]) l({ epoch: '1-e', seq: ++seq, ts: 0, events: [{ type: 'AllBlocksCleared' }] });
+    await env.sleep(100);
+    assert.deepEqual(
+      errors.map((e) => (e as Error).message),
+      [],
+    );
+    assert.equal(streams.numOpen, 0);
+    // catch-ok: the stream was ended by the server; cancelling our side of it may fail, nothing to check
+    await reader.cancel().catch(() => undefined);
+  } finally {
+    process.off('uncaughtException', onErr);
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
 });

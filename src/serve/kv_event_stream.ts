@@ -53,7 +53,8 @@ export const KV_EVENT_BACKLOG_MAX_BYTES = 8 << 20;
 export const DEFAULT_KV_HEARTBEAT_MS = 250;
 
 export class KvEventStreams {
-  private readonly open = new Set<ServerResponse>();
+  /** Open streams and how to stop feeding each (unsubscribe, stop its heartbeat). */
+  private readonly open = new Map<ServerResponse, () => void>();
 
   constructor(
     private readonly source: KvEventSource,
@@ -78,8 +79,8 @@ export class KvEventStreams {
     if (this.open.size >= KV_EVENT_SUBSCRIBERS_MAX)
       throw new HandoffError('OVERLOADED', `at most ${KV_EVENT_SUBSCRIBERS_MAX} KV event subscribers`);
     res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache' });
-    this.open.add(res);
     const write = (obj: unknown): void => {
+      if (res.writableEnded || res.destroyed) return; // ended by closeAll, its 'close' not yet seen
       if (res.writableLength > KV_EVENT_BACKLOG_MAX_BYTES) {
         res.destroy(); // too slow: it reconnects with `since` and catches up from the ring or a dump
         return;
@@ -94,12 +95,14 @@ export class KvEventStreams {
       write(this.heartbeat());
       timer = this.env.setTimer(this.heartbeatMs, beat);
     };
-    beat();
-    res.on('close', () => {
+    const stop = (): void => {
       unsubscribe();
-      timer?.cancel();
+      (timer as TimerHandle | null)?.cancel();
       this.open.delete(res);
-    });
+    };
+    this.open.set(res, stop);
+    beat();
+    res.on('close', stop);
   }
 
   heartbeat(): KvHeartbeat {
@@ -108,8 +111,10 @@ export class KvEventStreams {
 
   /** End every stream (server shutdown). */
   closeAll(): void {
-    for (const res of this.open) res.end();
-    this.open.clear();
+    for (const [res, stop] of [...this.open]) {
+      stop(); // no batch or heartbeat after the end
+      res.end();
+    }
   }
 }
 

@@ -18,6 +18,7 @@
  */
 import { assert } from '../util/assert.ts';
 import { hashBlockTokens, type BlockHash } from '../kv/block_hash.ts';
+import { isBlockSize } from '../kv/presets.ts';
 import type { InstancePool, PoolMember } from './instance_pool.ts';
 import type { RouterIndex } from './router_index.ts';
 
@@ -61,10 +62,14 @@ export class PromptChains {
   }
 }
 
+const isGroupId = (g: unknown): boolean => Number.isInteger(g) && (g as number) >= 0 && (g as number) <= 0xffff_ffff;
+
 /** Tokens of the prompt the index says `m` holds (0 without /handoff/info or prefix caching). */
 export function hitTokensOf(index: RouterIndex, m: PoolMember, chains: PromptChains): number {
   const info = m.info;
-  if (info === null || info.prefix_cache_groups.length === 0 || !(info.block_size > 0)) return 0;
+  // The health check validated the info (instance_info.ts); checked again here, where it reaches the hasher.
+  if (info === null || !isBlockSize(info.block_size) || !Array.isArray(info.prefix_cache_groups)) return 0;
+  if (info.prefix_cache_groups.length === 0 || !info.prefix_cache_groups.every(isGroupId)) return 0;
   const bs = info.block_size;
   const maxBlocks = Math.floor((chains.tokenIds.length - 1) / bs);
   const held = index.hashesOf(m.url);

@@ -33,6 +33,7 @@ import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffEr
 import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
+import { parseInstanceInfo } from './instance_info.ts';
 import { parseApiRequestAsync } from './openai_request.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { pdFlow, type TransferParams } from './pd_flow.ts';
@@ -165,14 +166,15 @@ export class Proxy {
   }
 
   private async checkOne(pool: InstancePool, m: PoolMember): Promise<void> {
-    const get = async (path: string): Promise<{ ok: boolean; status: number; json: unknown }> => {
+    // Bodies are read as text: vLLM's /health answers 200 with an empty one.
+    const get = async (path: string): Promise<{ ok: boolean; status: number; body: string }> => {
       const u = await callUpstream(this.env, {
         method: 'GET',
         url: `${m.url}${path}`,
         timeoutMs: this.opts.healthTimeoutMs,
       });
       try {
-        return { ok: u.response.ok, status: u.response.status, json: u.response.ok ? await u.response.json() : null };
+        return { ok: u.response.ok, status: u.response.status, body: u.response.ok ? await u.response.text() : '' };
       } finally {
         u.done();
       }
@@ -182,7 +184,7 @@ export class Proxy {
       if (!h.ok) return this.down(pool, m, `/health answered ${h.status}`);
       const i = await get('/handoff/info');
       // A server without /handoff/info (e.g. vLLM) can still serve READ mode; ours must match the proxy.
-      const info = i.ok ? (i.json as InstanceInfo) : null;
+      const info = i.ok ? parseInstanceInfo(i.body) : null;
       const why = info ? this.incompatibility(pool, info) : null;
       if (why) return this.down(pool, m, why);
       pool.markUp(m, info ?? undefined);
