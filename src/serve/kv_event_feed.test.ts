@@ -9,7 +9,8 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { KvEventFeed, parseFeedLine } from './kv_event_feed.ts';
+import fc from 'fast-check';
+import { KvEventFeed, ndjsonLines, parseFeedLine } from './kv_event_feed.ts';
 import { RouterIndex } from './router_index.ts';
 
 const env = new RealEnv(3);
@@ -82,4 +83,61 @@ test('parseFeedLine refuses lines that are not batches or heartbeats', () => {
   assert.equal(ok.kind, 'batch');
   const hb = parseFeedLine(JSON.stringify({ epoch: 'e', seq: 0, heartbeat: true, load: { running: 'x' } }));
   assert.deepEqual(hb, { kind: 'heartbeat', epoch: 'e', seq: 0, load: null }, 'a malformed load is dropped');
+});
+
+test('feed: a dump that never answers is cut by the stall timer (the feed reconnects) and close() returns', async () => {
+  let dumpsAsked = 0;
+  const server = createServer((req, res) => {
+    if (req.url === '/handoff/kv_events/dump') return void dumpsAsked++; // never answered
+    res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+    res.write(`${batch(1, H('a'))}\n${batch(3, H('c'))}\n`); // seq 2 missing: the feed asks for a dump
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const feed = new KvEventFeed('p', new RouterIndex(), { url, apiKey: null, retryMs: 20, stallMs: 300 }, env);
+  feed.start();
+  try {
+    for (let k = 0; k < 500 && dumpsAsked < 2; k++) await env.sleep(10);
+    assert.ok(dumpsAsked >= 2, `the stalled dump was given up and asked again (${dumpsAsked} asked)`);
+    assert.ok(feed.stats.connects >= 2, 'the feed reconnected');
+  } finally {
+    let closed = false;
+    const closing = feed.close().then(() => (closed = true));
+    for (let k = 0; k < 300 && !closed; k++) await env.sleep(10);
+    assert.ok(closed, 'close() returned while a dump was pending');
+    await closing;
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
+});
+
+test('ndjsonLines: any lines in any chunks (split mid-character too) give the non-blank lines in order; an over-long partial line is refused', async () => {
+  const chunked = async function* (bytes: Uint8Array, cuts: number[]): AsyncGenerator<Uint8Array> {
+    let at = 0;
+    for (const c of [...cuts.map((x) => x % (bytes.length + 1))].sort((a, b) => a - b)) {
+      yield bytes.subarray(at, Math.max(at, c));
+      at = Math.max(at, c);
+    }
+    yield bytes.subarray(at);
+  };
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(fc.oneof(fc.string({ unit: 'grapheme' }), fc.constant(''), fc.constant('  ')), { maxLength: 12 }),
+      fc.array(fc.nat(), { maxLength: 20 }),
+      async (lines, cuts) => {
+        const clean = lines.map((l) => l.replace(/\n/g, ' '));
+        const bytes = new TextEncoder().encode(clean.map((l) => `${l}\n`).join(''));
+        const got: string[] = [];
+        for await (const l of ndjsonLines(chunked(bytes, cuts), 1 << 20)) got.push(l);
+        assert.deepEqual(
+          got,
+          clean.filter((l) => l.trim().length > 0),
+        );
+      },
+    ),
+  );
+  const long = new TextEncoder().encode('x'.repeat(100));
+  await assert.rejects(async () => {
+    for await (const _ of ndjsonLines(chunked(long, [30, 60, 90]), 64));
+  }, /longer than 64 bytes/);
 });
