@@ -21,6 +21,8 @@ import type { RouterIndex } from './router_index.ts';
 /** Longest line accepted (a BlockStored of a whole long prompt with its token ids is far below). */
 export const KV_FEED_LINE_MAX_BYTES = 32 << 20;
 const HASH_RE = /^[0-9a-f]{64}$/;
+/** Dumps a feed fetches at most once per this long. */
+export const DUMP_MIN_INTERVAL_MS = 1000;
 
 /**
  * Split a byte stream into lines (without the newline), each at most `maxBytes`. Each chunk is scanned
@@ -120,6 +122,7 @@ export class KvEventFeed {
   private loop: Promise<void> = Promise.resolve();
   load: InstanceLoad | null = null;
   stats = { connects: 0, lines: 0, dumps: 0, badLines: 0 };
+  private lastDumpMs = -Infinity;
 
   constructor(
     private readonly key: string,
@@ -193,7 +196,12 @@ export class KvEventFeed {
       this.opts.onLoad?.(line.load);
       this.index.heartbeat(this.key, line.epoch, line.seq);
     }
-    if (this.index.needsDump(this.key)) await this.fetchDump(signal);
+    // At most one dump a second: a feed that keeps running ahead of its own dumps (hostile or broken)
+    // costs one dump a second, not one a line; an honest gap waits at most that long for its dump.
+    if (this.index.needsDump(this.key) && this.env.nowMs() - this.lastDumpMs >= DUMP_MIN_INTERVAL_MS) {
+      this.lastDumpMs = this.env.nowMs();
+      await this.fetchDump(signal);
+    }
   }
 
   private async fetchDump(signal: AbortSignal): Promise<void> {

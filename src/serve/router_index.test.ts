@@ -172,3 +172,42 @@ test('duplicates are ignored, a gap waits for the missing batch, a restart drops
   assert.equal(index.applyBatch('q', b(1, 'newer', kvEventEpoch(300, 'q'))), 'applied', 'a later life replaces it');
   assert.deepEqual([...index.hashesOf('q')], ['newer']);
 });
+
+const hexOf = (n: number): string => n.toString(16).padStart(64, '0');
+const storedBatch = (seq: number, hashes: string[]): KvEventBatch => ({
+  epoch: '1-e',
+  seq,
+  ts: 0,
+  events: [
+    {
+      type: 'BlockStored',
+      block_hashes: hashes,
+      parent_block_hash: null,
+      token_ids: [],
+      block_size: 1,
+      lora_id: null,
+      medium: 'GPU',
+      group_idx: 0,
+    },
+  ],
+});
+
+test('a feed that keeps running ahead of its own dumps holds at most the bound in pending, and a dump over the bound is not adopted in part', () => {
+  const index = new RouterIndex({ maxPending: 0, maxHashesPerInstance: 100 });
+  index.applyBatch('p', storedBatch(1, [hexOf(1)]));
+  for (let line = 0; line < 1000; line++) {
+    const hashes = Array.from({ length: 60 }, (_, i) => hexOf(line * 100 + i + 10));
+    index.applyBatch('p', storedBatch(1_000_000 + line, hashes));
+    // The instance's dump stays at its real seq 1: the batches ahead of it never come.
+    if (index.needsDump('p')) index.applyDump('p', { epoch: '1-e', seq: 1, block_hashes: [hexOf(1)] });
+    assert.ok(index.position('p').pending <= 1, `line ${line}: ${index.position('p').pending} batches pending`);
+  }
+  assert.deepEqual([...index.hashesOf('p')], [hexOf(1)]);
+
+  const small = new RouterIndex({ maxPending: 0, maxHashesPerInstance: 4 });
+  small.applyDump('p', { epoch: '1-e', seq: 5, block_hashes: Array.from({ length: 7 }, (_, i) => hexOf(i + 1)) });
+  assert.equal(small.hashesOf('p').size, 0, 'none of a dump over the bound, not its tail');
+  assert.equal(small.position('p').seq, 5);
+  small.applyBatch('p', storedBatch(6, [hexOf(9)]));
+  assert.deepEqual([...small.hashesOf('p')], [hexOf(9)], 'later batches apply on top');
+});

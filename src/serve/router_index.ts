@@ -27,6 +27,8 @@ interface InstanceState {
   seq: number;
   hashes: Set<BlockHash>;
   pending: Map<number, KvEventBatch>;
+  /** Block hashes named by the pending batches (bounded like the set itself). */
+  pendingHashes: number;
   /** Batches were lost (a heartbeat ahead of us) or the feed broke a bound: only a dump helps. */
   forced: boolean;
   /** Epochs this instance left (it restarted): anything still arriving from them is stale. Bounded. */
@@ -34,6 +36,14 @@ interface InstanceState {
 }
 
 const RETIRED_EPOCHS_MAX = 16;
+/** Out-of-order batches held per instance at most (whatever maxPending asks for). */
+const PENDING_MAX = 1024;
+
+function hashCount(events: readonly KvCacheEvent[]): number {
+  let n = 0;
+  for (const e of events) if (e.type !== 'AllBlocksCleared') n += e.block_hashes.length;
+  return n;
+}
 
 export interface RouterIndexOptions {
   /** The bug zoo's switch (simulator only): `kv-index-ignores-seq` applies batches as they arrive. */
@@ -60,7 +70,7 @@ export class RouterIndex {
   private state(key: string): InstanceState {
     let st = this.instances.get(key);
     if (st === undefined) {
-      st = { epoch: null, seq: 0, hashes: new Set(), pending: new Map(), forced: false, retired: [] };
+      st = { epoch: null, seq: 0, hashes: new Set(), pending: new Map(), pendingHashes: 0, forced: false, retired: [] };
       this.instances.set(key, st);
     }
     return st;
@@ -80,7 +90,15 @@ export class RouterIndex {
       return 'duplicate';
     }
     if (batch.seq !== st.seq + 1) {
+      const hashes = hashCount(batch.events);
+      if (st.pendingHashes + hashes > this.opts.maxHashesPerInstance || st.pending.size >= PENDING_MAX) {
+        // A feed that keeps running ahead of itself (hostile or broken): drop what waits, start from a dump.
+        this.clearPending(st);
+        st.forced = true;
+        return 'needs-dump';
+      }
       st.pending.set(batch.seq, batch);
+      st.pendingHashes += hashes;
       this.stats.buffered++;
       return this.needsDump(key) ? 'needs-dump' : 'buffered';
     }
@@ -97,10 +115,16 @@ export class RouterIndex {
     // An older dump than what is applied (a slow answer) changes nothing.
     if (dump.seq < st.seq) return;
     this.clearHashes(key, st);
-    for (const h of dump.block_hashes) this.add(key, st, h);
+    // A dump over the bound is not adopted in part (its tail would look caught up): the instance is held
+    // to have nothing, at the dump's seq, until later batches say otherwise.
+    if (dump.block_hashes.length <= this.opts.maxHashesPerInstance)
+      for (const h of dump.block_hashes) this.add(key, st, h);
     st.seq = dump.seq;
     st.forced = false;
-    for (const s of [...st.pending.keys()]) if (s <= dump.seq) st.pending.delete(s);
+    for (const [s, b] of [...st.pending]) if (s <= dump.seq) this.dropPending(st, s, b);
+    // Still waiting for batches the dump does not reach: they are not coming (the instance is behind
+    // what its feed sent), so they are dropped rather than asking for a dump per line.
+    if (st.pending.size > this.opts.maxPending && !st.pending.has(st.seq + 1)) this.clearPending(st);
     this.drainPending(key, st);
     this.stats.dumps++;
   }
@@ -185,13 +209,23 @@ export class RouterIndex {
     this.clearHashes(key, st);
     st.epoch = epoch;
     st.seq = 0;
-    st.pending.clear();
+    this.clearPending(st);
     st.forced = false;
+  }
+
+  private dropPending(st: InstanceState, seq: number, b: KvEventBatch): void {
+    st.pending.delete(seq);
+    st.pendingHashes -= hashCount(b.events);
+  }
+
+  private clearPending(st: InstanceState): void {
+    st.pending.clear();
+    st.pendingHashes = 0;
   }
 
   private drainPending(key: string, st: InstanceState): void {
     for (let next = st.pending.get(st.seq + 1); next !== undefined; next = st.pending.get(st.seq + 1)) {
-      st.pending.delete(next.seq);
+      this.dropPending(st, next.seq, next);
       this.applyEvents(key, st, next.events);
       st.seq = next.seq;
     }
