@@ -49,7 +49,7 @@ export interface LocalEndpoint {
   port: number;
 }
 
-type SideState = 'held' | 'expiring' | 'async-loading';
+type SideState = 'held' | 'expiring' | 'async-loading' | 'recv-aborted';
 interface SideTransfer {
   state: SideState;
   transferId: string;
@@ -73,12 +73,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   /**
    * Per request, the transfer this side tracks across steps: `held` (producer: pages lent to a peer
    * until released or the lease ends), `expiring` (producer: the lease ended, the pages wait for the
-   * worker to say nothing reads them any more) or `async-loading` (WRITE consumer: the producer may still write).
-   * All end by removal: release/lease/finish of the load.
+   * worker to say nothing reads them any more), `async-loading` (WRITE consumer: the producer may still
+   * write) or `recv-aborted` (WRITE consumer: finished while loading; its pages wait for the worker to say
+   * no WRITE can land any more, reported in finishedSending). All end by removal: release/lease/finish
+   * of the load, the worker's report.
    */
   private readonly transfers = new TransferTable<SideState, SideTransfer>(
     'connector scheduler',
-    { held: [], expiring: [], 'async-loading': [] },
+    { held: [], expiring: [], 'async-loading': [], 'recv-aborted': [] },
     1 << 20,
   );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
@@ -217,6 +219,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     };
     const local = this.toTransferGroups(blockIds);
     if (this.config.mode === 'write') {
+      // The worker keys its WRITE loads by transfer id: a second live load under one id is refused here.
+      for (const [other, t] of this.transfers.entries())
+        if (t.transferId === transferId && (t.state === 'async-loading' || t.state === 'recv-aborted'))
+          throw new HandoffError(
+            'BAD_TRANSFER_PARAMS',
+            `transfer_id '${transferId.slice(0, 80)}' is already loading here (request ${other.slice(0, 80)})`,
+            { param: 'kv_transfer_params.transfer_id' },
+          );
       // Only one transfer per request: a resumed (preempted) request recomputes locally.
       p.do_remote_prefill = false;
       if (numExternalTokens > 0) {
@@ -311,6 +321,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       // Finished (aborted) while the producer may still be writing into its pages: hold them until the
       // worker knows no WRITE can land any more (sglang #35049, vLLM #32255).
       const loading = this.transfers.delete(req.requestId);
+      this.transfers.add(req.requestId, { ...loading, state: 'recv-aborted' });
       this.reqsNeedNotify.delete(req.requestId);
       this.abortedRecvs.push({ requestId: req.requestId, transferId: loading.transferId });
       return { delayFree: true, kvTransferParams: null };
@@ -394,8 +405,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     for (const id of [...out.finishedRecving, ...out.failedLoadReqIds]) {
       if (this.transfers.get(id)?.state === 'async-loading') this.transfers.delete(id);
     }
+    // An aborted WRITE load's report ends its hold whatever this side's role (kv_both is both).
+    const abortedDone = new Set(out.finishedSending.filter((id) => this.transfers.get(id)?.state === 'recv-aborted'));
+    for (const id of abortedDone) this.transfers.delete(id);
     if (!this.isProducer) return out;
     const finishedSending = out.finishedSending.filter((id) => {
+      if (abortedDone.has(id)) return true;
       const state = this.transfers.get(id)?.state;
       return (state === 'held' || state === 'expiring') && this.transfers.delete(id);
     });
