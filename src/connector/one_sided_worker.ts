@@ -65,8 +65,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
     this.unsubscribe = transfer.onNotification((from, n) => {
       if (n.type === 'release') {
-        this.producer.released(n.transferId);
-        this.saves.released(n.transferId);
+        // A push under way still reads the pages: they are reported when it ends (WriteProducer), never
+        // on a release that comes meanwhile (that freed pages the NIC was sending from).
+        if (this.saves.released(n.transferId) !== 'pushing') this.producer.released(n.transferId);
       } else if (n.type === 'remote_blocks') {
         const p = n.payload ?? {};
         const skip = p['skipBlocks'] ?? 0;

@@ -89,9 +89,15 @@ export class WriteProducer {
     }
   }
 
-  /** Decode released the transfer without telling us where to write (it will never load): drop its save. */
-  released(transferId: string): void {
-    if (this.saves.get(transferId)?.state === 'awaiting-destination') this.saves.drop(transferId);
+  /**
+   * Decode released the transfer without telling us where to write (it will never load): drop its save.
+   * 'pushing': a push from its pages is under way (or just ended, not yet reported); the release
+   * changes nothing, the push's end reports the request.
+   */
+  released(transferId: string): 'pushing' | 'not-pushing' {
+    const state = this.saves.get(transferId)?.state;
+    if (state === 'awaiting-destination') this.saves.drop(transferId);
+    return state === 'pushing' || state === 'pushed' ? 'pushing' : 'not-pushing';
   }
 
   /** Decode told us where to write. */
