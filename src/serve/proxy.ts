@@ -42,7 +42,7 @@ import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDe
 import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { relay } from './proxy_relay.ts';
-import { callUpstream, inBandCancel, notifyUpstream, upstreamError } from './upstream.ts';
+import { callUpstream, inBandCancel, notifyUpstream, readAnswer, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
   prefillUrls: string[];
@@ -264,7 +264,7 @@ export class Proxy {
     });
     try {
       if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
-      sendJson(res, 200, await u.response.json());
+      sendJson(res, 200, await readAnswer(u.response, 'decode'));
     } finally {
       u.done();
     }
@@ -282,11 +282,13 @@ export class Proxy {
     // A side with no healthy instance may only have missed one check (a slow start): ask again first.
     if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
     const exclude = new Set<PoolMember>();
+    let first: unknown = null;
     for (let attempt = 1; ; attempt++) {
       // A retry gets its own upstream id: the first attempt's may still name pages prefill holds.
       const upstreamId = attempt === 1 ? requestId : `${requestId.slice(0, 120)}.retry${attempt - 1}`;
       const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
-      const route = this.routeOf(tokenIds, exclude);
+      // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
+      const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);
       const failed: Failed = { m: null, held: null };
       try {
         await this.serveRoute(route, call, failed);
@@ -295,6 +297,7 @@ export class Proxy {
       } catch (e) {
         rethrowIfAssertion(e);
         if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
+        first = e;
         exclude.add(failed.m);
         this.metrics.retried();
         this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
@@ -324,6 +327,16 @@ export class Proxy {
     return api.promptTokenIds;
   }
 
+  /** The route of a retry; `first` (the failed attempt's error) when no other instance can take it. */
+  private retryRouteOr(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>, first: unknown): RouteDecision {
+    try {
+      return this.routeOf(tokenIds, exclude);
+    } catch (e) {
+      rethrowIfAssertion(e);
+      throw first;
+    }
+  }
+
   /** Decode and prefill for this request (prefill null: decode computes the prompt itself). */
   private routeOf(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>): RouteDecision {
     if (this.opts.policy === 'kv-aware' && tokenIds !== null) {
@@ -337,7 +350,8 @@ export class Proxy {
   private async serveRoute(route: RouteDecision, call: Call, failed: Failed): Promise<void> {
     const { path, body, headers, res, client } = call;
     const d = route.decode;
-    const relayTo = (signal: AbortSignal) => (r: Response) => relay(r, res, signal);
+    const relayTo = (signal: AbortSignal) => (r: Response, upstream: AbortSignal) =>
+      relay(r, res, AbortSignal.any([signal, upstream]), this.env);
     if (route.prefill === null) {
       this.metrics.routed('decode-only');
       const plain = { ...body };
@@ -368,7 +382,7 @@ export class Proxy {
           try {
             const read = async (r: Response): Promise<Body> => {
               leg?.dispose(); // the answer is here: nothing left to cancel
-              return (await r.json()) as Body;
+              return await readAnswer(r, 'prefill');
             };
             const answer = await this.post('prefill', p, c, read, failed);
             return { kvTransferParams: answer['kv_transfer_params'] };
@@ -428,7 +442,7 @@ export class Proxy {
       signal: AbortSignal;
       signalUntilHeaders?: boolean;
     },
-    onOk: (response: Response) => Promise<T>,
+    onOk: (response: Response, upstream: AbortSignal) => Promise<T>,
     failed?: Failed,
   ): Promise<T> {
     const pool = role === 'prefill' ? this.prefill : this.decode;
@@ -447,7 +461,7 @@ export class Proxy {
         });
         try {
           if (!u.response.ok) throw withStatus(await upstreamError(role, u.response), u.response.status);
-          return await onOk(u.response);
+          return await onOk(u.response, u.signal);
         } finally {
           u.done();
         }

@@ -7,11 +7,50 @@
 import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import { rethrowIfAssertion } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
 
+/** A client that takes no byte for this long while the proxy has some for it is dropped. */
+export const CLIENT_STALL_MS = 30_000;
+/** An event still open at this size is relayed as it is (a peer that never ends one cannot grow memory). */
+const PARTIAL_EVENT_MAX_BYTES = 1 << 20;
+
+/** Index just past the last blank line of `b` (an SSE event boundary: LF LF or LF CR LF), or 0. */
+export function lastEventEnd(b: Uint8Array): number {
+  for (let i = b.length - 1; i >= 1; i--) {
+    if (b[i] !== 0x0a) continue;
+    if (b[i - 1] === 0x0a) return i + 1;
+    if (b[i - 1] === 0x0d && i >= 2 && b[i - 2] === 0x0a) return i + 1;
+  }
+  return 0;
+}
+
+/** Wait for the client to take what was written: false if it took nothing for `CLIENT_STALL_MS`. */
+async function drained(res: ServerResponse, signal: AbortSignal, env: Env): Promise<boolean> {
+  const ac = new AbortController();
+  let stalled = false;
+  const timer = env.setTimer(CLIENT_STALL_MS, () => {
+    stalled = true;
+    ac.abort();
+  });
+  const onAbort = (): void => ac.abort();
+  signal.addEventListener('abort', onAbort, { once: true });
+  try {
+    await once(res, 'drain', { signal: ac.signal });
+    return true;
+  } catch (e) {
+    rethrowIfAssertion(e);
+    if (stalled) return false;
+    throw e;
+  } finally {
+    timer.cancel();
+    signal.removeEventListener('abort', onAbort);
+  }
+}
+
 /** Stream the decode response back unchanged (status, content type, bytes). */
-export async function relay(r: Response, res: ServerResponse, signal: AbortSignal): Promise<void> {
+export async function relay(r: Response, res: ServerResponse, signal: AbortSignal, env: Env): Promise<void> {
   const contentType = r.headers.get('content-type') ?? 'application/json';
   if (!contentType.startsWith('text/event-stream') && r.body) {
     // A JSON answer is read whole before anything is sent: a decode that dies mid-answer (a broken
@@ -33,17 +72,45 @@ export async function relay(r: Response, res: ServerResponse, signal: AbortSigna
     res.end();
     return;
   }
+  await relayEvents(r.body, res, signal, env);
+}
+
+/**
+ * Relay an event stream whole events at a time (an event cut by a dying decode is never half sent, so
+ * the error event that ends the stream parses); a client that stops reading is dropped after
+ * CLIENT_STALL_MS; a leg cancelled by the flow (not by the client) still ends with an error event.
+ */
+async function relayEvents(
+  body: ReadableStream<Uint8Array>,
+  res: ServerResponse,
+  signal: AbortSignal,
+  env: Env,
+): Promise<void> {
+  let open: Uint8Array = new Uint8Array(0);
   try {
-    for await (const chunk of r.body) {
-      if (!res.write(chunk)) await once(res, 'drain', { signal });
+    for await (const chunk of body) {
+      const bytes = open.length === 0 ? chunk : Buffer.concat([open, chunk]);
+      const end = bytes.length > PARTIAL_EVENT_MAX_BYTES ? bytes.length : lastEventEnd(bytes);
+      open = bytes.subarray(end);
+      if (end === 0) continue;
+      if (!res.write(bytes.subarray(0, end)) && !(await drained(res, signal, env))) {
+        res.destroy();
+        throw new HandoffError('REQUEST_ABORTED', `the client took nothing for ${CLIENT_STALL_MS / 1000} s`);
+      }
     }
-    res.end();
+    res.end(open);
   } catch (e) {
     rethrowIfAssertion(e);
-    if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
-    // The decode instance died mid-response: say so in the stream's own format, then end it.
-    const err = new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
-    if (contentType.startsWith('text/event-stream')) res.end(sseEvent(err.toJSON()) + SSE_DONE);
-    else res.destroy();
+    if (e instanceof HandoffError) throw e;
+    if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+    if (res.writableNeedDrain) {
+      // Cut while waiting for a client that stopped reading (the upstream timed out meanwhile).
+      res.destroy();
+      throw new HandoffError('REQUEST_ABORTED', 'the client stopped reading');
+    }
+    // The decode instance died mid-response, or the flow cancelled it: say so in the stream's own format.
+    const why = signal.aborted ? 'the request was cancelled mid-response' : `decode instance failed mid-response`;
+    const err = new HandoffError('PEER_UNAVAILABLE', `${why}: ${(e as Error).message}`);
+    res.end(sseEvent(err.toJSON()) + SSE_DONE);
   }
 }

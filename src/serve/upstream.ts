@@ -23,12 +23,16 @@ export interface UpstreamCall {
 
 export interface UpstreamResponse {
   response: Response;
+  /** Aborted when the call ends early: its timeout, or the caller's signal (before done()). */
+  signal: AbortSignal;
   /** Cancels the body if it is still being read (and clears the timeout). */
   done(): void;
 }
 
 /** Send a request; resolves once the headers are in. The timeout also covers reading the body until done(). */
 export async function callUpstream(env: Env, call: UpstreamCall): Promise<UpstreamResponse> {
+  // A signal aborted already (the client left while the proxy waited) sends nothing: no work for nobody.
+  if (call.signal?.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
   const ac = new AbortController();
   let timedOut = false;
   const timer = env.setTimer(call.timeoutMs, () => {
@@ -51,6 +55,7 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
     if (call.signalUntilHeaders) call.signal?.removeEventListener('abort', onAbort);
     return {
       response,
+      signal: ac.signal,
       done: () => {
         cleanup();
         // catch-ok: cancelling a body nobody reads; a failure (the socket already gone) changes nothing
@@ -159,4 +164,21 @@ export async function upstreamError(side: string, r: Response): Promise<HandoffE
   const fallback = `${side} instance answered HTTP ${r.status}${text ? `: ${text.slice(0, 200)}` : ''}`;
   const err = handoffErrorFromJSON(parsed, fallback);
   return new HandoffError(err.code, `${side}: ${err.message}`, err.param !== null ? { param: err.param } : undefined);
+}
+
+/**
+ * A 2xx JSON answer read whole. A body that breaks off or is not a JSON object is the instance failing
+ * (PEER_UNAVAILABLE: the proxy takes it out and may retry elsewhere), not a bug of ours.
+ */
+export async function readAnswer(r: Response, role: 'prefill' | 'decode'): Promise<Record<string, unknown>> {
+  let v: unknown;
+  try {
+    v = await r.json();
+  } catch (e) {
+    rethrowIfAssertion(e);
+    throw new HandoffError('PEER_UNAVAILABLE', `${role} instance failed mid-answer: ${(e as Error).message}`);
+  }
+  if (v === null || typeof v !== 'object' || Array.isArray(v))
+    throw new HandoffError('PEER_UNAVAILABLE', `${role} instance answered something that is not a JSON object`);
+  return v as Record<string, unknown>;
 }
