@@ -7,7 +7,8 @@
  * - a client that stops reading: the relay gives up when the upstream times out and the decode's
  *   in-flight count comes back;
  * - WRITE mode, prefill failing after decode started streaming: the stream ends with an error event;
- * - a client gone while the proxy waited (a health re-check): nothing is sent to decode.
+ * - a client gone while the proxy waited (a health re-check): nothing is sent to decode;
+ * - an error in vLLM's shape (a numeric code) keeps its status's meaning (400: invalid_request_error).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -375,6 +376,36 @@ test('kv-aware decode-only: a client gone before the upstream call is not sent t
     assert.ok(!decodeGot || decodeDropped, 'the request of a client already gone was sent to decode and left running');
   } finally {
     sock.destroy();
+    await proxy.close();
+    await Promise.all([prefill.close(), decode.close()]);
+  }
+});
+
+test('a vLLM 400 from decode reaches the client as a 4xx-typed OpenAI error', async () => {
+  const prefill = await fake({ '/v1/completions': (_q, res) => prefillAnswer(res) });
+  const decode = await fake({
+    '/v1/completions': (_q, res) => {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({
+          error: { message: "'temperature' must be >= 0", type: 'BadRequestError', param: 'temperature', code: 400 },
+        }),
+      );
+    },
+  });
+  const { proxy, url } = await startProxy({ prefillUrls: [prefill.url], decodeUrls: [decode.url] });
+  try {
+    const r = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 4 }),
+    });
+    const body = (await r.json()) as { error: { type: string; code: string; param: string | null } };
+    assert.equal(r.status, 400);
+    assert.equal(body.error.param, 'temperature');
+    assert.equal(body.error.type, 'invalid_request_error', `HTTP 400 labelled as: ${JSON.stringify(body)}`);
+    assert.notEqual(body.error.code, 'INTERNAL', JSON.stringify(body));
+  } finally {
     await proxy.close();
     await Promise.all([prefill.close(), decode.close()]);
   }

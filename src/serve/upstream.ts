@@ -6,7 +6,7 @@
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
-import { HandoffError, handoffErrorFromJSON } from '../util/errors.ts';
+import { HandoffError, handoffErrorFromJSON, type ErrorCode } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 
 export interface UpstreamCall {
@@ -163,7 +163,26 @@ export async function upstreamError(side: string, r: Response): Promise<HandoffE
   }
   const fallback = `${side} instance answered HTTP ${r.status}${text ? `: ${text.slice(0, 200)}` : ''}`;
   const err = handoffErrorFromJSON(parsed, fallback);
-  return new HandoffError(err.code, `${side}: ${err.message}`, err.param !== null ? { param: err.param } : undefined);
+  // A code that is not ours (vLLM's numeric 400) says no more than the status: the status names the code.
+  const ours = (parsed as { error?: { code?: unknown } } | null)?.error?.code === err.code;
+  const code = ours ? err.code : codeOfStatus(r.status);
+  return new HandoffError(code, `${side}: ${err.message}`, err.param !== null ? { param: err.param } : undefined);
+}
+
+/** The code a foreign error answer gets from its HTTP status. */
+function codeOfStatus(status: number): ErrorCode {
+  const byStatus: Record<number, ErrorCode> = {
+    400: 'BAD_REQUEST',
+    401: 'UNAUTHORIZED',
+    404: 'NOT_FOUND',
+    413: 'BAD_REQUEST',
+    422: 'BAD_REQUEST',
+    429: 'OVERLOADED',
+    502: 'PEER_UNAVAILABLE',
+    503: 'OVERLOADED',
+    504: 'TIMEOUT',
+  };
+  return byStatus[status] ?? (status >= 400 && status < 500 ? 'BAD_REQUEST' : 'INTERNAL');
 }
 
 /**
