@@ -108,6 +108,8 @@ export class InstanceServer {
   private readonly kvStreams: KvEventStreams;
   private closing = false;
   private draining = false;
+  /** Completions accepted and not yet in `live` (body, tokenizing, an llm-d prefiller): drain waits for them. */
+  private starting = 0;
 
   constructor(
     private readonly engine: ServedEngine,
@@ -145,7 +147,7 @@ export class InstanceServer {
     const deadline = this.env.nowMs() + timeoutMs;
     const busy = (): boolean => {
       const l = this.engine.load();
-      return this.live.size > 0 || l.running + l.waiting + l.held_for_send > 0;
+      return this.starting > 0 || this.live.size > 0 || l.running + l.waiting + l.held_for_send > 0;
     };
     while (busy()) {
       if (this.env.nowMs() >= deadline) return false;
@@ -193,8 +195,10 @@ export class InstanceServer {
       if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
         return sendJson(res, 200, { reset: this.engine.resetPrefixCache() });
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
-      if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
-      if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
+      if (req.method === 'POST' && path === '/v1/completions')
+        return await this.starts(this.generate('completion', req, res));
+      if (req.method === 'POST' && path === '/v1/chat/completions')
+        return await this.starts(this.generate('chat', req, res));
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const kind: ApiKind = path === '/v1/chat/completions' ? 'chat' : 'completion';
@@ -282,6 +286,16 @@ export class InstanceServer {
     }
   }
 
+  /** Count a completion as starting until it is under way (in `live`) or refused. */
+  private async starts(p: Promise<void>): Promise<void> {
+    this.starting++;
+    try {
+      await p;
+    } finally {
+      this.starting--;
+    }
+  }
+
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
     const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
     res.setHeader('x-request-id', requestId);
@@ -310,7 +324,8 @@ export class InstanceServer {
       timeoutMs: this.opts.sidecarTimeoutMs ?? 600_000,
     };
     await runSidecar(this.env, call, {
-      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res),
+      // Admitted before any drain began: it runs to its end like the requests in `live`.
+      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res, true),
       releaseUnused: (params) => void this.engine.releaseUnused(params),
     });
   }
@@ -321,6 +336,7 @@ export class InstanceServer {
     body: Record<string, unknown>,
     requestId: string,
     res: ServerResponse,
+    admitted = false,
   ): Promise<void> {
     const headers = { 'x-request-id': requestId };
     const limits = { maxModelLen: this.opts.maxModelLen };
@@ -334,7 +350,7 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed || this.closing || this.draining) {
+    if (res.destroyed || this.closing || (this.draining && !admitted)) {
       // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
       if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
       if (res.destroyed)
