@@ -141,3 +141,46 @@ test('ndjsonLines: any lines in any chunks (split mid-character too) give the no
     for await (const _ of ndjsonLines(chunked(long, [30, 60, 90]), 64));
   }, /longer than 64 bytes/);
 });
+
+const OLD = '1700000005000-dec-old';
+const NEW = '1700000003000-dec-new'; // restarted 2 s "earlier" by its clock
+
+test('feed: an instance restarted with its clock behind its old life is followed (the live process is the current life)', async () => {
+  let life = 0;
+  const server = createServer((req, res) => {
+    if (req.url === '/handoff/kv_events/dump') {
+      const d =
+        life === 1 ? { epoch: OLD, seq: 3, block_hashes: [H('a')] } : { epoch: NEW, seq: 1, block_hashes: [H('b')] };
+      return void res.end(JSON.stringify(d));
+    }
+    life++;
+    res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+    if (life === 1) {
+      // Old life: stores A, then the process dies mid-stream (its last batches were lost; the connection drops).
+      res.end(`${JSON.stringify({ epoch: OLD, seq: 1, ts: 1, events: [stored(H('a'))] })}\n`);
+      return;
+    }
+    // New life: stores B; heartbeats every 50 ms.
+    res.write(`${JSON.stringify({ epoch: NEW, seq: 1, ts: 1, events: [stored(H('b'))] })}\n`);
+    const t = setInterval(() => res.write(`${JSON.stringify({ epoch: NEW, seq: 1, heartbeat: true, load })}\n`), 50);
+    res.on('close', () => clearInterval(t));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const index = new RouterIndex();
+  const feed = new KvEventFeed('d', index, { url, apiKey: null, retryMs: 20, stallMs: 5000 }, env);
+  feed.start();
+  try {
+    await env.sleep(1500);
+    assert.ok(life >= 2, 'the feed reconnected to the new life');
+    assert.deepEqual(
+      { epoch: index.position('d').epoch, hashes: [...index.hashesOf('d')] },
+      { epoch: NEW, hashes: [H('b')] },
+      'the index still credits the instance with the dead life',
+    );
+  } finally {
+    await feed.close();
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  }
+});

@@ -175,9 +175,11 @@ export class KvEventFeed {
       });
       if (!r.ok || r.body === null) throw new HandoffError('PEER_UNAVAILABLE', `KV event feed answered ${r.status}`);
       this.stats.connects++;
+      let fresh = true;
       for await (const text of ndjsonLines(r.body, KV_FEED_LINE_MAX_BYTES)) {
         arm();
-        await this.onLine(text, ac.signal);
+        await this.onLine(text, ac.signal, fresh);
+        fresh = false;
         if (this.closed) break;
       }
     } finally {
@@ -187,9 +189,11 @@ export class KvEventFeed {
   }
 
   /** One line; a dump it calls for is fetched under the connection's signal (its stall timer, close()). */
-  private async onLine(text: string, signal: AbortSignal): Promise<void> {
+  private async onLine(text: string, signal: AbortSignal, fresh: boolean): Promise<void> {
     this.stats.lines++;
     const line = parseFeedLine(text);
+    // The first line of a connection speaks for the process behind the URL now: its life is the current one.
+    if (fresh) this.index.adopt(this.key, line.kind === 'batch' ? line.batch.epoch : line.epoch);
     if (line.kind === 'batch') this.index.applyBatch(this.key, line.batch);
     else {
       this.load = line.load;

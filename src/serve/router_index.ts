@@ -143,6 +143,18 @@ export class RouterIndex {
     return this.needsDump(key);
   }
 
+  /**
+   * `epoch` is the instance's current life (a feed heard it first on a fresh connection: one URL is one
+   * process, so whatever it says now is its present), adopted even if its start time is earlier than the
+   * life the index follows (a clock stepped back across a restart). Its earlier lives become stale.
+   */
+  adopt(key: string, epoch: string): void {
+    const st = this.state(key);
+    if (st.epoch === epoch) return;
+    st.retired = st.retired.filter((e) => e !== epoch);
+    this.newEpoch(key, st, epoch);
+  }
+
   needsDump(key: string): boolean {
     const st = this.instances.get(key);
     return st !== undefined && (st.forced || st.pending.size > this.opts.maxPending);
