@@ -17,10 +17,13 @@ import type { Logger } from '../util/log.ts';
 import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 import type { RouterIndex } from './router_index.ts';
+import { readBoundedText } from './upstream.ts';
 
 /** Longest line accepted (a BlockStored of a whole long prompt with its token ids is far below). */
 export const KV_FEED_LINE_MAX_BYTES = 32 << 20;
 const HASH_RE = /^[0-9a-f]{64}$/;
+/** A dump's body at most: 1 Mi hashes of 64 hex digits, quoted, with commas, and room to spare. */
+const DUMP_MAX_BYTES = 96 << 20;
 /** Dumps a feed fetches at most once per this long. */
 export const DUMP_MIN_INTERVAL_MS = 1000;
 
@@ -211,7 +214,15 @@ export class KvEventFeed {
   private async fetchDump(signal: AbortSignal): Promise<void> {
     const r = await fetch(`${this.opts.url}/handoff/kv_events/dump`, { headers: this.headers(), signal });
     if (!r.ok) throw new HandoffError('PEER_UNAVAILABLE', `KV event dump answered ${r.status}`);
-    this.index.applyDump(this.key, parseDump(await r.json()));
+    const text = await readBoundedText(r, DUMP_MAX_BYTES, 'the KV event dump');
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch (e) {
+      if (!(e instanceof SyntaxError)) throw e;
+      throw bad('the dump is not JSON');
+    }
+    this.index.applyDump(this.key, parseDump(json));
     this.stats.dumps++;
   }
 }

@@ -8,7 +8,8 @@
  *   in-flight count comes back;
  * - WRITE mode, prefill failing after decode started streaming: the stream ends with an error event;
  * - a client gone while the proxy waited (a health re-check): nothing is sent to decode;
- * - an error in vLLM's shape (a numeric code) keeps its status's meaning (400: invalid_request_error).
+ * - an error in vLLM's shape (a numeric code) keeps its status's meaning (400: invalid_request_error);
+ * - a body read whole is bounded (64 MiB for answers, 1 MiB for error bodies, 96 MiB for a KV dump).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,6 +19,8 @@ import { RealEnv } from '../util/env.ts';
 import { PromptChains } from './kv_router.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from './proxy.ts';
 import { SseParser } from './sse.ts';
+import { readBoundedText } from './upstream.ts';
+import { HandoffError } from '../util/errors.ts';
 
 const env = new RealEnv(7);
 
@@ -409,4 +412,28 @@ test('a vLLM 400 from decode reaches the client as a 4xx-typed OpenAI error', as
     await proxy.close();
     await Promise.all([prefill.close(), decode.close()]);
   }
+});
+
+test('bodies read whole are bounded: exactly the bound is read, one byte more is PEER_UNAVAILABLE and the rest is cancelled', async () => {
+  let cancelled = false;
+  // `open`: the peer keeps the body open after these chunks (it would never stop sending).
+  const body = (sizes: number[], open = false): Response =>
+    new Response(
+      new ReadableStream<Uint8Array>({
+        start(c) {
+          for (const n of sizes) c.enqueue(new Uint8Array(n).fill(0x61));
+          if (!open) c.close();
+        },
+        cancel() {
+          cancelled = true;
+        },
+      }),
+    );
+  assert.equal((await readBoundedText(body([3, 4, 3]), 10, 'x')).length, 10);
+  await assert.rejects(readBoundedText(body([3, 4, 4], true), 10, 'the decode instance'), (e: unknown) => {
+    assert.ok(e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE', String(e));
+    assert.match(e.message, /the decode instance sent more than 10 bytes/);
+    return true;
+  });
+  assert.ok(cancelled, 'the rest of the body is cancelled');
 });

@@ -10,6 +10,7 @@ import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
+import { readBoundedText, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
 
 /** A client that takes no byte for this long while the proxy has some for it is dropped. */
 export const CLIENT_STALL_MS = 30_000;
@@ -57,9 +58,10 @@ export async function relay(r: Response, res: ServerResponse, signal: AbortSigna
     // connection, no details) fails this attempt, which may then be retried elsewhere.
     let text: string;
     try {
-      text = await r.text();
+      text = await readBoundedText(r, UPSTREAM_BODY_MAX_BYTES, 'the decode instance');
     } catch (e) {
       rethrowIfAssertion(e);
+      if (e instanceof HandoffError) throw e;
       if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
       throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
     }

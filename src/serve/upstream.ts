@@ -153,7 +153,7 @@ export function inBandCancel(
 /** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
 export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
   // catch-ok: the body of an error response is only decoration for the message; a failed read leaves it empty
-  const text = await r.text().catch(() => '');
+  const text = await readBoundedText(r, 1 << 20, `the ${side} instance's error`).catch(() => '');
   let parsed: unknown = null;
   try {
     parsed = JSON.parse(text);
@@ -185,6 +185,31 @@ function codeOfStatus(status: number): ErrorCode {
   return byStatus[status] ?? (status >= 400 && status < 500 ? 'BAD_REQUEST' : 'INTERNAL');
 }
 
+/** Bodies the proxy reads whole (JSON answers, error bodies) are refused past this size. */
+export const UPSTREAM_BODY_MAX_BYTES = 64 << 20;
+
+/**
+ * A response body as text, at most `maxBytes` (a peer that never stops sending cannot grow memory):
+ * PEER_UNAVAILABLE past it, the rest cancelled. Reading errors are the caller's.
+ */
+export async function readBoundedText(r: Response, maxBytes: number, what: string): Promise<string> {
+  if (r.body === null) return '';
+  const decoder = new TextDecoder();
+  const parts: string[] = [];
+  let bytes = 0;
+  for await (const chunk of r.body) {
+    bytes += chunk.byteLength;
+    if (bytes > maxBytes) {
+      // catch-ok: cancelling the rest of a refused body; a failure (the socket already gone) changes nothing
+      await r.body.cancel().catch(() => undefined);
+      throw new HandoffError('PEER_UNAVAILABLE', `${what} sent more than ${maxBytes} bytes`);
+    }
+    parts.push(decoder.decode(chunk, { stream: true }));
+  }
+  parts.push(decoder.decode());
+  return parts.join('');
+}
+
 /**
  * A 2xx JSON answer read whole. A body that breaks off or is not a JSON object is the instance failing
  * (PEER_UNAVAILABLE: the proxy takes it out and may retry elsewhere), not a bug of ours.
@@ -192,9 +217,10 @@ function codeOfStatus(status: number): ErrorCode {
 export async function readAnswer(r: Response, role: 'prefill' | 'decode'): Promise<Record<string, unknown>> {
   let v: unknown;
   try {
-    v = await r.json();
+    v = JSON.parse(await readBoundedText(r, UPSTREAM_BODY_MAX_BYTES, `the ${role} instance`));
   } catch (e) {
     rethrowIfAssertion(e);
+    if (e instanceof HandoffError) throw e;
     throw new HandoffError('PEER_UNAVAILABLE', `${role} instance failed mid-answer: ${(e as Error).message}`);
   }
   if (v === null || typeof v !== 'object' || Array.isArray(v))
