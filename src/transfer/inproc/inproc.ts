@@ -133,6 +133,9 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
 
   protected async closeTransport(): Promise<void> {
     if (registry.get(this.engineId) === this) registry.delete(this.engineId);
+    // Our NIC first: a copy it serves into a peer's pages must end before the peer learns we are gone
+    // (it then fails that READ and may reuse the pages; the late bytes landed over them before).
+    await this.nic.close();
     for (const id of this.linked) registry.get(id)?.peerGone(this.engineId);
     this.linked.clear();
     this.peers.clear();
