@@ -28,6 +28,17 @@ export type RequestStatus =
 
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
 
+let lastEpoch = 0;
+
+/**
+ * A fresh epoch, never given before in this process. A step's outputs are matched to the request by (id,
+ * epoch); epochs unique across requests keep a stale output of an aborted request from matching a new
+ * request that reuses its id (with epochs counted from 0 per request it did, and crashed the engine loop).
+ */
+export function nextEpoch(): number {
+  return ++lastEpoch;
+}
+
 /** The status a request stops with once `tokenId` was appended, or null to go on. */
 export function stopStatusAfter(
   req: Request,
@@ -77,7 +88,8 @@ export class Request {
   status: RequestStatus = 'WAITING';
   numComputedTokens = 0;
   numOutputPlaceholders = 0;
-  epoch = 0;
+  /** Unique among every request of the process (nextEpoch): see there. */
+  epoch = nextEpoch();
   numPreemptions = 0;
   kvTransferParams: KVTransferParams | null;
   /** Params the connector returned at finish (prefill side), sent back to the client. */

@@ -33,7 +33,7 @@ import { checkRequestFits } from './request_validation.ts';
 import { failAsyncLoads, failForward, failRunningLoads, type StepFailureHost } from './step_failures.ts';
 import { makeOutput, type EngineOutput } from './output.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
-import { finishReasonOf, Request, stopStatusAfter, type RequestStatus } from './request.ts';
+import { finishReasonOf, nextEpoch, Request, stopStatusAfter, type RequestStatus } from './request.ts';
 export { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from './scheduler_config.ts';
 
 /** What one schedule() call builds up. */
@@ -263,7 +263,7 @@ export class Scheduler {
     req.status = 'PREEMPTED';
     req.numComputedTokens = 0;
     req.numOutputPlaceholders = 0;
-    req.epoch++;
+    req.epoch = nextEpoch();
     req.numPreemptions++;
     this.stats.preemptions++;
     this.preemptedSinceLast.push(req.requestId);

@@ -10,7 +10,7 @@ import { HandoffError, type ErrorCode } from '../util/errors.ts';
 import type { KVCacheManager } from '../kv/kv_cache_manager.ts';
 import type { RequestTransfers } from './request_transfers.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
-import type { Request, RequestStatus } from './request.ts';
+import { nextEpoch, type Request, type RequestStatus } from './request.ts';
 import type { SchedulerOutput } from '../worker/scheduler_output.ts';
 
 /** Load failures caused by the request's own kv_transfer_params: always an error to the client. */
@@ -94,7 +94,7 @@ export function failRunningLoads(
     host.kv.recordBlocksForZeroing(req.requestId, startToken);
     req.numComputedTokens = startToken;
     req.numOutputPlaceholders = 0;
-    req.epoch++;
+    req.epoch = nextEpoch();
     host.requeue(req);
   }
 }
