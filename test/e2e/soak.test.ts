@@ -21,9 +21,11 @@ test('soak (6 s, concurrency 4): zero errors, P/D == colocated, no leaked pages,
   assert.equal(r.races, 0);
 });
 
+// Seeds whose first requests include abandoned ones (seed 5 abandoned none of its first five: on a loaded
+// machine only four ran in 6 s, and the WRITE run then abandoned nothing).
 for (const [mode, seed] of [
   ['read', 6],
-  ['write', 5],
+  ['write', 4],
 ] as const)
   test(`soak, ${mode.toUpperCase()}, a third of the clients go away (0-400 ms in): the rest == colocated, every page back, no races`, async () => {
     const r = await runSoak(
