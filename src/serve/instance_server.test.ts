@@ -478,3 +478,17 @@ test('toHandoffError: an AssertionFailure in a request path is re-thrown (the bu
   const operating = new HandoffError('PEER_UNAVAILABLE', 'decode is gone');
   assert.equal(toHandoffError(operating), operating);
 });
+
+test('a cancel that comes after its request was answered does not cancel the next request reusing the id', async () => {
+  // The in-process sim device answers within the request's own turn: the cancel comes once it is gone.
+  const auth = { authorization: 'Bearer sekrit' };
+  const ask = (prompt: string) =>
+    post('/v1/completions', { prompt, max_tokens: 4 }, { ...auth, 'x-request-id': 'late-7' }, keyed.url);
+  const first = await ask('hello');
+  assert.equal(first.status, 200, first.text);
+  // The proxy's in-band cancel raced the answer: nothing left to cancel, and nothing kept for later.
+  const cancel = await post('/handoff/cancel', { request_id: 'late-7' }, auth, keyed.url);
+  assert.deepEqual(cancel.json, { cancelled: false });
+  const again = await ask('hello again');
+  assert.equal(again.status, 200, `the retry was cancelled by the late cancel: ${again.text}`);
+});

@@ -86,6 +86,14 @@ export interface InstanceServerOptions {
 const EARLY_CANCEL_MS = 30_000;
 const EARLY_CANCELS_MAX = 1024;
 
+/** Set `id` in a map of at most EARLY_CANCELS_MAX ids (the oldest goes first). */
+function remember(m: Map<string, number>, id: string, at: number): void {
+  m.delete(id);
+  const oldest = m.keys().next();
+  if (m.size >= EARLY_CANCELS_MAX && oldest.done !== true) m.delete(oldest.value);
+  m.set(id, at);
+}
+
 /** What the server needs of an engine besides submit/abort. */
 export interface ServedEngine extends EngineHandle {
   /** Non-null once the engine loop died. */
@@ -104,6 +112,8 @@ export class InstanceServer {
   private readonly live = new Map<Generation, ServerResponse>();
   /** Cancels that came before their request started here (still reading or tokenizing it): id → when. */
   private readonly earlyCancels = new Map<string, number>();
+  /** Requests answered here lately: id → when (a cancel for one of them is late, not early). */
+  private readonly recentlyDone = new Map<string, number>();
   private readonly tokenizer: TokenizerThreads;
   private readonly kvStreams: KvEventStreams;
   private closing = false;
@@ -242,11 +252,11 @@ export class InstanceServer {
         param: 'request_id',
       });
     const gen = [...this.live.keys()].find((g) => g.requestId === id);
-    if (gen === undefined) {
-      const oldest = this.earlyCancels.keys().next();
-      if (this.earlyCancels.size >= EARLY_CANCELS_MAX && oldest.done !== true) this.earlyCancels.delete(oldest.value);
-      this.earlyCancels.set(id, this.env.nowMs());
-    }
+    const now = this.env.nowMs();
+    // A cancel for a request that was answered here lately came after its answer: it must not wait for,
+    // and cancel, the next request that reuses the id.
+    const late = now - (this.recentlyDone.get(id) ?? -Infinity) < EARLY_CANCEL_MS;
+    if (gen === undefined && !late) remember(this.earlyCancels, id, now);
     sendJson(res, 200, { cancelled: gen?.cancelInBand() ?? false });
   }
 
@@ -388,6 +398,7 @@ export class InstanceServer {
     if (cancelledAt !== undefined && this.env.nowMs() - cancelledAt < EARLY_CANCEL_MS) gen.cancelInBand();
     res.on('close', () => {
       this.live.delete(gen);
+      remember(this.recentlyDone, requestId, this.env.nowMs());
       if (!gen.done) {
         this.log?.info({ requestId }, 'client disconnected: aborting the request');
         gen.cancel();
