@@ -91,6 +91,10 @@ export class EngineCore {
     this.unsubscribe?.();
     this.kick();
     await this.loopDone.catch((e: unknown) => rethrowIfAssertion(e));
+    // Requests still here never get another step: each is told so, instead of waiting forever.
+    for (const [id, l] of this.listeners)
+      l(this.errorOutput(id, new HandoffError('OVERLOADED', 'the engine was closed')));
+    this.listeners.clear();
   }
 
   get crashed(): Error | null {

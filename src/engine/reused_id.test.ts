@@ -5,6 +5,7 @@
  * across requests (request.ts nextEpoch), so the stale token is dropped and the retry gets its own tokens.
  * With epochs counted from 0 per request, the loop asserted "sampled token for X without a placeholder"
  * and died (every request on the instance failed), or the retry got the old request's token.
+ * And close() with a request in flight settles it (it waited forever before).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -73,4 +74,21 @@ test('an id reused right after abort gets its own tokens and the engine survives
     await ref.close();
     await e.close();
   }
+});
+
+test('close() with a request in flight settles its generate() promise (rejected: the engine was closed)', async () => {
+  const env = new RealEnv(3);
+  const e = await LLMEngine.create({ ...config(), makeDevice: threadedDevice('dsv4-mini', 1) }, env);
+  const p = e.generate({
+    promptTokenIds: prompt(20, 1),
+    sampling: { maxTokens: 200, temperature: 0, ignoreEos: true },
+  });
+  const settled = p.then(
+    () => 'resolved',
+    (err: Error & { code?: string }) => `rejected ${err.code}`,
+  );
+  await env.sleep(50);
+  await e.close();
+  const r = await Promise.race([settled, env.sleep(2000).then(() => 'pending')]);
+  assert.equal(r, 'rejected OVERLOADED', 'generate() settles when the engine closes');
 });
