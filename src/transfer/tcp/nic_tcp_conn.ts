@@ -182,10 +182,15 @@ export class ServerConn extends Conn {
         if (!d.ok) this.deny(f.reqId, d.reason);
         return;
       }
-      case 'error':
-        // The writer gave up on a WRITE: forget its partial state.
+      case 'error': {
+        // The writer gave up on a WRITE: forget its partial state, and answer it if nothing did yet (the
+        // writer drops exactly one answer per WRITE it gave up on; without one its note of it stayed).
+        const w = this.writes.get(f.reqId);
         this.writes.delete(f.reqId);
+        if (w !== undefined && !w.denied)
+          this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'write cancelled' });
         return;
+      }
       default:
         throw new FrameError(`unexpected ${f.type} frame from a client`);
     }
