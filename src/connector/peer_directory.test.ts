@@ -6,9 +6,10 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SimEnv } from '../util/env.ts';
+import { RealEnv, SimEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { EngineMetadata, PeerAddress } from '../transfer/core/types.ts';
+import { makeNode } from '../transfer/testing/conformance_support.ts';
 import { FAILED_RETRY_MS, PEERS_MAX, PeerDirectory, parsePeerAllowList, peerAllowed } from './peer_directory.ts';
 
 /** A handshake whose outcome the test decides. */
@@ -138,4 +139,35 @@ test('an unknown engine whose address failed: "does not answer" when it timed ou
   };
   assert.match(message(9, 'p1'), /127\.0\.0\.1:9 does not answer \(handshake timed out\)/);
   assert.match(message(10, 'p2'), /127\.0\.0\.1:10 refused the handshake \(.*blockSizes/);
+});
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+test('tcp: a producer restarted on its address under a new engine id is handshaken again (the refresh asks the peer, not a side channel still open to the old one)', async () => {
+  const C = await makeNode('tcp', null, { engineId: 'consumer' });
+  const P1 = await makeNode('tcp', 1, { engineId: 'prefill-old' });
+  const { host, port } = P1.engine.address();
+  const d = new PeerDirectory((peer) => C.engine.handshake(peer), new RealEnv(1), ['loopback']);
+  let P2: Awaited<ReturnType<typeof makeNode>> | null = null;
+  try {
+    assert.equal(await d.resolve(host, port, 'prefill-old'), 'prefill-old');
+    // The old producer goes away; in the same turn a request naming the restarted producer arrives.
+    const closing = P1.engine.close();
+    assert.equal(d.statusFor(host, port, 'prefill-new').state, 'connecting', 'mismatch: the directory asks again');
+    await closing;
+    await sleep(200); // the consumer has now seen the old side channel close
+    P2 = await makeNode('tcp', 2, { engineId: 'prefill-new', port });
+    assert.equal(P2.engine.address().port, port);
+    // Long after the restart (and past the failed-retry backoff), requests for the new producer:
+    await sleep(1500);
+    for (let i = 0; i < 5; i++) d.statusFor(host, port, 'prefill-new');
+    await sleep(200);
+    const got = await d.resolve(host, port, 'prefill-new').then(
+      (id) => id,
+      (e: unknown) => `rejected: ${(e as { code?: string }).code} ${(e as Error).message}`,
+    );
+    assert.equal(got, 'prefill-new', 'the live producer at that address is prefill-new');
+  } finally {
+    await Promise.all([C.engine.close(), P1.engine.close(), P2?.engine.close()]);
+  }
 });

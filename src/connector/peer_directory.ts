@@ -211,7 +211,8 @@ export class PeerDirectory {
     };
     this.entries.set(key, entry);
     this.stats.handshakesStarted++;
-    this.handshake({ host, port }).then(
+    // A refresh asks the peer itself: a side channel to the old engine may still look open.
+    this.handshake({ host, port, ...(refreshedFor !== null ? { fresh: true } : {}) }).then(
       (m) => {
         entry.metadata = m;
         this.settle(key, entry, { state: 'ready', engineId: m.engineId });

@@ -20,6 +20,11 @@ export type TransferBackend = 'inproc' | 'tcp' | 'sim';
 export interface PeerAddress {
   host: string;
   port: number;
+  /**
+   * Ask the peer itself, not a cached answer (a backend may answer a handshake from an open side channel
+   * to that address): the peer directory's refresh when a request names another engine there.
+   */
+  fresh?: boolean;
 }
 
 /**

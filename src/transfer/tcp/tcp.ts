@@ -138,7 +138,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   protected async handshakeImpl(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata> {
     const key = `${peer.host}:${peer.port}`;
     const known = this.byAddress.get(key);
-    if (known !== undefined) {
+    if (known !== undefined && peer.fresh !== true) {
       const conn = this.conns.get(known);
       const meta = this.peers.get(known);
       if (conn && !conn.isClosed && meta) return meta;
