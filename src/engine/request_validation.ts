@@ -63,6 +63,15 @@ export function checkRequestFits(req: Request, config: SchedulerConfig, kvConfig
       param: 'max_tokens',
     });
   }
+  // Without chunked prefill a prompt is computed in one step: one longer than a step's budget never runs
+  // (and, at the head of the queue, held up every request behind it).
+  if (!config.enableChunkedPrefill && req.numPromptTokens > config.maxNumBatchedTokens) {
+    throw new HandoffError(
+      'PROMPT_TOO_LONG',
+      `the prompt has ${req.numPromptTokens} tokens; without chunked prefill a step computes at most ${config.maxNumBatchedTokens}`,
+      { param: 'prompt' },
+    );
+  }
   const need = pagesNeeded(kvConfig, longest, config.numLookaheadTokens);
   if (need > kvConfig.numBlocks - 1) {
     throw new HandoffError(

@@ -6,6 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
+import { HandoffError } from '../util/errors.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import { OneSidedConnectorScheduler, type GrantIssuer } from '../connector/one_sided_scheduler.ts';
 import type { KVTransferParams } from '../connector/params.ts';
@@ -343,4 +344,14 @@ test('async scheduling: pages of a request whose synchronous READ is still in fl
     if (outcome === 'failed') assert.equal(hit, 0, 'a failed READ leaves its pages unpublished');
     else assert.equal(hit, 32, 'a landed READ publishes the loaded pages');
   }
+});
+
+test('chunked prefill off: a prompt over a step’s token budget is refused at admission (it would never run, holding up the queue)', () => {
+  const { scheduler } = makeScheduler({ config: { maxNumBatchedTokens: 32, enableChunkedPrefill: false } });
+  assert.throws(
+    () => scheduler.addRequest(makeRequest(40, 2)),
+    (e: unknown) => e instanceof HandoffError && e.code === 'PROMPT_TOO_LONG' && e.param === 'prompt',
+  );
+  scheduler.addRequest(makeRequest(32, 2)); // exactly the budget is fine
+  assert.equal(scheduler.schedule().totalNumScheduledTokens, 32);
 });
