@@ -192,16 +192,18 @@ export class SingleTypeManager {
   }
 
   /**
-   * Remove the request and hand back its pages in allocation order, still referenced. Its pages leave the
-   * list recorded for zeroing: they are not this request's to zero any more (the next owner records them
-   * again), and a zero op must never be queued for a page the instance no longer owns (I6).
+   * Remove the request and hand back its pages in allocation order, still referenced. Its pages that no
+   * other request holds leave the list recorded for zeroing: they are not this request's to zero any more
+   * (the next owner records them again), and a zero op must never be queued for a page the instance no
+   * longer owns (I6). A page another request holds (its prefix hit on a page taken new this step) stays
+   * on the list: it is still new to that owner.
    */
   detach(requestId: string): KVCacheBlock[] {
     const state = this.requests.get(requestId);
     if (state === undefined) return [];
     this.requests.delete(requestId);
     if (this.newBlockIds.length > 0) {
-      const leaving = new Set(state.blocks.map((b) => b.blockId));
+      const leaving = new Set(state.blocks.filter((b) => b.refCnt <= 1).map((b) => b.blockId));
       this.newBlockIds = this.newBlockIds.filter((b) => !leaving.has(b));
     }
     return state.blocks;
