@@ -156,7 +156,10 @@ class ThreadedDevice implements Device, DeviceTimeline {
         if (stream.pending() === 0 && !this.closed) worker.unref();
       });
       // The thread dying is not an op failure: everything pending fails with the reason.
-      worker.on('error', (err) => this.die(`compute thread ${rank} died: ${err.message}`));
+      // What a thread throws need not be an Error (`throw null` in a kernel module's callback).
+      worker.on('error', (err: unknown) =>
+        this.die(`compute thread ${rank} died: ${err instanceof Error ? err.message : String(err)}`),
+      );
       worker.on('exit', (code) => this.die(`compute thread ${rank} exited (code ${code})`));
       worker.unref();
       return stream;
@@ -187,12 +190,16 @@ class ThreadedDevice implements Device, DeviceTimeline {
   }
 
   async close(): Promise<void> {
-    if (this.closed) return;
+    if (this.terminated) return;
+    this.terminated = true;
     this.die('device closed');
+    // A thread that died already closed the device, not its other ranks' threads: every one is stopped here.
     // The idle thread is unref'd; a terminate awaited on it alone would let the event loop empty first
     // (the process then exits 13 with the caller's promise unsettled, e.g. before an error is printed).
     await holdingLoopOpen(Promise.all(this.workers.map((w) => w.terminate())));
   }
+
+  private terminated = false;
 
   private die(reason: string): void {
     if (this.closed) return;
