@@ -64,7 +64,13 @@ export class RankedStream implements Stream {
     });
     this.unfinished.set(id, { left: inner.length, ok: true });
     const checker = this.ctx.checker;
-    const all = Promise.all(inner.map((o) => o.result)).then((results) => results[0]);
+    // Settled when every part has executed (a part that failed at once must not release the pages while
+    // another rank still runs its part): the first failure, else rank 0's result.
+    const all = Promise.allSettled(inner.map((o) => o.result)).then((results) => {
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed !== undefined) throw failed.reason;
+      return (results[0] as PromiseFulfilledResult<unknown>).value;
+    });
     const done = observed(all, () => {
       if (checker !== null) for (const o of inner) if (o.checkerOpId !== null) checker.hostWaitOp(o.checkerOpId);
     });

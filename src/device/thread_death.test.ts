@@ -2,7 +2,9 @@
  * A compute thread that dies: with TP=2, close() after rank 0 died still stops rank 1's thread (it kept
  * running, and kept its process alive, because the death had marked the device closed and close() then
  * returned at once); a thread that dies of an uncaught non-Error value (`throw null`) fails its ticket with
- * the reason instead of crashing the host (the host's listener read `.message` of it).
+ * the reason instead of crashing the host (the host's listener read `.message` of it); a gang kernel's
+ * ticket settles only once every rank ran its part, even when one part failed at once (it rejected while
+ * rank 1 still ran, and the host reused pages rank 1 then overwrote).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -50,3 +52,26 @@ for (const value of [null, undefined]) {
     }
   });
 }
+
+test('TP=2: a gang kernel whose rank 0 fails at once settles only after rank 1 ran its part', async () => {
+  const d = await createThreadedDevice({
+    numSlabs: 2,
+    numBlocks: 4,
+    pageBytes: 64,
+    tensorParallelSize: 2,
+    kernelModuleUrl: KERNELS,
+  });
+  try {
+    const t = d.compute.enqueue({
+      op: { kind: 'kernel', name: 'failFastOnRank0', args: { ms: 300 } },
+      label: { what: 'forward' },
+    });
+    await assert.rejects(t.done, /rank 0 failed/);
+    assert.equal(d.compute.recordEvent().query(), true, 'nothing of the op still runs once its ticket settled');
+    (d.slabs[1] as Uint8Array).fill(0x11, 0, 64); // the host reuses the page
+    await d.synchronize();
+    assert.equal((d.slabs[1] as Uint8Array)[0], 0x11, 'no late write over the reused page');
+  } finally {
+    await d.close();
+  }
+});
