@@ -245,10 +245,13 @@ export class NicHost implements Nic {
 
   close(): Promise<void> {
     this.closing ??= (async () => {
+      let answered = false;
       const closed = new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, CLOSE_GRACE_MS);
-        this.onEvent((ev) => {
+        const off = this.onEvent((ev) => {
           if (ev.t !== 'closed') return;
+          answered = true;
+          off();
           clearTimeout(timer);
           resolve();
         });
@@ -258,6 +261,9 @@ export class NicHost implements Nic {
       await closed;
       this.worker.removeAllListeners('error');
       await holdingLoopOpen(this.worker.terminate());
+      // A thread that never answered (past the grace) is gone now: what waits for its 'closed' (a drain)
+      // is told here, or it would wait for good.
+      if (!answered) this.dispatch({ t: 'closed' });
       this.control.close();
     })();
     return this.closing;
