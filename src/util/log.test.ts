@@ -5,9 +5,10 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { HandoffError } from './errors.ts';
 import { spawnSync } from 'node:child_process';
 import { pino } from 'pino';
-import { prettyLine, prettyStream, resolveLogFormat } from './log.ts';
+import { prettyLine, prettyStream, resolveLogFormat, logLevelOf } from './log.ts';
 
 const LOG_URL = new URL('./log.ts', import.meta.url).href;
 
@@ -110,5 +111,18 @@ test('createLogger: HANDOFF_LOG_FORMAT=pretty gives readable lines; stderr that 
       [40, 'probe', 'side channel silent'],
       [50, 'probe', 'handler threw'],
     ],
+  );
+});
+
+test('log level: an argument, else HANDOFF_LOG_LEVEL (empty is unset), else info (warn under the test runner); anything else is BAD_CONFIG naming it', () => {
+  assert.equal(logLevelOf(undefined, undefined, false), 'info');
+  assert.equal(logLevelOf(undefined, '', false), 'info');
+  assert.equal(logLevelOf(undefined, '  ', true), 'warn');
+  assert.equal(logLevelOf(undefined, 'debug', false), 'debug');
+  assert.equal(logLevelOf('error', 'debug', false), 'error');
+  assert.throws(
+    () => logLevelOf(undefined, 'verbose', false),
+    (e: unknown) =>
+      e instanceof HandoffError && e.code === 'BAD_CONFIG' && /HANDOFF_LOG_LEVEL.*'verbose'/.test(e.message),
   );
 });

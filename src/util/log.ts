@@ -9,6 +9,7 @@
  * that needs Node 22.
  */
 import { pino, type DestinationStream, type Logger } from 'pino';
+import { HandoffError } from './errors.ts';
 
 export type { Logger };
 
@@ -38,8 +39,19 @@ export function currentLogFormat(): LogFormat {
   return resolveLogFormat(configured, process.env['HANDOFF_LOG_FORMAT'], process.stderr.isTTY === true);
 }
 
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
+/** The level asked for (an argument, else HANDOFF_LOG_LEVEL; empty means unset), or BAD_CONFIG naming it. */
+export function logLevelOf(level: string | undefined, envValue: string | undefined, inTest: boolean): string {
+  const asked = level ?? (envValue === undefined || envValue.trim() === '' ? undefined : envValue.trim());
+  if (asked === undefined) return inTest ? 'warn' : 'info';
+  if (!LOG_LEVELS.includes(asked))
+    throw new HandoffError('BAD_CONFIG', `HANDOFF_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')}; got '${asked}'`);
+  return asked;
+}
+
 export function createLogger(name: string, level?: string): Logger {
-  const lvl = level ?? process.env['HANDOFF_LOG_LEVEL'] ?? (process.env['NODE_TEST_CONTEXT'] ? 'warn' : 'info');
+  const lvl = logLevelOf(level, process.env['HANDOFF_LOG_LEVEL'], process.env['NODE_TEST_CONTEXT'] !== undefined);
   const fd = pino.destination(2);
   const dest: DestinationStream =
     currentLogFormat() === 'json'
