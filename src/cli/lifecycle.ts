@@ -39,6 +39,8 @@ export function onShutdown(stop: () => Promise<void>, opts: ShutdownOptions): vo
   if (opts.exitWithParent) {
     process.stdin.on('end', () => run('parent gone'));
     process.stdin.on('error', () => run('parent gone'));
+    // Our stdout is the parent's pipe: a write into it once the parent is gone (EPIPE) means the same.
+    process.stdout.on('error', () => run('parent gone'));
     process.stdin.resume();
   }
 }

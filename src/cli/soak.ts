@@ -184,11 +184,17 @@ export async function runSoak(
     { ...common, proxyPort: 0, log: createLogger('soak', 'warn'), childLogLevel: 'warn' },
     env,
   );
-  const colocated = await spawnHandoff(
-    serveArgs('both', { ...common, serveArgs: ['--num-blocks', String(o.numBlocks)] }),
-    env,
-    { env: { HANDOFF_LOG_LEVEL: 'warn' } },
-  );
+  let colocated: Awaited<ReturnType<typeof spawnHandoff>>;
+  try {
+    colocated = await spawnHandoff(
+      serveArgs('both', { ...common, serveArgs: ['--num-blocks', String(o.numBlocks)] }),
+      env,
+      { env: { HANDOFF_LOG_LEVEL: 'warn' } },
+    );
+  } catch (e) {
+    await cluster.stop(); // the colocated server did not start: nothing of the soak may outlive it
+    throw e;
+  }
   const t0 = env.nowMs();
   const deadline = t0 + o.durationS * 1000;
   try {

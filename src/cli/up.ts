@@ -65,13 +65,14 @@ export function configureUp(up: Command): void {
       const out = (s: string): void => void process.stdout.write(`${s}\n`);
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       const what = numPrefill + numDecode === 2 ? 'prefill and decode' : `${numPrefill} prefill + ${numDecode} decode`;
-      const tpNote = tp.prefill > 1 ? `, TP=${tp.prefill} each` : '';
+      const tpNote = tpNoteOf(tp);
       out(`handoff up: starting ${what} (${preset}, ${mode.toUpperCase()} mode, tcp transport${tpNote})...`);
       const serveArgs = upServeArgs(o, currentLogFormat());
       const roleServeArgs = {
         prefill: [...sizes.prefill, '--tensor-parallel-size', String(tp.prefill)],
         decode: [...sizes.decode, '--tensor-parallel-size', String(tp.decode)],
       };
+      const started = leaveOnSignalDuringStartup(out);
       const cluster = await startLocalCluster(
         {
           preset,
@@ -89,9 +90,33 @@ export function configureUp(up: Command): void {
         },
         env,
       );
+      started();
       superviseChildren(cluster, env, out);
       printReady(cluster, { preset, mode, policy, apiKey }, out);
     });
+}
+
+/** The start line's note on tensor parallelism (nothing at TP 1). */
+function tpNoteOf(tp: { prefill: number; decode: number }): string {
+  if (tp.prefill !== tp.decode) return `, prefill TP=${tp.prefill}, decode TP=${tp.decode}`;
+  return tp.prefill > 1 ? `, TP=${tp.prefill} each` : '';
+}
+
+/**
+ * Ctrl-C / SIGTERM while the children start: leave at once (exit 0); each child sees its stdin end (its
+ * parent gone) and shuts down by itself. Call the returned function once superviseChildren can take over.
+ */
+function leaveOnSignalDuringStartup(out: (s: string) => void): () => void {
+  const early = (sig: string): void => {
+    out(`handoff up: ${sig} during startup: stopping`);
+    process.exit(0);
+  };
+  process.once('SIGINT', early);
+  process.once('SIGTERM', early);
+  return () => {
+    process.off('SIGINT', early);
+    process.off('SIGTERM', early);
+  };
 }
 
 /** Ctrl-C stops everything (exit 0); a dead child is routed around until its role has none left (exit 1). */
