@@ -12,15 +12,11 @@ import type { Worker } from 'node:worker_threads';
 import { createThreadedDevice } from './threaded.ts';
 
 const KERNELS = new URL('./threaded_death_kernels.ts', import.meta.url).href;
+const tp2 = () =>
+  createThreadedDevice({ numSlabs: 2, numBlocks: 4, pageBytes: 64, tensorParallelSize: 2, kernelModuleUrl: KERNELS });
 
 test('TP=2: after rank 0 died, close() terminates the rank 1 thread too', async () => {
-  const d = await createThreadedDevice({
-    numSlabs: 2,
-    numBlocks: 4,
-    pageBytes: 64,
-    tensorParallelSize: 2,
-    kernelModuleUrl: KERNELS,
-  });
+  const d = await tp2();
   // The device's threads are private: reached here only to watch rank 1's exit.
   const rank1 = (d as unknown as { workers: Worker[] }).workers[1] as Worker;
   let rank1Exited = false;
@@ -54,13 +50,7 @@ for (const value of [null, undefined]) {
 }
 
 test('TP=2: a gang kernel whose rank 0 fails at once settles only after rank 1 ran its part', async () => {
-  const d = await createThreadedDevice({
-    numSlabs: 2,
-    numBlocks: 4,
-    pageBytes: 64,
-    tensorParallelSize: 2,
-    kernelModuleUrl: KERNELS,
-  });
+  const d = await tp2();
   try {
     const t = d.compute.enqueue({
       op: { kind: 'kernel', name: 'failFastOnRank0', args: { ms: 300 } },

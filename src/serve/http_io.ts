@@ -133,3 +133,13 @@ export function pathOf(req: IncomingMessage): string {
 export function clientGone(res: ServerResponse): boolean {
   return !res.writableFinished;
 }
+
+/** JSON.parse of text from the network: a SyntaxError becomes `bad()` (an operating error), nothing else is caught. */
+export function parseJsonText(text: string, bad: () => Error): unknown {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    if (!(e instanceof SyntaxError)) throw e;
+    throw bad();
+  }
+}

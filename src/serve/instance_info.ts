@@ -7,6 +7,7 @@
 import { z } from 'zod';
 import { HandoffError } from '../util/errors.ts';
 import { describeZodError } from '../util/field_errors.ts';
+import { parseJsonText } from './http_io.ts';
 import { isBlockSize } from '../kv/presets.ts';
 import type { InstanceInfo } from './instance_server.ts';
 
@@ -34,13 +35,7 @@ const INFO = z.object({
 
 /** The info from its body text, or BAD_REQUEST naming the first field that is wrong. */
 export function parseInstanceInfo(body: string): InstanceInfo {
-  let json: unknown;
-  try {
-    json = JSON.parse(body);
-  } catch (e) {
-    if (!(e instanceof SyntaxError)) throw e;
-    throw new HandoffError('BAD_REQUEST', 'its /handoff/info is not JSON');
-  }
+  const json = parseJsonText(body, () => new HandoffError('BAD_REQUEST', 'its /handoff/info is not JSON'));
   if (json === null || typeof json !== 'object' || Array.isArray(json))
     throw new HandoffError('BAD_REQUEST', 'its /handoff/info is not a JSON object');
   const r = INFO.safeParse(json);

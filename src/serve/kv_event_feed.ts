@@ -18,6 +18,7 @@ import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts
 import type { InstanceLoad } from './kv_event_stream.ts';
 import type { RouterIndex } from './router_index.ts';
 import { readBoundedText } from './upstream.ts';
+import { parseJsonText } from './http_io.ts';
 
 /** Longest line accepted (a BlockStored of a whole long prompt with its token ids is far below). */
 export const KV_FEED_LINE_MAX_BYTES = 32 << 20;
@@ -87,13 +88,7 @@ function loadOf(v: unknown): InstanceLoad | null {
 
 /** One line of the feed, validated. */
 export function parseFeedLine(text: string): FeedLine {
-  let v: unknown;
-  try {
-    v = JSON.parse(text);
-  } catch (e) {
-    if (!(e instanceof SyntaxError)) throw e;
-    throw bad('not JSON');
-  }
+  const v = parseJsonText(text, () => bad('not JSON'));
   const o = v as Record<string, unknown> | null;
   if (o === null || typeof o !== 'object' || !isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('epoch/seq');
   if (o['heartbeat'] === true) return { kind: 'heartbeat', epoch: o['epoch'], seq: o['seq'], load: loadOf(o['load']) };
@@ -215,14 +210,7 @@ export class KvEventFeed {
     const r = await fetch(`${this.opts.url}/handoff/kv_events/dump`, { headers: this.headers(), signal });
     if (!r.ok) throw new HandoffError('PEER_UNAVAILABLE', `KV event dump answered ${r.status}`);
     const text = await readBoundedText(r, DUMP_MAX_BYTES, 'the KV event dump');
-    let json: unknown;
-    try {
-      json = JSON.parse(text);
-    } catch (e) {
-      if (!(e instanceof SyntaxError)) throw e;
-      throw bad('the dump is not JSON');
-    }
-    this.index.applyDump(this.key, parseDump(json));
+    this.index.applyDump(this.key, parseDump(parseJsonText(text, () => bad('the dump is not JSON'))));
     this.stats.dumps++;
   }
 }

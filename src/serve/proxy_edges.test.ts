@@ -194,14 +194,9 @@ test('1P1D: prefill answering 503 OVERLOADED reaches the client as 503 OVERLOADE
   const decode = await fake();
   const { proxy, url } = await startProxy({ prefillUrls: [prefill.url], decodeUrls: [decode.url] });
   try {
-    const r = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 4 }),
-    });
-    const body = (await r.json()) as { error: { code: string; message: string } };
+    const { status, body } = await post(url);
     assert.equal(proxy.prefill.members[0]!.healthy, true, 'the prefill instance is still healthy in the pool');
-    assert.equal(r.status, 503, JSON.stringify(body));
+    assert.equal(status, 503, JSON.stringify(body));
     assert.equal(body.error.code, 'OVERLOADED');
     assert.match(body.error.message, /^prefill: /);
   } finally {
@@ -398,13 +393,8 @@ test('a vLLM 400 from decode reaches the client as a 4xx-typed OpenAI error', as
   });
   const { proxy, url } = await startProxy({ prefillUrls: [prefill.url], decodeUrls: [decode.url] });
   try {
-    const r = await fetch(`${url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm', prompt: 'hi', max_tokens: 4 }),
-    });
-    const body = (await r.json()) as { error: { type: string; code: string; param: string | null } };
-    assert.equal(r.status, 400);
+    const { status, body } = await post(url);
+    assert.equal(status, 400);
     assert.equal(body.error.param, 'temperature');
     assert.equal(body.error.type, 'invalid_request_error', `HTTP 400 labelled as: ${JSON.stringify(body)}`);
     assert.notEqual(body.error.code, 'INTERNAL', JSON.stringify(body));
