@@ -12,7 +12,9 @@
  *   net#n   notify/handshake X->Y   writes Y/* (its delivery runs Y's connector) and X/host
  *   act:*   scenario action global
  * plus, observed while the step and its continuation ran: grants issued or ended (writes
- * inst/grant:<transfer>), an engine closing (global), and any timer firing (global).
+ * inst/grant:<transfer>), the proxy acting on an instance's engine (a prefill forward that finishes its
+ * leg submits the decode request: writes that instance's host), an engine closing (global), and any
+ * timer firing (global).
  *
  * Why virtual time does not break it: a step that fires a timer, and every time jump, is dependent
  * with everything, so no reordering moves a step across a timer. Two steps that fire none commute in
@@ -73,6 +75,8 @@ export class DporWorldExplorer implements Explorer {
   }
 
   pick(choices: readonly ChoiceInfo[]): number {
+    // The proxy is built after the explorer: its hook is set at the first choice.
+    this.w.proxy.touches ??= (inst) => void this.pending?.extra.push(`${inst.name}/host`);
     this.flush();
     const now = this.w.env.nowMs();
     const next = [this.w.env.nextTimerMs(), this.w.fabric.nextEnabledMs(now)].filter((t): t is number => t !== null);

@@ -69,6 +69,11 @@ function failure(code: string | null, message: string, finishReason = 'error'): 
 
 export class SimProxy {
   readonly requests: ProxyRequest[];
+  /**
+   * Called before the proxy acts on an instance's engine (submit, abort, cancel, release): the step that
+   * runs it writes that instance's host state (DPOR's footprint, dpor_world.ts).
+   */
+  touches: ((inst: SimInstance) => void) | null = null;
 
   constructor(
     specs: readonly SimRequestSpec[],
@@ -144,7 +149,9 @@ export class SimProxy {
       // What the HTTP proxy's POST /handoff/release does on the decode instance.
       releaseUnused: (params) => {
         this.onEvent(r, 'release unused');
-        if (decode.alive) decode.engine.releaseUnused(params);
+        if (!decode.alive) return;
+        this.touches?.(decode);
+        decode.engine.releaseUnused(params);
       },
     };
     this.settled(
@@ -220,7 +227,10 @@ export class SimProxy {
     signal.addEventListener(
       'abort',
       () => {
-        if (pending && inst.alive) inBand ? inst.engine.cancel(requestId) : inst.engine.abort(requestId);
+        if (!pending || !inst.alive) return;
+        this.touches?.(inst);
+        if (inBand) inst.engine.cancel(requestId);
+        else inst.engine.abort(requestId);
       },
       { once: true },
     );
@@ -240,6 +250,7 @@ export class SimProxy {
     const tokens: number[] = [];
     const hashes: Array<string | null> = [];
     let nan = false;
+    this.touches?.(inst);
     try {
       inst.engine.submit(
         { requestId, promptTokenIds: r.spec.promptTokenIds, sampling, kvTransferParams: params },
