@@ -82,3 +82,28 @@ test('property: streamed stop-string handling equals the delta-by-delta referenc
 test('a stop string completed by an earlier delta wins over a longer one that would only complete later', () => {
   assert.deepEqual(run(['ab', 'a'], ['aba', 'b']), { text: 'a', stopped: true, releases: ['a'] });
 });
+
+test('property: no piece of streamed text ends between the halves of a surrogate pair (an emoji stays whole)', () => {
+  const piece = fc.constantFrom('a', 'z', ' ', '😀', 'é', '日', 'zz', '😀😀');
+  fc.assert(
+    fc.property(
+      fc.array(fc.array(piece, { maxLength: 4 }), { maxLength: 12 }),
+      fc.constantFrom('zz', 'xyz', '😀z'),
+      (deltas, stop) => {
+        const c = new StopChecker([stop]);
+        const pieces = deltas.map((d) => c.push(d.join('')).text);
+        pieces.push(c.flush());
+        for (const p of pieces) {
+          if (p.length === 0) continue;
+          const last = p.charCodeAt(p.length - 1);
+          const first = p.charCodeAt(0);
+          assert.ok(!(last >= 0xd800 && last <= 0xdbff), `piece ${JSON.stringify(p)} ends with a lone high surrogate`);
+          assert.ok(
+            !(first >= 0xdc00 && first <= 0xdfff),
+            `piece ${JSON.stringify(p)} starts with a lone low surrogate`,
+          );
+        }
+      },
+    ),
+  );
+});

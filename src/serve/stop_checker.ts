@@ -56,7 +56,10 @@ export class StopChecker {
       this.done = true;
       return { text: this.take(this.includeStop ? cut + cutLen : cut), stopped: true };
     }
-    return { text: this.take(this.buffer.length - this.holdBack), stopped: false };
+    // Never between the halves of a surrogate pair (an emoji): each half alone is not text.
+    let upTo = this.buffer.length - this.holdBack;
+    if (upTo > this.released && isHighSurrogate(this.buffer.charCodeAt(upTo - 1))) upTo--;
+    return { text: this.take(upTo), stopped: false };
   }
 
   /** End of generation: release what was held back (it cannot become a stop string any more). */
@@ -71,4 +74,8 @@ export class StopChecker {
     this.released = upTo;
     return text;
   }
+}
+
+function isHighSurrogate(code: number): boolean {
+  return code >= 0xd800 && code <= 0xdbff;
 }
