@@ -149,6 +149,9 @@ export class Generation {
       // Like vLLM: the stop token counts but its text is not returned, unless include_stop_str_in_output
       // asks for it (EOS is a special token: skipped either way).
       if (isStopToken && !(this.api.includeStopStr && id !== EOS_TOKEN_ID)) return;
+      // EOS is a special token: its text is never returned, also when ignore_eos lets generation run past
+      // it (vLLM's skip_special_tokens, which this server only accepts as true).
+      if (id === EOS_TOKEN_ID) return;
       const r = this.stops.push(this.decoder.push(id));
       piece.text += r.text;
       stoppedByString = r.stopped;

@@ -62,23 +62,24 @@ test('completions: prompt forms, defaults, vLLM extensions', () => {
   assert.equal(parseApiRequest('completion', { prompt: Array.from({ length: 120 }, () => 1) }, limits).maxTokens, 8);
 });
 
-test('chat: the fixed ChatML template, text parts joined, default max_tokens = the rest of the context', () => {
+test('chat: the fixed ChatML template, text parts joined by a newline (as vLLM), default max_tokens = the rest of the context', () => {
   const messages = [
     { role: 'system', content: 'Be brief.' },
     {
       role: 'user',
       content: [
-        { type: 'text', text: 'Hi ' },
+        { type: 'text', text: 'Hi' },
         { type: 'text', text: 'there' },
       ],
     },
   ];
   const r = parseApiRequest('chat', { messages, logprobs: true }, limits);
-  const text = '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n';
+  const text =
+    '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n';
   assert.equal(
     applyChatTemplate([
       { role: 'system', content: 'Be brief.' },
-      { role: 'user', content: 'Hi there' },
+      { role: 'user', content: 'Hi\nthere' },
     ]),
     text,
   );

@@ -169,7 +169,8 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
   else {
     const messages = (b as z.infer<typeof chatSchema>).messages.map((m) => ({
       role: m.role,
-      content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join(''),
+      // Text parts joined by a newline, as vLLM does for a string chat template (chat_utils.py).
+      content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('\n'),
     }));
     prompt = checkedText(applyChatTemplate(messages), 'messages', limits);
   }
