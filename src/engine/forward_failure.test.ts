@@ -12,24 +12,16 @@ import { HandoffError } from '../util/errors.ts';
 import { FAILING_KERNELS_URL, FAIL_REQUEST_PREFIX, FAIL_STEP_PREFIX } from '../worker/kernels_testkit.ts';
 import { LLMEngine, type EngineCreateConfig, type GenerateRequest } from './llm_engine.ts';
 import { simDevice, threadedDevice } from './devices.ts';
-import { fakeRun, makeRequest, makeScheduler } from './scheduler_testkit.ts';
+import { fakeRun, makeRequest, makeScheduler, smallEngineConfig, spreadPrompt } from './scheduler_testkit.ts';
 
-const prompt = (n: number, base: number): number[] =>
-  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
+const prompt = spreadPrompt;
 
 function config(kind: 'threaded' | 'sim'): EngineCreateConfig {
-  return {
-    preset: 'dsv4-mini',
-    modelSeed: 1,
-    numBlocks: 96,
-    asyncScheduling: true,
-    scheduler: { maxNumBatchedTokens: 256, maxNumSeqs: 8 },
-    idlePollMs: 2,
-    makeDevice:
-      kind === 'threaded'
-        ? threadedDevice('dsv4-mini', 1, false, FAILING_KERNELS_URL)
-        : simDevice('dsv4-mini', 1, { kernelModuleUrl: FAILING_KERNELS_URL }),
-  };
+  return smallEngineConfig(
+    kind === 'threaded'
+      ? threadedDevice('dsv4-mini', 1, false, FAILING_KERNELS_URL)
+      : simDevice('dsv4-mini', 1, { kernelModuleUrl: FAILING_KERNELS_URL }),
+  );
 }
 
 const req = (id: string, base: number): GenerateRequest => ({

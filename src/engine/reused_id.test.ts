@@ -12,21 +12,10 @@ import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
 import { LLMEngine, type EngineCreateConfig, type GenerateRequest } from './llm_engine.ts';
 import { threadedDevice } from './devices.ts';
+import { smallEngineConfig, spreadPrompt } from './scheduler_testkit.ts';
 
-const prompt = (n: number, base: number): number[] =>
-  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
-
-function config(): EngineCreateConfig {
-  return {
-    preset: 'dsv4-mini',
-    modelSeed: 1,
-    numBlocks: 96,
-    asyncScheduling: true,
-    scheduler: { maxNumBatchedTokens: 256, maxNumSeqs: 8 },
-    idlePollMs: 2,
-    makeDevice: threadedDevice('dsv4-mini', 1),
-  };
-}
+const prompt = spreadPrompt;
+const config = (): EngineCreateConfig => smallEngineConfig(threadedDevice('dsv4-mini', 1));
 
 test('an id reused right after abort gets its own tokens and the engine survives', async () => {
   const env = new RealEnv(3);
@@ -78,7 +67,7 @@ test('an id reused right after abort gets its own tokens and the engine survives
 
 test('close() with a request in flight settles its generate() promise (rejected: the engine was closed)', async () => {
   const env = new RealEnv(3);
-  const e = await LLMEngine.create({ ...config(), makeDevice: threadedDevice('dsv4-mini', 1) }, env);
+  const e = await LLMEngine.create(config(), env);
   const p = e.generate({
     promptTokenIds: prompt(20, 1),
     sampling: { maxTokens: 200, temperature: 0, ignoreEos: true },

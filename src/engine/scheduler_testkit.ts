@@ -17,6 +17,7 @@ import {
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
 import { Request } from './request.ts';
 import type { KVTransferParams } from '../connector/params.ts';
+import type { EngineCreateConfig } from './llm_engine.ts';
 
 export function makeScheduler(opts: {
   preset?: ModelPreset;
@@ -57,4 +58,21 @@ export function fakeRun(so: SchedulerOutput, conn: Partial<KVConnectorOutput> = 
     .filter(([id, s]) => s && !failed.has(id))
     .map(([requestId]) => ({ requestId, tokenId: 1000 + so.step, logprob: null, logitsHash: null, nanLogits: false }));
   return { step: so.step, sampled, kvConnectorOutput: { ...emptyConnectorOutput(), ...conn } };
+}
+
+/** `n` prompt token ids spread over the vocabulary, different for each `base`. */
+export const spreadPrompt = (n: number, base: number): number[] =>
+  Array.from({ length: n }, (_, i) => (base * 131 + i * 7919) % 50000);
+
+/** A small dsv4-mini engine with async scheduling (engine tests), on the given device. */
+export function smallEngineConfig(makeDevice: EngineCreateConfig['makeDevice']): EngineCreateConfig {
+  return {
+    preset: 'dsv4-mini',
+    modelSeed: 1,
+    numBlocks: 96,
+    asyncScheduling: true,
+    scheduler: { maxNumBatchedTokens: 256, maxNumSeqs: 8 },
+    idlePollMs: 2,
+    makeDevice,
+  };
 }

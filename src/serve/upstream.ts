@@ -199,11 +199,8 @@ export async function readBoundedText(r: Response, maxBytes: number, what: strin
   let bytes = 0;
   for await (const chunk of r.body) {
     bytes += chunk.byteLength;
-    if (bytes > maxBytes) {
-      // catch-ok: cancelling the rest of a refused body; a failure (the socket already gone) changes nothing
-      await r.body.cancel().catch(() => undefined);
-      throw new HandoffError('PEER_UNAVAILABLE', `${what} sent more than ${maxBytes} bytes`);
-    }
+    // Leaving the loop by this throw cancels the rest of the body (the stream's iterator does).
+    if (bytes > maxBytes) throw new HandoffError('PEER_UNAVAILABLE', `${what} sent more than ${maxBytes} bytes`);
     parts.push(decoder.decode(chunk, { stream: true }));
   }
   parts.push(decoder.decode());
