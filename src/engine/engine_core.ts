@@ -58,14 +58,17 @@ export class EngineCore {
 
   /**
    * The client went away: abort the request; if it already finished and holds its pages for a peer, its
-   * answer never reached the client (the server calls this only then), so the hold ends now.
+   * answer never reached the client (the server calls this only then), so the hold ends now. With
+   * `only`, a live request under the id that is not `only` (a retry reusing the id) is left alone: the
+   * hold, if any, is the finished request's and still ends.
    */
-  abort(requestId: string, endHold = true): void {
-    if (this.scheduler.abortRequest(requestId)) {
+  abort(requestId: string, endHold = true, only?: object): void {
+    const live = this.scheduler.requests.get(requestId);
+    const mine = live !== undefined && (only === undefined || live === only);
+    if (mine && this.scheduler.abortRequest(requestId)) {
       for (const o of this.scheduler.drainPendingOutputs()) this.dispatch(o);
       this.kick();
-    } else if (endHold && !this.scheduler.requests.has(requestId) && this.scheduler.connector.endHold(requestId))
-      this.kick();
+    } else if (endHold && !mine && this.scheduler.connector.endHold(requestId)) this.kick();
   }
 
   /** Start the loop (idempotent). */

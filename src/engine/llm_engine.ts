@@ -228,9 +228,12 @@ export class LLMEngine {
     });
   }
 
-  /** The client went away: abort the request, or end its hold if it finished holding pages for a peer. */
-  abort(requestId: string): void {
-    this.core.abort(requestId);
+  /**
+   * The client went away: abort the request, or end its hold if it finished holding pages for a peer.
+   * `only` (a request submit returned): leave another request that reuses the id alone.
+   */
+  abort(requestId: string, only?: object): void {
+    this.core.abort(requestId, true, only);
   }
 
   /**

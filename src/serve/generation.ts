@@ -39,8 +39,10 @@ export interface GenerationObserver {
 
 /** What a generation needs of the engine (LLMEngine satisfies it). */
 export interface EngineHandle {
-  submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): unknown;
-  abort(requestId: string): void;
+  /** Returns the engine's request (abort's `only`). */
+  submit(g: GenerateRequest, onOutput: (o: EngineOutput) => void): object;
+  /** `only`: abort that request only (not another one reusing its id); its finished hold still ends. */
+  abort(requestId: string, only?: object): void;
   cancel(requestId: string): void;
 }
 
@@ -54,6 +56,8 @@ export class Generation {
   private cachedTokens = 0;
   private finished = false;
   private cancelled = false;
+  /** The engine's request, once submitted (a later request may reuse the id). */
+  private submitted: object | null = null;
 
   constructor(
     private readonly engine: EngineHandle,
@@ -76,7 +80,7 @@ export class Generation {
   /** Submit to the engine; throws HandoffError (nothing allocated) when the engine refuses the request. */
   start(): void {
     const a = this.api;
-    this.engine.submit(
+    this.submitted = this.engine.submit(
       {
         requestId: this.requestId,
         promptTokenIds: a.promptTokenIds,
@@ -107,10 +111,11 @@ export class Generation {
 
   /**
    * The answer was written but never reached the client: pages the engine still holds for a peer
-   * (a prefill's, for decode) are freed now (EngineCore.abort of a finished request ends its hold).
+   * (a prefill's, for decode) are freed now (EngineCore.abort of a finished request ends its hold). A
+   * retry that reuses the id while this answer hangs is another request: it is left to run.
    */
   undelivered(): void {
-    this.engine.abort(this.requestId);
+    this.engine.abort(this.requestId, this.submitted ?? undefined);
   }
 
   /**

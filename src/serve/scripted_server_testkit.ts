@@ -51,7 +51,7 @@ export async function startFake(opts: { apiKey?: string | null; maxModelLen?: nu
         if (finish === null) setImmediate(step);
       };
       setImmediate(step);
-      return undefined;
+      return {};
     },
     abort(id: string) {
       aborted.add(id);

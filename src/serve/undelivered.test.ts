@@ -91,3 +91,52 @@ test('prefill: an answer written but never flushed to its client ends the hold a
   assert.equal(await metric('handoff_holds_ended_total'), 1, 'the server ended the hold itself');
   assert.equal(await metric('handoff_kv_cache_usage_perc'), 0, 'every page is back');
 });
+
+test('an undelivered answer ends only its own request: a retry that reuses its X-Request-Id runs to the end', async () => {
+  await inst?.close();
+  inst = await startInstance(
+    { ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 } },
+    env,
+  );
+  const http = (inst.server as unknown as { server: Server }).server;
+  let answer: ServerResponse | null = null;
+  let stalled = 0;
+  http.prependListener('request', (req: IncomingMessage, res: ServerResponse) => {
+    if (req.url !== '/v1/completions' || stalled++ > 0) return; // only the first answer stalls
+    const socket = res.socket;
+    assert.ok(socket !== null);
+    let queued = 0;
+    socket.write = ((chunk: string | Uint8Array) => {
+      queued += typeof chunk === 'string' ? Buffer.byteLength(chunk) : chunk.byteLength;
+      return false;
+    }) as typeof socket.write;
+    Object.defineProperty(socket, 'writableLength', { get: () => queued });
+    answer = res;
+  });
+  const headers = { 'content-type': 'application/json', 'x-request-id': 'reused-id' };
+  const first = JSON.stringify({ model: 'dsv4-mini', prompt: 'the first try', max_tokens: 1 });
+  let client: ClientRequest | null = null;
+  const closed = new Promise<void>((resolve) => {
+    client = httpRequest(`${inst?.url}/v1/completions`, {
+      method: 'POST',
+      headers: { ...headers, 'content-length': Buffer.byteLength(first) },
+    });
+    client.on('error', () => resolve());
+    client.on('close', () => resolve());
+    client.end(first);
+  });
+  await until('the first answer to be written', () => (answer as ServerResponse | null)?.writableEnded === true);
+  // The client retries under the same id on a new connection, then drops the first one.
+  const retry = fetch(`${inst.url}/v1/completions`, {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({ model: 'dsv4-mini', prompt: 'the retry', max_tokens: 40, ignore_eos: true }),
+  });
+  await until('the retry to run', async () => (await metric('handoff_num_requests_running')) === 1);
+  (client as unknown as ClientRequest).destroy();
+  await closed;
+  const res = await retry;
+  const body = (await res.json()) as { choices?: Array<{ finish_reason: string }>; error?: unknown };
+  assert.equal(res.status, 200, JSON.stringify(body));
+  assert.equal(body.choices?.[0]?.finish_reason, 'length', 'the retry was not aborted by the first answer');
+});
