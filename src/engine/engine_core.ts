@@ -104,6 +104,15 @@ export class EngineCore {
     return this.fatal;
   }
 
+  /**
+   * The caller watches `crashed` (the simulator's crash oracle): a crash of the loop is reported there,
+   * so its rejection must not kill the process as an unhandled one. `stop()` still sees it.
+   */
+  reportCrashesViaCrashed(): void {
+    // catch-ok: the crash stays in `fatal` for the caller to report
+    void this.loopDone.catch(() => undefined);
+  }
+
   kick(): void {
     const w = this.wake;
     this.wake = null;
@@ -126,6 +135,8 @@ export class EngineCore {
         if (lastWasEmpty) this.stats.emptySteps++;
         this.stats.steps++;
         const handle = await this.runner.executeModel(so);
+        // catch-ok: the loop awaits it in turn; if the loop died first, the loop's crash is what is reported
+        void handle.output.catch(() => undefined);
         this.queue.push({ so, handle });
         continue;
       }

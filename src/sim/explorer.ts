@@ -93,7 +93,12 @@ class PctExplorer implements Explorer {
     this.depth = depth;
     this.changePoints = new Map();
     // Change point i (1..d-1) lowers the running agent to priority i, below every initial one (>= d).
-    for (let i = 1; i < depth; i++) this.changePoints.set(this.rng.int(k), depth - i);
+    // The d-1 steps are distinct (a step drawn twice is drawn again: else two change points collapse into one).
+    for (let i = 1; i < Math.min(depth, k + 1); i++) {
+      let step = this.rng.int(k);
+      while (this.changePoints.has(step)) step = this.rng.int(k);
+      this.changePoints.set(step, depth - i);
+    }
   }
 
   private priority(agent: string): number {

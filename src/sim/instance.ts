@@ -130,6 +130,8 @@ export class SimInstance {
       env,
     );
     inst.engine = built.engine;
+    // The world's crash oracle reports an engine-loop crash (a replay runs on after the first violation).
+    inst.engine.core.reportCrashesViaCrashed();
     const transfer = built.connector?.transfer;
     assert(transfer instanceof SimTransferEngine, 'a sim instance runs on a sim transfer engine');
     inst.transfer = transfer;

@@ -91,6 +91,13 @@ function worldSeed(o: WorldOptions): number {
   return o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed;
 }
 
+/** PCT's k per request of the scenario (longest runs seen: xpyd 84 steps for 6 requests, tight-write 122 for 8). */
+const PCT_STEPS_PER_REQUEST = 20;
+
+function definedOf(o: ExplorerOptions | undefined): ExplorerOptions {
+  return Object.fromEntries(Object.entries(o ?? {}).filter(([, v]) => v !== undefined)) as ExplorerOptions;
+}
+
 const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 export class SimWorld {
@@ -125,7 +132,9 @@ export class SimWorld {
   ) {
     // dfs numbers schedules of one fixed world; the other strategies draw the world from the seed too.
     this.env = new SimEnv(worldSeed(opts));
-    this.explorer = opts.makeExplorer?.(this) ?? createExplorer(opts.strategy, opts.seed, opts.explorer);
+    // PCT's k must cover the run (change points only land on steps < k): runs take up to ~15 steps a request.
+    const explorerOpts = { pctSteps: PCT_STEPS_PER_REQUEST * scenario.requests.length, ...definedOf(opts.explorer) };
+    this.explorer = opts.makeExplorer?.(this) ?? createExplorer(opts.strategy, opts.seed, explorerOpts);
     this.buggify = new Buggify(opts.seed, opts.faults ?? (opts.strategy !== 'dfs' && opts.strategy !== 'dpor'));
     this.trace = opts.trace ? new TraceRecorder() : null;
   }
