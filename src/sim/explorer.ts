@@ -171,3 +171,15 @@ export function createExplorer(strategy: Strategy, seed: number, opts: ExplorerO
       return new ScheduleExplorer(opts.schedule ?? []);
   }
 }
+
+/** PCT's k per request of a scenario (longest runs seen: xpyd 84 steps for 6 requests, tight-write 122 for 8). */
+const PCT_STEPS_PER_REQUEST = 20;
+
+/**
+ * The options with PCT's k covering a run of `requests` requests, unless they set it: change points land
+ * only on steps < k, and a run takes up to ~15 steps a request.
+ */
+export function withPctK(o: ExplorerOptions | undefined, requests: number): ExplorerOptions {
+  const set = Object.fromEntries(Object.entries(o ?? {}).filter(([, v]) => v !== undefined)) as ExplorerOptions;
+  return { pctSteps: PCT_STEPS_PER_REQUEST * requests, ...set };
+}

@@ -19,7 +19,8 @@ import type { ModelPreset } from '../kv/presets.ts';
 import { SimFabric, type FabricFault, type FabricItem } from '../transfer/sim/sim_fabric.ts';
 import { Buggify } from './buggify.ts';
 import { forwardCostMs, nicCostMs, zeroCostMs, COST } from './cost_model.ts';
-import { createExplorer, type ChoiceInfo, type Explorer, type ExplorerOptions, type Strategy } from './explorer.ts';
+import { createExplorer, withPctK, type ChoiceInfo, type Explorer } from './explorer.ts';
+import type { ExplorerOptions, Strategy } from './explorer.ts';
 import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
@@ -87,16 +88,7 @@ export interface Action {
 export const DEFAULT_MAX_STEPS = 20_000;
 export const DEFAULT_MAX_VIRTUAL_MS = 20_000;
 
-function worldSeed(o: WorldOptions): number {
-  return o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed;
-}
-
-/** PCT's k per request of the scenario (longest runs seen: xpyd 84 steps for 6 requests, tight-write 122 for 8). */
-const PCT_STEPS_PER_REQUEST = 20;
-
-function definedOf(o: ExplorerOptions | undefined): ExplorerOptions {
-  return Object.fromEntries(Object.entries(o ?? {}).filter(([, v]) => v !== undefined)) as ExplorerOptions;
-}
+const worldSeed = (o: WorldOptions): number => (o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed);
 
 const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
@@ -132,9 +124,8 @@ export class SimWorld {
   ) {
     // dfs numbers schedules of one fixed world; the other strategies draw the world from the seed too.
     this.env = new SimEnv(worldSeed(opts));
-    // PCT's k must cover the run (change points only land on steps < k): runs take up to ~15 steps a request.
-    const explorerOpts = { pctSteps: PCT_STEPS_PER_REQUEST * scenario.requests.length, ...definedOf(opts.explorer) };
-    this.explorer = opts.makeExplorer?.(this) ?? createExplorer(opts.strategy, opts.seed, explorerOpts);
+    const k = withPctK(opts.explorer, scenario.requests.length);
+    this.explorer = opts.makeExplorer?.(this) ?? createExplorer(opts.strategy, opts.seed, k);
     this.buggify = new Buggify(opts.seed, opts.faults ?? (opts.strategy !== 'dfs' && opts.strategy !== 'dpor'));
     this.trace = opts.trace ? new TraceRecorder() : null;
   }
