@@ -294,16 +294,16 @@ export class Scheduler {
     }
     const match = this.connector.getNumNewMatchedTokens(req, numLocal);
     if (match.numExternalTokens === null) return 'skip';
+    assert(match.numExternalTokens >= 0, 'external tokens cannot be negative');
     const numExternal = match.numExternalTokens;
-    assert(numExternal >= 0, 'external tokens cannot be negative');
     assert(!(match.loadAsync && numExternal === 0), 'an async load must load something');
     const numComputed = numLocal + numExternal;
     assert(numComputed < req.numTokens || match.loadAsync, 'at least one token is computed locally');
     let numNew = match.loadAsync ? 0 : req.numTokens - numComputed;
-    if (!match.loadAsync && numNew > budget) {
-      if (!this.config.enableChunkedPrefill) return 'no-pages';
-      numNew = budget;
-    }
+    // Unchunked, unless no step holds it (a preempted request recomputes prompt + outputs).
+    const unchunked = !this.config.enableChunkedPrefill && numNew <= this.config.maxNumBatchedTokens;
+    if (!match.loadAsync && numNew > budget && unchunked) return 'no-pages';
+    if (!match.loadAsync && numNew > budget) numNew = budget;
     const newBlocks = this.kv.allocateSlots(tokens, numNew, {
       numNewComputedTokens: fresh ? numLocal : 0,
       newComputedBlocks: fresh ? localBlocks : undefined,

@@ -217,6 +217,13 @@ export class ModelRunner {
         },
       });
     };
+    // Running requests first: the model computes requests one after the other, and a request admitted this
+    // step may prefix-hit pages a running request's prefill chunk writes in this same step (the scheduler
+    // publishes pages when it allocates them). New requests keep their admission order for the same reason.
+    for (const c of so.scheduledCachedReqs) {
+      const tokens = c.newTokenIds.length > 0 ? c.newTokenIds : [PLACEHOLDER_TOKEN];
+      add(c.requestId, c.numComputedTokens, tokens, c.numOutputTokens);
+    }
     for (const n of so.scheduledNewReqs) {
       const count = defined(so.numScheduledTokens[n.requestId], 'scheduled tokens');
       add(
@@ -225,10 +232,6 @@ export class ModelRunner {
         n.tokenIds.slice(n.numComputedTokens, n.numComputedTokens + count),
         n.numOutputTokens,
       );
-    }
-    for (const c of so.scheduledCachedReqs) {
-      const tokens = c.newTokenIds.length > 0 ? c.newTokenIds : [PLACEHOLDER_TOKEN];
-      add(c.requestId, c.numComputedTokens, tokens, c.numOutputTokens);
     }
     return out;
   }
