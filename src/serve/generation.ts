@@ -22,6 +22,8 @@ export interface GenerationSink {
   onFinish(f: {
     piece: Piece;
     finishReason: ApiFinishReason;
+    /** vLLM's stop_reason: the stop string or stop token id that ended the answer; null for EOS or length. */
+    stopReason: string | number | null;
     kvTransferParams: Record<string, unknown> | null;
     usage: Usage;
   }): void;
@@ -166,7 +168,13 @@ export class Generation {
       this.engine.abort(this.requestId); // free the pages now; the abort output is ignored
       this.observer?.finished('stop', this.api.promptTokenIds.length, this.completionTokens);
       this.reportPrefixCache();
-      this.sink.onFinish({ piece, finishReason: 'stop', kvTransferParams: null, usage: this.usage() });
+      this.sink.onFinish({
+        piece,
+        finishReason: 'stop',
+        stopReason: this.stops.matched,
+        kvTransferParams: null,
+        usage: this.usage(),
+      });
       return;
     }
     if (o.finishReason === null) {
@@ -188,9 +196,18 @@ export class Generation {
     this.sink.onFinish({
       piece,
       finishReason: o.finishReason,
+      stopReason: this.stopTokenOf(o),
       kvTransferParams: o.kvTransferParams,
       usage: this.usage(),
     });
+  }
+
+  /** Like vLLM's check_stop: EOS (unless ignored) stops with no reason, a stop token id is the reason. */
+  private stopTokenOf(o: EngineOutput): number | null {
+    const lastId = o.newTokenIds.at(-1);
+    if (o.finishReason !== 'stop' || lastId === undefined) return null;
+    if (lastId === EOS_TOKEN_ID && !this.api.ignoreEos) return null;
+    return this.api.stopTokenIds.includes(lastId) ? lastId : null;
   }
 
   /** A request that loaded its KV from a prefill instance computed no prompt here: not a prefix-cache query. */

@@ -19,11 +19,17 @@ const utf8Strict = new TextDecoder('utf-8', { fatal: true });
 export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
   const chunks: Buffer[] = [];
   let total = 0;
-  for await (const chunk of req) {
-    const b = chunk as Buffer;
-    total += b.length;
-    if (total > maxBytes) throw new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
-    chunks.push(b);
+  try {
+    for await (const chunk of req) {
+      const b = chunk as Buffer;
+      total += b.length;
+      if (total > maxBytes) throw new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
+      chunks.push(b);
+    }
+  } catch (e) {
+    // The client went away mid-body (the socket's "aborted" error): its doing, not an internal error.
+    if (isHandoffError(e) || !req.destroyed) throw e;
+    throw new HandoffError('REQUEST_ABORTED', 'the client went away while sending its request');
   }
   let text: string;
   try {

@@ -351,7 +351,8 @@ export class InstanceServer {
     const headers = { 'x-request-id': requestId };
     const limits = { maxModelLen: this.opts.maxModelLen };
     const v = validateApiRequest(kind, body, limits);
-    if (v.model !== null && v.model !== this.opts.modelName) {
+    // An empty name means the served model, as an absent one does (vLLM's _is_model_supported).
+    if (v.model !== null && v.model !== '' && v.model !== this.opts.modelName) {
       throw new HandoffError(
         'NOT_FOUND',
         `the model '${v.model}' does not exist (this server serves '${this.opts.modelName}')`,

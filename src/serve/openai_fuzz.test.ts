@@ -175,7 +175,14 @@ const extras = fc.dictionary(fc.string({ maxLength: 12 }), junk, { maxKeys: 3 })
 const body = (kind: 'completion' | 'chat'): fc.Arbitrary<Record<string, unknown>> =>
   fc
     .tuple(plausible[kind], mutation(kind), extras)
-    .map(([valid, mutated, extra]) => ({ ...extra, ...valid, ...mutated }));
+    .map(([valid, mutated, extra]) => ({ ...extra, ...withoutStrayStreamOptions(valid), ...mutated }));
+
+/** stream_options without stream is refused (as vLLM does): a valid body only has it when streaming. */
+function withoutStrayStreamOptions(b: Record<string, unknown>): Record<string, unknown> {
+  if (b['stream'] === true) return b;
+  const { stream_options: _, ...rest } = b;
+  return rest;
+}
 
 const outcomes = new Map<string, number>();
 

@@ -164,6 +164,10 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
     throw bad(p.param, p.message);
   }
   const b = r.data;
+  // vLLM's validate_stream_options: a non-empty stream_options without stream is refused.
+  const so = raw['stream_options'];
+  if (b.stream !== true && so !== null && typeof so === 'object' && Object.keys(so).length > 0)
+    throw bad('stream_options', 'stream_options can only be set when stream is true');
   let prompt: PromptInput;
   if (completionPrompt !== null) prompt = completionPrompt;
   else {

@@ -60,7 +60,12 @@ function responseId(ctx: ResponseContext): string {
 function logprobsOf(ctx: ResponseContext, p: Piece): unknown {
   if (!ctx.logprobs) return null;
   if (ctx.kind === 'completion') {
-    return { tokens: p.tokenTexts, token_logprobs: p.logprobs, top_logprobs: null, text_offset: p.textOffsets };
+    // vLLM lists the top `logprobs + 1` per token: with logprobs 0, the sampled token alone.
+    const top = p.tokenTexts.map((t, i) => {
+      const lp = p.logprobs[i] ?? null;
+      return lp === null ? null : { [t]: lp };
+    });
+    return { tokens: p.tokenTexts, token_logprobs: p.logprobs, top_logprobs: top, text_offset: p.textOffsets };
   }
   return {
     content: p.tokenTexts.map((token, i) => ({
@@ -84,6 +89,7 @@ export function fullResponse(
   finishReason: ApiFinishReason,
   usage: Usage,
   kvTransferParams: Record<string, unknown> | null,
+  stopReason: string | number | null = null,
 ): unknown {
   const choice: Record<string, unknown> =
     ctx.kind === 'chat'
@@ -92,8 +98,15 @@ export function fullResponse(
           message: { role: 'assistant', content: all.text },
           logprobs: logprobsOf(ctx, all),
           finish_reason: finishReason,
+          stop_reason: stopReason,
         }
-      : { index: 0, text: all.text, logprobs: logprobsOf(ctx, all), finish_reason: finishReason };
+      : {
+          index: 0,
+          text: all.text,
+          logprobs: logprobsOf(ctx, all),
+          finish_reason: finishReason,
+          stop_reason: stopReason,
+        };
   if (ctx.returnTokenIds) {
     choice['token_ids'] = all.tokenIds;
     choice['prompt_token_ids'] = [...ctx.promptTokenIds];
@@ -108,6 +121,7 @@ export function streamChunk(
   finishReason: ApiFinishReason | null,
   first: boolean,
   kvTransferParams: Record<string, unknown> | null = null,
+  stopReason: string | number | null = null,
 ): unknown {
   const choice: Record<string, unknown> =
     ctx.kind === 'chat'
@@ -116,8 +130,9 @@ export function streamChunk(
           delta: first ? { role: 'assistant', content: p.text } : { content: p.text },
           logprobs: logprobsOf(ctx, p),
           finish_reason: finishReason,
+          stop_reason: stopReason,
         }
-      : { index: 0, text: p.text, logprobs: logprobsOf(ctx, p), finish_reason: finishReason };
+      : { index: 0, text: p.text, logprobs: logprobsOf(ctx, p), finish_reason: finishReason, stop_reason: stopReason };
   if (ctx.returnTokenIds) {
     choice['token_ids'] = p.tokenIds;
     if (first) choice['prompt_token_ids'] = [...ctx.promptTokenIds];

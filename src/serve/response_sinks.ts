@@ -32,7 +32,7 @@ export function jsonSink(
     onPiece: (p) => appendPiece(all, p),
     onFinish: (f) => {
       appendPiece(all, f.piece);
-      sendJson(res, 200, fullResponse(ctx, all, f.finishReason, f.usage, f.kvTransferParams), headers);
+      sendJson(res, 200, fullResponse(ctx, all, f.finishReason, f.usage, f.kvTransferParams, f.stopReason), headers);
     },
     onError: (e) => {
       onError(e);
@@ -60,7 +60,7 @@ export function streamSink(
     },
     onFinish: (f) => {
       open();
-      res.write(sseEvent(streamChunk(ctx, f.piece, f.finishReason, first, f.kvTransferParams)));
+      res.write(sseEvent(streamChunk(ctx, f.piece, f.finishReason, first, f.kvTransferParams, f.stopReason)));
       if (includeUsage) res.write(sseEvent(usageChunk(ctx, f.usage)));
       res.end(SSE_DONE);
     },

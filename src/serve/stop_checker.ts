@@ -20,6 +20,8 @@ export class StopChecker {
   private buffer = '';
   private released = 0;
   private done = false;
+  /** The stop string that ended the text (vLLM's stop_reason), or null. */
+  matched: string | null = null;
   private readonly holdBack: number;
 
   constructor(
@@ -45,15 +47,18 @@ export class StopChecker {
     const from = Math.max(0, this.buffer.length - delta.length - this.holdBack);
     let cut = -1;
     let cutLen = 0;
+    let found: string | null = null;
     for (const s of this.stops) {
       const at = this.buffer.indexOf(s, from);
       if (at >= 0 && (cut < 0 || at < cut)) {
         cut = at;
         cutLen = s.length;
+        found = s;
       }
     }
     if (cut >= 0) {
       this.done = true;
+      this.matched = found;
       return { text: this.take(this.includeStop ? cut + cutLen : cut), stopped: true };
     }
     // Never between the halves of a surrogate pair (an emoji): each half alone is not text.
