@@ -83,15 +83,31 @@ export function wireSide(p: Float64Array): SideRanges {
   return { p, stride: WIRE_STRIDE, at: 1 };
 }
 
-/** One side as wire ranges [slab, offset, length] * n (what a READ/WRITE frame names). */
+/** The longest range a wire frame carries (its length is a u32): longer ones travel as several. */
+export const WIRE_RANGE_MAX = 2 ** 31;
+
+/**
+ * One side as wire ranges [slab, offset, length] * n (what a READ/WRITE frame names), the same byte
+ * stream: a range longer than WIRE_RANGE_MAX (a whole 4 GiB slab coalesces into one) is cut in pieces.
+ */
 export function toWire(side: SideRanges): Float64Array {
   const n = sideCount(side);
-  const out = new Float64Array(n * WIRE_STRIDE);
   const { p, stride, at } = side;
-  for (let i = 0, j = 0, k = 0; i < n; i++, j += stride, k += WIRE_STRIDE) {
-    out[k] = p[j + at - 1] as number;
-    out[k + 1] = p[j + at] as number;
-    out[k + 2] = p[j + stride - 1] as number;
+  let pieces = 0;
+  for (let i = 0, j = 0; i < n; i++, j += stride)
+    pieces += Math.max(1, Math.ceil((p[j + stride - 1] as number) / WIRE_RANGE_MAX));
+  const out = new Float64Array(pieces * WIRE_STRIDE);
+  for (let i = 0, j = 0, k = 0; i < n; i++, j += stride) {
+    const length = p[j + stride - 1] as number;
+    let done = 0;
+    do {
+      const take = Math.min(WIRE_RANGE_MAX, length - done);
+      out[k] = p[j + at - 1] as number;
+      out[k + 1] = (p[j + at] as number) + done;
+      out[k + 2] = take;
+      k += WIRE_STRIDE;
+      done += take;
+    } while (done < length);
   }
   return out;
 }

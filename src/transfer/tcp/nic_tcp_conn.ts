@@ -21,7 +21,7 @@ import { FrameDecoder, FrameError, encodeFrame, type ControlFrame, type DataHead
 import { COUNTER } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import { RangeStream, wireSide } from '../core/ranges.ts';
-import { Sender } from './tcp_sender.ts';
+import { SEND_HIGH_WATER, Sender } from './tcp_sender.ts';
 import type { ErrorCode } from '../../util/errors.ts';
 import { SCATTER_SEGS_MAX, scatterNative, socketFd, type ScatterNative } from './scatter_native.ts';
 
@@ -143,6 +143,8 @@ export function expectPiece(stream: RangeStream, head: DataHead, piece: Uint8Arr
 export class ServerConn extends Conn {
   private peer: string | null = null;
   private readonly writes = new Map<number, { transferId: string; stream: RangeStream; denied: boolean }>();
+  /** Not reading the peer's requests until our replies drain (onChunk). */
+  private paused = false;
 
   constructor(socket: net.Socket, ctx: NicContext, onClosed: () => void) {
     super(socket, ctx);
@@ -196,10 +198,22 @@ export class ServerConn extends Conn {
     }
   }
 
-  /** Bytes from the socket, then as much of a live WRITE's payload as the socket holds, read in place. */
+  /**
+   * Bytes from the socket, then as much of a live WRITE's payload as the socket holds, read in place
+   * (only when Node holds no later chunk of the stream: after a pause it hands them over one by one).
+   * A peer that does not read our replies: once SEND_HIGH_WATER bytes wait in the socket we stop reading
+   * its requests until they drained, so neither the queued READs nor the replies grow without bound.
+   */
   override onChunk(chunk: Uint8Array): void {
     super.onChunk(chunk);
-    this.drainScatter();
+    if (this.socket.readableLength === 0) this.drainScatter();
+    if (this.paused || this.socket.destroyed || this.socket.writableLength < SEND_HIGH_WATER) return;
+    this.paused = true;
+    this.socket.pause();
+    this.socket.once('drain', () => {
+      this.paused = false;
+      this.socket.resume();
+    });
   }
 
   data(head: DataHead, piece: Uint8Array, pieceOffset: number): void {
