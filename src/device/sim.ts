@@ -22,10 +22,22 @@ import { HandoffError } from '../util/errors.ts';
 import { checkKernels, findKernel, isKernelModule, kernelFailure, loadKernelModule, type Kernels } from './kernels.ts';
 import { checkGeometry, copyPages, deviceRanks, zeroPages, zeroSpans } from './page_ops.ts';
 import { RaceChecker } from './race/race_checker.ts';
+import { eventSource } from './device_event.ts';
+import { observed } from './observed_promise.ts';
 import { RankedStream, rankStreamName } from './ranked_stream.ts';
 import { SimStream, type SimOpItem } from './sim_stream.ts';
 import type { StreamContext } from './stream_base.ts';
-import type { Device, DeviceOptions, KernelFn, KernelModule, KernelRanks, OpLabel, Stream, StreamOp } from './types.ts';
+import type {
+  Device,
+  DeviceEvent,
+  DeviceOptions,
+  KernelFn,
+  KernelModule,
+  KernelRanks,
+  OpLabel,
+  Stream,
+  StreamOp,
+} from './types.ts';
 
 export interface SimDeviceOptions extends DeviceOptions {
   raceCheck?: boolean;
@@ -194,10 +206,24 @@ export class SimDevice implements Device {
     return this.streams.reduce((n, s) => n + s.pending(), 0);
   }
 
-  async synchronize(): Promise<void> {
-    assert(!this.closed, 'synchronize on a closed device');
-    const events = this.streams.map((s) => s.recordEvent());
-    await Promise.all(events.map((e) => e.wait()));
+  synchronize(): Promise<void> {
+    let events: DeviceEvent[];
+    try {
+      assert(!this.closed, 'synchronize on a closed device');
+      events = this.streams.map((s) => s.recordEvent());
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    // The host waits for the events when host code continues after synchronize(), not when Promise.all's
+    // own continuation sees each one reached (observed_promise.ts).
+    const checker = this.raceChecker;
+    const reached = Promise.all(events.map((e) => eventSource(e).reached)).then(() => undefined);
+    return observed(reached, () => {
+      for (const e of events) {
+        const id = checker?.eventIdOf(e);
+        if (checker !== null && id !== undefined) checker.hostWaitEvent(id);
+      }
+    });
   }
 
   async close(): Promise<void> {

@@ -17,6 +17,7 @@ import {
   workRequestProblem,
 } from './handle_wait.ts';
 import { assert, rethrowIfAssertion } from '../../util/assert.ts';
+import { observed } from '../../device/observed_promise.ts';
 import type { Env } from '../../util/env.ts';
 import { HandoffError, isHandoffError, type ErrorCode } from '../../util/errors.ts';
 import { createLogger, type Logger } from '../../util/log.ts';
@@ -344,17 +345,35 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
 
   wait(handles: readonly TransferHandle[], timeoutMs: number): Promise<void> {
     // wait() takes only successes from the completion queue: failures arrive with the NIC's message.
-    return waitForHandles(
+    // The race checker hears of completions when host code continues because of this wait (observed_promise.ts).
+    const seen: HandleState[] = [];
+    const settled = waitForHandles(
       this.env,
       handles.map((h) => this.stateOf(h)),
       timeoutMs,
-      { refresh: (st) => this.refresh(st, false), observe: (st) => this.observe(st) },
+      {
+        refresh: (st) => this.refresh(st, false),
+        observe: (st) => {
+          if (st.state !== 'pending') seen.push(st);
+        },
+      },
     );
+    return observed(settled, () => {
+      for (const st of seen) this.markObserved(st);
+    });
   }
 
-  async abort(handles: readonly TransferHandle[]): Promise<void> {
-    const waits: Promise<void>[] = [];
+  abort(handles: readonly TransferHandle[]): Promise<void> {
     const sts = handles.map((h) => this.stateOf(h));
+    // Once host code continues because of this abort (observed_promise.ts), the host knows the NIC will not
+    // touch the pages again: every access the work request made is ordered before what it does next.
+    return observed(this.stopAll(sts), () => {
+      for (const st of sts) this.markObserved(st);
+    });
+  }
+
+  private async stopAll(sts: readonly HandleState[]): Promise<void> {
+    const waits: Promise<void>[] = [];
     for (const st of sts) {
       this.refresh(st);
       if (st.state !== 'pending' || st.slot === null) continue;
@@ -363,14 +382,10 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
         this.abortWaiters.set(id, [...(this.abortWaiters.get(id) ?? []), resolve]),
       );
       this.nic.abort(id);
-      // A synchronous NIC (sim) stopped it at once: the host knows now, in this step.
-      if (st.state !== 'pending') this.markObserved(st);
-      else waits.push(aborted);
+      // A synchronous NIC (sim) stopped it at once.
+      if (st.state === 'pending') waits.push(aborted);
     }
     if (waits.length > 0) await Promise.all(waits);
-    // The host now knows the NIC will not touch these pages again: that orders every access the work
-    // request made (or would have made) before whatever the host does next, e.g. re-zeroing the pages.
-    for (const st of sts) this.markObserved(st);
   }
 
   // ---- notifications ----
