@@ -13,7 +13,7 @@
  * close() terminates it and rejects whatever is still pending.
  */
 import { Worker } from 'node:worker_threads';
-import { assert } from '../util/assert.ts';
+import { assert, AssertionFailure } from '../util/assert.ts';
 import { holdingLoopOpen } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { checkGeometry, deviceRanks } from './page_ops.ts';
@@ -184,9 +184,10 @@ class ThreadedDevice implements Device, DeviceTimeline {
     return epochNowMs();
   }
 
-  async synchronize(): Promise<void> {
-    assert(!this.closed, 'synchronize on a closed device');
-    await this.compute.recordEvent().wait();
+  /** The event's own (observed) wait: the host joins it when the caller continues, not before. */
+  synchronize(): Promise<void> {
+    if (this.closed) return Promise.reject(new AssertionFailure('synchronize on a closed device'));
+    return this.compute.recordEvent().wait();
   }
 
   async close(): Promise<void> {
