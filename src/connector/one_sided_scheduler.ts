@@ -243,6 +243,10 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     // its producer released (releaseUnused), like params refused at admission.
     const remoteBlockSize = this.remoteBlockSize(p);
     const plan = numExternalTokens > 0 ? this.planFor(req, p, local, numExternalTokens, remoteBlockSize) : null;
+    // Admission checked the lists in the size known then (ours, before the handshake, without a claim): a
+    // list long enough in that size may cover too few tokens in prefill's (the plan would READ in part).
+    const remote = defined(remoteBlockIdsPerGroup(p), 'remote_block_ids');
+    checkRemoteBlocks(remote, req.numPromptTokens, this.numAttnGroups, remoteBlockSize);
     p.do_remote_prefill = false; // only one transfer per request: a resumed (preempted) request recomputes
     // Nothing to load (full local hit): an empty READ still releases the producer's pages.
     const aligned = plan ?? emptyPlan(local.length);

@@ -171,10 +171,24 @@ export class LLMEngine {
     try {
       this.connector?.scheduler.validateRequest(req);
     } catch (e) {
-      if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
+      this.releaseRefused(req);
       throw e;
     }
     return req;
+  }
+
+  /**
+   * A refused request gives its producer the pages back now, unless a live request here names the same
+   * transfer (a retry under the same id or params): that one still reads the pages, and releases them itself.
+   */
+  private releaseRefused(req: Request): void {
+    const p = req.kvTransferParams;
+    for (const live of this.scheduler.requests.values()) {
+      const q = live.kvTransferParams;
+      if (live === req || !q || !p || typeof p.transfer_id !== 'string') continue;
+      if (q.transfer_id === p.transfer_id && q.remote_engine_id === p.remote_engine_id) return;
+    }
+    if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
   }
 
   /** Submit a request; outputs arrive on `onOutput`, the last with a finishReason. */
@@ -186,7 +200,7 @@ export class LLMEngine {
       this.core.addRequest(req, onOutput);
     } catch (e) {
       // Refused after prefill answered (too long, out of pages...): give the producer its pages back now.
-      if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
+      this.releaseRefused(req);
       throw e;
     }
     return req;
