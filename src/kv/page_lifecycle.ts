@@ -51,6 +51,8 @@ interface Page {
   hit: boolean;
   zeroQueued: boolean;
   pendingZeros: number;
+  /** A transfer landed in this generation (its KV is here): a whole-page zero queued now would wipe it. */
+  landedNow: boolean;
   /** Transfers writing the page: the generation each was posted for, who posted it, a peer's grant. */
   inbound: Map<number, { epoch: number; writer: Writer; owner: string; grant: string | null }>;
   /**
@@ -73,6 +75,8 @@ export class PageLifecycle {
   private readonly zeros = new Map<number, { blocks: number[]; epochs: number[] }>();
   private readonly spanZeros = new Map<number, Array<{ block: number; epoch: number }>>();
   private readonly forwards = new Map<number, { writes: Array<{ block: number; epoch: number }> }>();
+  /** Pages holding a recurrent (Mamba) state now: a forward reads such a page before it writes it anew. */
+  statePages: () => ReadonlySet<number> = () => new Set();
 
   constructor(
     readonly instance: string,
@@ -93,6 +97,7 @@ export class PageLifecycle {
       hit: false,
       zeroQueued: b === 0,
       pendingZeros: 0,
+      landedNow: false,
       inbound: new Map(),
       refused: new Map(),
       outbound: new Set(),
@@ -148,6 +153,7 @@ export class PageLifecycle {
       p.allocated = true;
       p.epoch++;
       p.hit = !fresh;
+      p.landedNow = false;
       if (fresh) {
         p.content = 'fresh';
         p.zeroQueued = false;
@@ -155,6 +161,11 @@ export class PageLifecycle {
       p.defined = new Map();
       this.move(b, fresh ? 'allocated' : 'in-use', fresh ? 'pool' : 'prefix-hit');
     }
+  }
+
+  /** The scheduler gave up what these pages hold (a failed load, recomputed): zeroing them again is no wipe. */
+  rolledBack(blocks: readonly number[]): void {
+    for (const b of blocks) this.page(b).landedNow = false;
   }
 
   freed(blocks: readonly number[]): void {
@@ -193,6 +204,8 @@ export class PageLifecycle {
           b,
           `zeroing queued while transfer ${[...p.inbound.keys()].join(',')} writes the page (op ${opId})`,
         );
+      else if (p.allocated && p.landedNow)
+        this.violate('I1', b, `zeroing queued after a transfer landed in the page (op ${opId}): it wipes the KV`);
       p.pendingZeros++;
       p.zeroQueued = true;
       this.move(b, 'zero-queued', `op ${opId}`);
@@ -234,7 +247,7 @@ export class PageLifecycle {
           s.block,
           `zero-spans queued while transfer ${[...p.inbound.keys()].join(',')} writes the page (op ${opId})`,
         );
-      if (p.content === 'partial' && overlaps(p.defined, s))
+      if ((p.content === 'partial' && overlaps(p.defined, s)) || (p.content === 'valid' && p.landedNow))
         this.violate(
           'I1',
           s.block,
@@ -279,6 +292,14 @@ export class PageLifecycle {
       reported.add(key);
       return true;
     };
+    // A recurrent state is read-modify-write: its read is judged before the forward's own writes.
+    const state = this.statePages();
+    const isStateRead = (a: PageAccess): boolean => !a.write && state.has(a.block);
+    for (const a of footprint) {
+      if (a.block === 0 || !isStateRead(a)) continue;
+      const problem = this.readProblem(this.page(a.block), a, opId);
+      if (problem !== null && once(`${a.block}:r`)) this.violate(problem[0], a.block, problem[1]);
+    }
     for (const a of footprint) {
       if (a.block === 0 || !a.write) continue;
       const p = this.page(a.block);
@@ -291,7 +312,7 @@ export class PageLifecycle {
       this.fill(p, a);
     }
     for (const a of footprint) {
-      if (a.block === 0 || a.write) continue;
+      if (a.block === 0 || a.write || isStateRead(a)) continue;
       const problem = this.readProblem(this.page(a.block), a, opId);
       if (problem !== null && once(`${a.block}:r`)) this.violate(problem[0], a.block, problem[1]);
     }
@@ -404,6 +425,7 @@ export class PageLifecycle {
           b,
           `stale writer: transfer ${itemId} posted for ${w.owner || 'its owner'} at generation ${w.epoch} landed on generation ${p.epoch} (freed and reallocated)`,
         );
+      p.landedNow = true;
       if (spans === undefined) {
         p.content = 'valid';
         p.defined = new Map();

@@ -36,6 +36,13 @@ export class CancelOracles {
   private readonly lostNotifications = new Set<string>();
   /** Request ids (p-i / d-i) one of whose READ/WRITE failed. */
   private readonly cutTransfers = new Map<string, number>();
+  /** Transfer ids whose release was sent and not delivered (yet). */
+  private readonly releasesInFlight = new Set<string>();
+  /** READ transfer id → READs posted and not ended yet, and when the last of them ended. */
+  private readonly reads = new Map<
+    string,
+    { to: string; open: Set<number>; endedAtMs: number | null; judged: boolean; allocations: Map<number, number> }
+  >();
   private readonly promptRelease = new Map<
     number,
     { pages: number[]; allocations: number[]; byMs: number; point: CancelPoint; judged: boolean }
@@ -49,9 +56,38 @@ export class CancelOracles {
   }
 
   private fabricEvent(ev: FabricEvent): void {
+    // A release sent and never delivered (dropped, or its sender went away meanwhile) counts as lost.
+    if (ev.t === 'notify-send' && ev.notification.type === 'release')
+      this.releasesInFlight.add(ev.notification.transferId);
+    if (ev.t === 'notify-deliver' && ev.delivered) this.releasesInFlight.delete(ev.notification.transferId);
     if (ev.t === 'notify-deliver' && !ev.delivered) this.lostNotifications.add(ev.notification.transferId);
+    if (ev.t === 'post' && ev.item.kind === 'read' && ev.item.transferId !== null) {
+      const r = this.reads.get(ev.item.transferId) ?? {
+        to: ev.item.to,
+        open: new Set<number>(),
+        endedAtMs: null,
+        judged: false,
+        allocations: new Map<number, number>(),
+      };
+      r.open.add(ev.item.id);
+      r.endedAtMs = null;
+      this.reads.set(ev.item.transferId, r);
+    }
+    if ((ev.t === 'land' || ev.t === 'fail') && ev.item.kind === 'read' && typeof ev.item.transferId === 'string')
+      this.readEnded(ev);
     if (ev.t === 'fail' && (ev.item.kind === 'read' || ev.item.kind === 'write'))
       for (const id of ev.item.label.requestIds ?? []) this.cutTransfers.set(id, ev.item.id);
+  }
+
+  /** A READ landed or failed: once the last READ of its transfer ended, prefill's pages are due back soon. */
+  private readEnded(ev: Extract<FabricEvent, { t: 'land' | 'fail' }>): void {
+    const r = this.reads.get(ev.item.transferId ?? '');
+    if (r === undefined || !r.open.delete(ev.item.id) || r.open.size > 0) return;
+    r.endedAtMs = this.w.env.nowMs();
+    // The generation of each page prefill lent (it must end soon: freed, or freed and reused).
+    const a = this.w.proxy.requests.find((x) => x.transferId === ev.item.transferId)?.prefillAnswer ?? null;
+    if (this.w.P.alive)
+      for (const b of this.pagesOf(a?.params ?? null)) r.allocations.set(b, this.w.P.lifecycle.allocation(b) ?? -1);
   }
 
   private pagesOf(params: Record<string, unknown> | null): number[] {
@@ -86,6 +122,49 @@ export class CancelOracles {
       }
     }
     this.checkPromptRelease(now);
+    this.checkReleaseAfterRead(now);
+  }
+
+  /**
+   * Every READ that ended (landed or failed) releases prefill's pages: they are back in the pool within
+   * CANCEL_RELEASE_MS of its end, not left to the lease (unless a fault dropped a notification of the
+   * transfer, or the lease came first).
+   */
+  private checkReleaseAfterRead(now: number): void {
+    const w = this.w;
+    for (const [transferId, r] of this.reads) {
+      if (r.judged || r.endedAtMs === null || now <= r.endedAtMs + CANCEL_RELEASE_MS) continue;
+      r.judged = true;
+      const q = w.proxy.requests.find((x) => x.transferId === transferId);
+      const a = q?.prefillAnswer ?? null;
+      if (q === undefined || a === null || !w.P.alive || this.lostNotifications.has(transferId)) continue;
+      if (this.releasesInFlight.has(transferId)) continue; // sent, never delivered: the lease frees them
+      if (w.instanceOf(r.to) !== w.P) continue; // judged on the one prefill the lease oracle follows
+      if (a.atMs + SIM_LEASE_MS <= r.endedAtMs + CANCEL_RELEASE_MS) continue;
+      // A page another request shares (a prefix hit on prefill) stays while that request runs, its own
+      // READ has not ended long enough ago, or its release was lost (its lease frees it).
+      const settled = (x: (typeof w.proxy.requests)[number]): boolean => {
+        const e = this.reads.get(x.transferId)?.endedAtMs ?? null;
+        const lost = this.lostNotifications.has(x.transferId) || this.releasesInFlight.has(x.transferId);
+        return e !== null && now > e + CANCEL_RELEASE_MS && !lost;
+      };
+      const shared = new Set(
+        w.proxy.requests
+          .filter((x) => x !== q)
+          .flatMap((x) => [
+            ...w.P.engine.kv.getBlockIds(w.proxy.prefillId(x)).flat(),
+            ...(x.prefillAnswer !== null && !settled(x) ? this.pagesOf(x.prefillAnswer.params) : []),
+          ]),
+      );
+      const still = this.pagesOf(a.params).filter(
+        (b) => !shared.has(b) && w.P.lifecycle.allocation(b) === (r.allocations.get(b) ?? -1),
+      );
+      if (still.length > 0)
+        w.violate(
+          'lease',
+          `request ${q.spec.index}: its READ ended at ${Math.round(r.endedAtMs)} ms, yet P blocks ${still.join(',')} are still held ${CANCEL_RELEASE_MS} ms later (the release never freed them; only the lease will)`,
+        );
+    }
   }
 
   /** Cancelled (at any point) after prefill answered: its pages must come back soon, by decode's release or push. */

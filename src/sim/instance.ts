@@ -166,6 +166,23 @@ export class SimInstance {
   /** Report pages leaving the free pool (fresh, or revived by a prefix hit) and coming back. */
   private watchPool(): void {
     watchPool(this.lifecycle, this.engine.kv.blockPool);
+    // Which pages hold a Mamba state now (the lifecycle judges their reads before the forward's writes).
+    const stateGroups = this.kvConfig.groups.flatMap((g, i) => (g.spec.type === 'mamba' ? [i] : []));
+    if (stateGroups.length > 0) {
+      const kv = this.engine.kv;
+      const scheduler = this.engine.scheduler;
+      this.lifecycle.statePages = () =>
+        new Set(
+          [...scheduler.requests.keys()].flatMap((id) => stateGroups.flatMap((g) => kv.getBlockIds(id)[g] ?? [])),
+        );
+    }
+    // A load rolled back (recompute): its pages are zeroed again, the landed KV they hold is given up.
+    const kv = this.engine.kv;
+    const record = kv.recordBlocksForZeroing.bind(kv);
+    kv.recordBlocksForZeroing = (requestId: string, startToken: number): void => {
+      this.lifecycle.rolledBack(kv.getZeroingBlockIdsInRange(requestId, startToken, Number.MAX_SAFE_INTEGER));
+      record(requestId, startToken);
+    };
   }
 
   /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); observers tell the lifecycle. */

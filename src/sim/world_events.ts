@@ -36,6 +36,8 @@ export class WorldEvents {
   private readonly writes = new Map<string, { posted: Set<number>; landed: Set<number>; observed: Set<number> }>();
   /** `${posterEngineId}|${transferId}` → READs posted and not ended yet. */
   private readonly reads = new Map<string, Set<number>>();
+  /** `${posterEngineId}|${transferId}` whose "done" went out (write_done sent, release sent): no post may follow. */
+  private readonly announced = new Map<string, 'write_done' | 'release'>();
   /** `${instance}:${race-checker work request id}` → fabric item id. */
   private readonly rcItems = new Map<string, number>();
 
@@ -91,6 +93,8 @@ export class WorldEvents {
       case 'notify-send':
         if (ev.notification.type === 'write_done') this.checkWriteDone(ev.item, 'sent', true);
         if (ev.notification.type === 'release') this.checkRelease(ev.item);
+        if (ev.notification.type === 'write_done' || ev.notification.type === 'release')
+          this.announced.set(`${ev.item.from}|${ev.notification.transferId}`, ev.notification.type);
         return;
       case 'notify-deliver':
         if (ev.notification.type === 'write_done' && ev.delivered) this.checkWriteDone(ev.item, 'delivered', false);
@@ -113,6 +117,14 @@ export class WorldEvents {
       dstSpans: item.kind === 'read' ? local : remote,
     };
     this.pages.set(item.id, p);
+    // I5 for what was not posted yet: a "done" already sent for this transfer covered only what was posted then.
+    const done = this.announced.get(`${item.from}|${item.transferId}`);
+    if (done !== undefined)
+      this.w.violate(
+        'lifecycle',
+        `I5: ${item.kind.toUpperCase()} net#${item.id} of ${item.transferId} posted after its ${done} was sent: the "done" did not cover it`,
+        'I5',
+      );
     if (rcId !== null) this.rcItems.set(`${poster.name}:${rcId}`, item.id);
     const owner = this.checkOwner(
       item,
@@ -230,7 +242,8 @@ export class WorldEvents {
     const r = this.requestOf(item);
     const index = r?.spec.index ?? -1;
     const inFlight = (): boolean => w.fabric.has(item.id);
-    if (item.kind === 'read' && w.buggify.fire('slow-read')) {
+    // A slow NIC: a READ, or a WRITE (its producer's wait times out and aborts it), may come late.
+    if ((item.kind === 'read' || item.kind === 'write') && w.buggify.fire('slow-read')) {
       item.notBeforeMs = w.env.nowMs() + (w.buggify.int(2) === 0 ? 1.5 * SIM_TRANSFER_TIMEOUT_MS : 5);
     }
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));

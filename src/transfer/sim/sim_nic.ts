@@ -51,8 +51,21 @@ export class SimNic implements Nic {
   private readonly env: Env;
   private readonly fabric: SimFabric;
   private readonly slabs: Uint8Array[];
+  private readonly layout: SlabLayout;
   private readonly table: GrantTable;
-  private readonly grantRecords = new Map<string, { peerEngineId: string | null; blockIds: number[] }>();
+  private readonly grantRecords = new Map<
+    string,
+    { peerEngineId: string | null; blockIds: number[]; token: string; expiresAtMs: number }
+  >();
+  /**
+   * Grants revoked while peers' work requests under them were queued: a real NIC may be serving them
+   * already (the grant was checked when they started), so each may still move bytes until it settles;
+   * the grant's end is announced, and drainGrant resolves, only then. New requests are refused at once.
+   */
+  private readonly draining = new Map<
+    string,
+    { table: GrantTable; itemIds: Set<number>; waiters: Array<() => void> }
+  >();
   private readonly pending = new Map<number, Pending>();
   /** Fabric item of each settled work request the host has not observed yet. */
   private readonly unobserved = new Map<number, number>();
@@ -67,6 +80,7 @@ export class SimNic implements Nic {
     this.fabric = o.fabric;
     this.slabs = o.slabs;
     this.slotsMax = o.slotsMax;
+    this.layout = o.layout;
     this.table = new GrantTable(o.layout, GRANTS_MAX);
   }
 
@@ -127,7 +141,7 @@ export class SimNic implements Nic {
         `injected fault: ${item.kind} of transfer ${item.transferId} failed`,
       );
     // The grant is checked where it lives: on the side whose pages are the remote ones.
-    const decision = remote.checkGrant({
+    const decision = remote.checkGrant(item.id, {
       peerEngineId: this.engineId,
       transferId: wr.transferId,
       token: wr.grantToken,
@@ -156,8 +170,39 @@ export class SimNic implements Nic {
     this.emit({ t: 'cq', wrId, code, message });
   }
 
-  /** The simulated NIC stops at once: a queued request is taken off the fabric and fails REQUEST_ABORTED. */
+  /**
+   * A real NIC stops a work request only once it answers `aborted`: until then the request may still run
+   * (land) or fail. Under the explorer (no autoRun) the abort is a fabric item of its own, so every order of
+   * the request and its abort is explored; with autoRun the simulated NIC stops at once: a queued request is
+   * taken off the fabric and fails REQUEST_ABORTED.
+   */
   abort(wrId: number): void {
+    const queued = this.pending.get(wrId);
+    if (queued !== undefined && !this.fabric.autoRun && this.fabric.has(queued.item.id)) {
+      const stop = (): void => this.stopNow(wrId);
+      // A request the NIC was slow to take may be under way right now: it may still land before the stop.
+      queued.item.notBeforeMs = Math.min(queued.item.notBeforeMs, this.env.nowMs());
+      this.fabric.enqueue({
+        id: this.fabric.newItemId(),
+        kind: 'handshake', // host-to-NIC control: no data, never faulted by the explorer
+        from: this.engineId,
+        to: queued.item.to,
+        label: {
+          what: 'nic-abort',
+          ...(queued.item.label.requestIds ? { requestIds: queued.item.label.requestIds } : {}),
+        },
+        bytes: 0,
+        transferId: queued.item.transferId,
+        notBeforeMs: this.env.nowMs(),
+        run: stop,
+        cancel: stop,
+      });
+      return;
+    }
+    this.stopNow(wrId);
+  }
+
+  private stopNow(wrId: number): void {
     const p = this.pending.get(wrId);
     if (p !== undefined) {
       const msg = `work request ${wrId} aborted`;
@@ -178,13 +223,15 @@ export class SimNic implements Nic {
 
   grant(transferId: string, token: string, peerEngineId: string | null, blockIds: number[], ttlMs: number): void {
     this.table.add({ transferId, token, peerEngineId, blockIds, expiresAtMs: this.env.nowMs() + ttlMs });
-    this.grantRecords.set(transferId, { peerEngineId, blockIds });
+    this.grantRecords.set(transferId, { peerEngineId, blockIds, token, expiresAtMs: this.env.nowMs() + ttlMs });
     this.fabric.emit({ t: 'grant', engineId: this.engineId, change: 'issued', transferId, blockIds, peerEngineId });
   }
 
-  /** A served work request copies when it runs, in one step: nothing is ever half served. */
-  drainGrant(_transferId: string): Promise<void> {
-    return Promise.resolve();
+  /** Resolves once no work request admitted under the grant can move bytes any more. */
+  drainGrant(transferId: string): Promise<void> {
+    const d = this.draining.get(transferId);
+    if (d === undefined) return Promise.resolve();
+    return new Promise((resolve) => d.waiters.push(resolve));
   }
 
   revokeGrant(transferId: string, why: GrantEnd): void {
@@ -192,18 +239,50 @@ export class SimNic implements Nic {
     assert(g !== undefined, `sim NIC: revoke of unknown grant ${transferId}`);
     this.grantRecords.delete(transferId);
     this.table.revoke(transferId);
-    this.fabric.emit({
-      t: 'grant',
-      engineId: this.engineId,
-      change: why,
+    const announce = (): void =>
+      this.fabric.emit({
+        t: 'grant',
+        engineId: this.engineId,
+        change: why,
+        transferId,
+        blockIds: g.blockIds,
+        peerEngineId: g.peerEngineId,
+      });
+    const admitted = this.fabric.autoRun
+      ? []
+      : this.fabric
+          .queued()
+          .filter(
+            (i) => i.to === this.engineId && i.transferId === transferId && (i.kind === 'read' || i.kind === 'write'),
+          );
+    if (admitted.length === 0 || this.draining.has(transferId)) return announce();
+    const table = new GrantTable(this.layout, 1);
+    table.add({
       transferId,
-      blockIds: g.blockIds,
+      token: g.token,
       peerEngineId: g.peerEngineId,
+      blockIds: g.blockIds,
+      expiresAtMs: Infinity,
     });
+    const d = {
+      table,
+      itemIds: new Set(admitted.map((i) => i.id)),
+      waiters: [] as Array<() => void>,
+    };
+    const off = this.fabric.onEvent((ev) => {
+      if ((ev.t !== 'land' && ev.t !== 'fail') || !d.itemIds.delete(ev.item.id) || d.itemIds.size > 0) return;
+      off();
+      this.draining.delete(transferId);
+      announce();
+      for (const w of d.waiters) w();
+    });
+    this.draining.set(transferId, d);
   }
 
-  private checkGrant(q: GrantQuery): GrantDecision {
-    const d = this.table.check(q);
+  private checkGrant(itemId: number, q: GrantQuery): GrantDecision {
+    let d = this.table.check(q);
+    const drain = this.draining.get(q.transferId);
+    if (!d.ok && drain !== undefined && drain.itemIds.has(itemId)) d = drain.table.check(q);
     if (!d.ok) this.refused++;
     return d;
   }
