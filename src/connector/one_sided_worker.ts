@@ -63,8 +63,13 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     this.producer = new Producer(this.ctx, () => this.onActivity?.());
     this.recvs = new WriteConsumer(this.ctx, () => this.onActivity?.());
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
-    this.unsubscribe = transfer.onNotification((from, n) => {
-      if (n.type === 'release') {
+    this.unsubscribe = transfer.onNotification((from, n, grantEnded) => {
+      if (n.type === 'release' && config.mode === 'read' && !grantEnded) {
+        // READ: every held transfer has a live grant until it is released or its lease ends, so a release
+        // that ended none is a duplicate, a late or a made-up one. Kept as "released early", it would free
+        // the next transfer under this id at once while that transfer's grant is still live.
+        this.log?.warn({ from, transferId: n.transferId }, 'release of a transfer with no live grant dropped');
+      } else if (n.type === 'release') {
         // A push under way still reads the pages: they are reported when it ends (WriteProducer), never
         // on a release that comes meanwhile (that freed pages the NIC was sending from).
         if (this.saves.released(n.transferId) !== 'pushing') this.producer.released(n.transferId);

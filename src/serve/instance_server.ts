@@ -329,7 +329,12 @@ export class InstanceServer {
       prefiller,
       path: pathOf(req),
       body,
-      headers: { 'x-request-id': requestId, ...(typeof auth === 'string' ? { authorization: auth } : {}) },
+      // The prefill leg's own id (the client's, made unique): the in-band cancel names it, and another
+      // client sending the same X-Request-Id must not be able to cancel this one's leg by leaving.
+      headers: {
+        'x-request-id': `${requestId.slice(0, 120)}.${hexId(this.env, 8)}`,
+        ...(typeof auth === 'string' ? { authorization: auth } : {}),
+      },
       signal: client.signal,
       timeoutMs: this.opts.sidecarTimeoutMs ?? 600_000,
     };

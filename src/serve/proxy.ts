@@ -284,8 +284,10 @@ export class Proxy {
     const exclude = new Set<PoolMember>();
     let first: unknown = null;
     for (let attempt = 1; ; attempt++) {
-      // A retry gets its own upstream id: the first attempt's may still name pages prefill holds.
-      const upstreamId = attempt === 1 ? requestId : `${requestId.slice(0, 120)}.retry${attempt - 1}`;
+      // Each attempt's upstream id is the client's made unique: the in-band cancel names it, so a client
+      // reusing another's X-Request-Id cannot cancel that one's request by leaving.
+      const retry = attempt === 1 ? '' : `retry${attempt - 1}.`;
+      const upstreamId = `${requestId.slice(0, 120)}.${retry}${hexId(this.env, 8)}`;
       const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
       // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
       const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);

@@ -95,7 +95,8 @@ test('READ: a client leaving during prefill cancels it in band; an answer alread
     for (let k = 0; k < 200 && !prefill.seen.some((s) => s.path === '/handoff/cancel'); k++) await env.sleep(5);
     const cancel = prefill.seen.find((s) => s.path === '/handoff/cancel');
     assert.ok(cancel, 'prefill was told in band');
-    assert.deepEqual(JSON.parse(cancel.body), { request_id: 'client-1' });
+    assert.match((JSON.parse(cancel.body) as { request_id: string }).request_id, /^client-1\.[0-9a-f]{16}$/);
+    assert.equal((JSON.parse(cancel.body) as { request_id: string }).request_id, cancel.id, "the leg's own id");
     assert.equal(c.dropped(), false, 'the proxy kept the connection: an answer on its way still arrives');
     c.answer({ choices: [{ text: 'x', index: 0, finish_reason: 'length' }], kv_transfer_params: HELD });
     for (let k = 0; k < 200 && !decode.seen.some((s) => s.path === '/handoff/release'); k++) await env.sleep(5);

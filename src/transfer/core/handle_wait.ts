@@ -148,14 +148,14 @@ export function dispatchNotification(
   fromEngineId: string,
   n: Notification,
 ): boolean {
-  if (
-    (n.type === 'release' || n.type === 'write_done') &&
-    grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant']) === 'refused'
-  )
-    return false;
+  const outcome =
+    n.type === 'release' || n.type === 'write_done'
+      ? grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant'])
+      : 'no-grant';
+  if (outcome === 'refused') return false;
   for (const h of [...handlers]) {
     try {
-      h(fromEngineId, n);
+      h(fromEngineId, n, outcome === 'released');
     } catch (e) {
       rethrowIfAssertion(e);
       onHandlerError(e);

@@ -125,7 +125,11 @@ export interface Notification {
   payload?: Record<string, unknown>;
 }
 
-export type NotificationHandler = (fromEngineId: string, notification: Notification) => void;
+/**
+ * `grantEnded`: for a release / write_done, whether it ended a live grant of this engine (false: no grant
+ * was live under its transfer id, e.g. a duplicate, a late or a made-up one; a wrong token never gets here).
+ */
+export type NotificationHandler = (fromEngineId: string, notification: Notification, grantEnded: boolean) => void;
 
 export interface TransferStats {
   bytesRead: number;
