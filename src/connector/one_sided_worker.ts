@@ -34,6 +34,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   readonly recvs: WriteConsumer;
   readonly saves: WriteProducer;
   private readonly unsubscribe: () => void;
+  readonly zeroBeforeLoads: boolean;
 
   constructor(
     readonly config: OneSidedConfig,
@@ -59,6 +60,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       mutationsFor(config.mutant),
       log,
     );
+    this.zeroBeforeLoads = this.ctx.mutations.zeroBeforeLoads;
     this.reads = new ReadConsumer(this.ctx);
     this.producer = new Producer(this.ctx, () => this.onActivity?.());
     this.recvs = new WriteConsumer(this.ctx, () => this.onActivity?.());

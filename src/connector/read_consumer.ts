@@ -132,7 +132,11 @@ export class ReadConsumer {
       this.reads.move(id, 'landed');
     } catch (e) {
       if (!isHandoffError(e)) throw e;
-      await this.ctx.transfer.abort([t.handle as TransferHandle]); // the NIC must not touch the pages any more
+      // The NIC must not touch the pages any more (the bug zoo's abort-not-awaited reports without waiting).
+      const stopped = this.ctx.transfer.abort([t.handle as TransferHandle]);
+      // catch-ok: the mutant's abort is left to run; abort() rejects only when the engine closes
+      if (!this.ctx.mutations.awaitAbortOfFailedRead) void stopped.catch(() => undefined);
+      else await stopped;
       t.error = e;
       this.reads.move(id, 'failed');
     }
@@ -183,7 +187,11 @@ export class ReadConsumer {
     this.ctx.peers
       .resolve(r.remoteHost, r.remotePort, r.remoteEngineId)
       .then((engineId) =>
-        this.ctx.transfer.notify(engineId, { type: 'release', transferId: r.transferId, payload: { grant: r.grant } }),
+        this.ctx.transfer.notify(engineId, {
+          type: 'release',
+          transferId: this.ctx.mutations.releaseNamesTransfer ? r.transferId : r.requestId,
+          payload: { grant: r.grant },
+        }),
       )
       .then(
         () => void this.stats.releasesSent++,

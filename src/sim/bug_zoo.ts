@@ -44,4 +44,7 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
     seedsBound: { random: 1, pct: 1 },
   },
   'tp-slice-off-by-one': { scenario: 'hetero-tp', expect: 'pd-equals-colocated', seedsBound: { random: 1, pct: 1 } },
+  'abort-not-awaited': { scenario: '1p1d', expect: 'lifecycle:I5', seedsBound: { random: 5, pct: 5 } },
+  'release-lost': { scenario: '1p1d', expect: 'lease', seedsBound: { random: 1, pct: 1 } },
+  'zero-after-loads': { scenario: '1p1d', expect: 'lifecycle:I1', seedsBound: { random: 1, pct: 1 } },
 };

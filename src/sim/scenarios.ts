@@ -194,6 +194,7 @@ function scenarioConnector(
   if (mutant === undefined) return c;
   if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
   if (role === 'consumer' && mutant === 'zero-mamba-only') c.zeroExclusion = 'mamba-only';
+  if (role === 'consumer' && mutant === 'zero-after-loads') c.zeroExclusion = 'none';
   // The TP mapper runs where the ranges are built: decode for a READ, prefill for a WRITE.
   const mapper = mode === 'read' ? 'consumer' : 'producer';
   const site: Partial<Record<MutantName, 'producer' | 'consumer'>> = {
@@ -206,6 +207,9 @@ function scenarioConnector(
     'prefix-shift': 'consumer',
     'leak-on-cancel': 'consumer',
     'clip-tail-not-zeroed': 'consumer',
+    'abort-not-awaited': 'consumer',
+    'release-lost': 'consumer',
+    'zero-after-loads': 'consumer',
     'head-layout-mismatch': mapper,
     'tp-slice-off-by-one': mapper,
   };

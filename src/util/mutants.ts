@@ -25,6 +25,11 @@ export const MUTANTS = {
   'head-layout-mismatch':
     'between TP degrees the mapper takes pages as head-major (HND) instead of token-major (NHD): wrong strides (TRT-LLM #6507)',
   'tp-slice-off-by-one': 'between TP degrees a decode rank gets the neighbour rank’s head slice (offset by one slice)',
+  'abort-not-awaited':
+    'a failed READ is reported (pages recomputed, release sent) without awaiting its abort: the NIC may still land it',
+  'release-lost': 'decode’s release names its own request id, not the transfer: prefill keeps the pages for the lease',
+  'zero-after-loads':
+    'no READ destination excluded from zeroing, the zeroing queued once the step’s READs landed instead ("no race then"): it wipes them',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -68,6 +73,12 @@ export interface Mutations {
    * TpMapFaults). Correct: {} (token-major pages, each destination slice from its own source slice).
    */
   readonly tpMapFaults: { readonly headMajor?: boolean; readonly sliceShift?: number };
+  /** READ consumer: a failed READ's abort is awaited (the NIC let go of the pages) before it is reported. */
+  readonly awaitAbortOfFailedRead: boolean;
+  /** READ consumer: the release names the transfer it ends (not decode's request id). */
+  readonly releaseNamesTransfer: boolean;
+  /** Runner (through the connector worker): the step's zeroing is queued before its loads, not after them. */
+  readonly zeroBeforeLoads: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -83,6 +94,9 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   releaseUnusedLoads: true,
   orderKvEventsBySeq: true,
   tpMapFaults: {},
+  awaitAbortOfFailedRead: true,
+  releaseNamesTransfer: true,
+  zeroBeforeLoads: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -104,6 +118,9 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'kv-index-ignores-seq': { orderKvEventsBySeq: false },
   'head-layout-mismatch': { tpMapFaults: { headMajor: true } },
   'tp-slice-off-by-one': { tpMapFaults: { sliceShift: 1 } },
+  'abort-not-awaited': { awaitAbortOfFailedRead: false },
+  'release-lost': { releaseNamesTransfer: false },
+  'zero-after-loads': { zeroBeforeLoads: false }, // with zeroExclusion 'none' (connector config)
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {

@@ -28,4 +28,6 @@ export interface ConnectorWorkerHooks {
   postForward(so: SchedulerOutput): Promise<KVConnectorOutput>;
   /** True while transfers are outstanding. */
   hasPendingWork(): boolean;
+  /** False only under the bug zoo's `zero-after-loads`: the step's zeroing is queued after its loads. */
+  readonly zeroBeforeLoads?: boolean;
 }

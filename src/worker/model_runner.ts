@@ -70,11 +70,13 @@ export class ModelRunner {
   async executeModel(so: SchedulerOutput): Promise<StepHandle> {
     this.stats.steps++;
     this.applyRequestState(so);
-    this.enqueueZeroingAndCopies(so);
+    const zeroFirst = this.hooks?.zeroBeforeLoads ?? true;
+    if (zeroFirst) this.enqueueZeroingAndCopies(so);
     // 3. Loads: every READ of this step has landed (or failed) when this returns.
     const loads: LoadResult = this.hooks
       ? await this.hooks.preForward(so)
       : { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    if (!zeroFirst) this.enqueueZeroingAndCopies(so);
     for (const id of loads.failedReqIds) this.poisoned.add(id);
     const failed = this.poisoned;
     // 4. The forward.
