@@ -41,28 +41,35 @@ async function until(what: string, ok: () => boolean | Promise<boolean>): Promis
   assert.fail(`timed out waiting for ${what}`);
 }
 
-test('prefill: an answer written but never flushed to its client ends the hold at once (pages back, hold counted)', async () => {
-  inst = await startInstance(
-    { ...DEFAULT_INSTANCE_OPTIONS, role: 'prefill', port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 } },
-    env,
-  );
-  // The instance's HTTP server is private to it: reached here only to stall its sockets' writes (a
-  // network that stopped delivering, made deterministic; Node's end() uncorks, so corking cannot do it).
-  const http = (inst.server as unknown as { server: Server }).server;
-  let answer: ServerResponse | null = null;
+/**
+ * The first completion's answer is written but never flushed: its socket queues the bytes for good (a
+ * network that stopped delivering, made deterministic; Node's end() uncorks, so corking cannot do it).
+ * The instance's HTTP server is private to it: reached here only for that.
+ */
+function stallFirstAnswer(i: Instance, onStalled: (res: ServerResponse) => void): void {
+  const http = (i.server as unknown as { server: Server }).server;
+  let stalled = 0;
   http.prependListener('request', (req: IncomingMessage, res: ServerResponse) => {
-    if (req.url !== '/v1/completions') return;
+    if (req.url !== '/v1/completions' || stalled++ > 0) return;
     const socket = res.socket;
     assert.ok(socket !== null);
-    // Bytes written are queued for good: never sent, never completed, still counted as queued.
     let queued = 0;
     socket.write = ((chunk: string | Uint8Array) => {
       queued += typeof chunk === 'string' ? Buffer.byteLength(chunk) : chunk.byteLength;
       return false;
     }) as typeof socket.write;
     Object.defineProperty(socket, 'writableLength', { get: () => queued });
-    answer = res;
+    onStalled(res);
   });
+}
+
+test('prefill: an answer written but never flushed to its client ends the hold at once (pages back, hold counted)', async () => {
+  inst = await startInstance(
+    { ...DEFAULT_INSTANCE_OPTIONS, role: 'prefill', port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 } },
+    env,
+  );
+  let answer: ServerResponse | null = null;
+  stallFirstAnswer(inst, (res) => (answer = res));
   const body = JSON.stringify({
     model: 'dsv4-mini',
     prompt: 'a prompt whose pages prefill holds for decode',
@@ -98,21 +105,8 @@ test('an undelivered answer ends only its own request: a retry that reuses its X
     { ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 } },
     env,
   );
-  const http = (inst.server as unknown as { server: Server }).server;
   let answer: ServerResponse | null = null;
-  let stalled = 0;
-  http.prependListener('request', (req: IncomingMessage, res: ServerResponse) => {
-    if (req.url !== '/v1/completions' || stalled++ > 0) return; // only the first answer stalls
-    const socket = res.socket;
-    assert.ok(socket !== null);
-    let queued = 0;
-    socket.write = ((chunk: string | Uint8Array) => {
-      queued += typeof chunk === 'string' ? Buffer.byteLength(chunk) : chunk.byteLength;
-      return false;
-    }) as typeof socket.write;
-    Object.defineProperty(socket, 'writableLength', { get: () => queued });
-    answer = res;
-  });
+  stallFirstAnswer(inst, (res) => (answer = res)); // the retry's answer flows
   const headers = { 'content-type': 'application/json', 'x-request-id': 'reused-id' };
   const first = JSON.stringify({ model: 'dsv4-mini', prompt: 'the first try', max_tokens: 1 });
   let client: ClientRequest | null = null;
