@@ -1,8 +1,8 @@
 /**
- * TransferEngine.wait() tells the race checker "the host observed the READ" when the NIC
- * completes (or at the wait() call, when already done), not when host code continues because of it.
- * Host code that never consumed the wait (another flow, or the same flow before its await) is then
- * ordered behind the READ only by the timing of this run: a real race goes unreported.
+ * TransferEngine.wait() and abort() must tell the race checker "the host observed the READ" when host
+ * code continues because of them, not when the NIC completes (or at the call, when already done): host
+ * code that never consumed the wait (another flow, or the same flow before its await) would be ordered
+ * behind the READ only by the timing of this run, and a real race would go unreported.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -86,17 +86,28 @@ test('control: host code after the awaited wait() is ordered behind the READ', a
   assert.deepEqual(rc.races(), []);
 });
 
+/** The simulated NIC answers an abort when its fabric item runs (the READ could still land before it). */
+function runAbort(fabric: SimFabric): void {
+  const item = fabric.queued().find((i) => i.label.what === 'nic-abort');
+  assert.ok(item !== undefined, 'the abort is a fabric item');
+  fabric.run(item.id);
+}
+
 test('abort() does not order host code that runs before the abort is consumed behind the READ', async () => {
-  const { D, rc, h } = await setup();
+  const { fabric, D, rc, h } = await setup();
   const aborting = D.abort([h]); // flow A aborts the READ (consumed below)
+  runAbort(fabric); // the NIC stops it...
+  await new Promise((resolve) => setImmediate(resolve)); // ...and every continuation but A's has run
   rc.hostEnqueue('compute', { what: 'zero' }, [page5]); // flow B, before A knows the NIC stopped
   await aborting;
   assert.equal(rc.races().length, 1, 'zero vs kv-read must be reported');
 });
 
 test('control: host code after the awaited abort() is ordered behind the READ', async () => {
-  const { D, rc, h } = await setup();
-  await D.abort([h]);
+  const { fabric, D, rc, h } = await setup();
+  const aborting = D.abort([h]);
+  runAbort(fabric);
+  await aborting;
   rc.hostEnqueue('compute', { what: 'zero' }, [page5]);
   assert.deepEqual(rc.races(), []);
 });
