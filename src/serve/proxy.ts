@@ -41,7 +41,7 @@ import { KvEventFeed } from './kv_event_feed.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
 import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
-import { relay } from './proxy_relay.ts';
+import { cutMidStream, relay } from './proxy_relay.ts';
 import { callUpstream, inBandCancel, notifyUpstream, readAnswer, upstreamError } from './upstream.ts';
 
 export interface ProxyOptions {
@@ -217,6 +217,7 @@ export class Proxy {
 
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = pathOf(req);
+    const isCompletion = req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions');
     try {
       if (req.method === 'GET' && path === '/health') {
         return sendJson(res, this.healthy ? 200 : 503, {
@@ -233,13 +234,12 @@ export class Proxy {
       }
       if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
       if (req.method === 'GET' && path === '/v1/models') return await this.models(req, res);
-      if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions'))
-        return await this.complete(path, req, res);
+      if (isCompletion) return await this.complete(path, req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const err = toHandoffError(e, this.log);
-      if (err.code === 'REQUEST_ABORTED') this.metrics.count('client_abort');
-      else this.metrics.count('error');
+      // handoff_proxy_requests_total counts completions only (not a scanner's 404s or /v1/models).
+      if (isCompletion) this.metrics.count(err.code === 'REQUEST_ABORTED' ? 'client_abort' : 'error');
       const status =
         typeof err.details?.['upstreamStatus'] === 'number'
           ? (err.details['upstreamStatus'] as number)
@@ -291,17 +291,17 @@ export class Proxy {
       const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
       // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
       const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);
+      if (first !== null) this.metrics.retried(); // counted once another instance takes it
       const failed: Failed = { m: null, held: null };
       try {
         await this.serveRoute(route, call, failed);
-        this.metrics.count('ok');
+        this.metrics.count(cutMidStream.has(res) ? 'error' : 'ok');
         return;
       } catch (e) {
         rethrowIfAssertion(e);
         if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
         first = e;
         exclude.add(failed.m);
-        this.metrics.retried();
         this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
         this.releaseHeld(failed, exclude, call.headers);
       }

@@ -17,6 +17,9 @@ export const CLIENT_STALL_MS = 30_000;
 /** An event still open at this size is relayed as it is (a peer that never ends one cannot grow memory). */
 const PARTIAL_EVENT_MAX_BYTES = 1 << 20;
 
+/** Responses whose stream was cut by an upstream failure (ended with an error event): not an ok completion. */
+export const cutMidStream = new WeakSet<ServerResponse>();
+
 /** Index just past the last blank line of `b` (an SSE event boundary: LF LF or LF CR LF), or 0. */
 export function lastEventEnd(b: Uint8Array): number {
   for (let i = b.length - 1; i >= 1; i--) {
@@ -113,6 +116,7 @@ async function relayEvents(
     // The decode instance died mid-response, or the flow cancelled it: say so in the stream's own format.
     const why = signal.aborted ? 'the request was cancelled mid-response' : `decode instance failed mid-response`;
     const err = new HandoffError('PEER_UNAVAILABLE', `${why}: ${(e as Error).message}`);
+    cutMidStream.add(res);
     res.end(sseEvent(err.toJSON()) + SSE_DONE);
   }
 }

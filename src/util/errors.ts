@@ -58,7 +58,9 @@ export function isHandoffError(e: unknown): e is HandoffError {
 /** Rebuild a HandoffError from its wire form (a peer's error JSON); unknown codes become INTERNAL. */
 export function handoffErrorFromJSON(body: unknown, fallbackMessage: string): HandoffError {
   const err = (body as { error?: { code?: unknown; message?: unknown; param?: unknown } } | null)?.error;
-  const code = typeof err?.code === 'string' && err.code in ERROR_CODES ? (err.code as ErrorCode) : 'INTERNAL';
+  // Own keys only: `in` would take "constructor" or "toString" (Object.prototype) for a code.
+  const code =
+    typeof err?.code === 'string' && Object.hasOwn(ERROR_CODES, err.code) ? (err.code as ErrorCode) : 'INTERNAL';
   const message = typeof err?.message === 'string' ? err.message : fallbackMessage;
   return new HandoffError(code, message, typeof err?.param === 'string' ? { param: err.param } : undefined);
 }
