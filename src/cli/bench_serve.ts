@@ -19,7 +19,7 @@ import { runXpyd } from './bench_xpyd.ts';
 import { routerFlags } from './proxy.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
-import { choiceFlag, intFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
+import { choiceFlag, intFlag, modeFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
 import { secretFlag } from './serve.ts';
 import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
@@ -67,7 +67,7 @@ export function registerBenchServe(program: Command): void {
     .action(async (o: Opts) => {
       const env = new RealEnv();
       const preset = presetFlag(o['model']);
-      const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
+      const mode = modeFlag(preset, o['mode']);
       const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
       const target =
         o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated', 'xpyd'] as const) : null;

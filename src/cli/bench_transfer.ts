@@ -9,6 +9,7 @@ import { availableParallelism, loadavg } from 'node:os';
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
+import { intFlag } from './flags.ts';
 import { benchTransferPoint } from '../transfer/bench.ts';
 import { benchSweep, sweepHeader, sweepRow, targetLines } from '../transfer/bench_sweep.ts';
 import { sweepSvg } from '../transfer/bench_svg.ts';
@@ -24,13 +25,6 @@ export function tcpReceiveLine(): string {
   return scatterNative() !== null
     ? 'tcp receive: readv straight into the pages (native addon)'
     : `tcp receive: one read per segment >= 64 KiB, else a copy (no native addon: ${scatterNativeStatus()})`;
-}
-
-function int(name: string, v: unknown, min: number, max: number): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max)
-    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
-  return n;
 }
 
 function backendFlag(v: unknown): TransferBackend {
@@ -53,7 +47,7 @@ export function registerBenchTransfer(bench: Command): void {
     .option('--json', 'print one JSON object (--sweep: {points, targets})')
     .action(async (o: Opts, cmd: Command) => {
       const env = new RealEnv();
-      const repeats = o['repeats'] === undefined ? undefined : int('repeats', o['repeats'], 1, 100);
+      const repeats = o['repeats'] === undefined ? undefined : intFlag('repeats', o['repeats'], 1, 100);
       if (o['sweep']) {
         const explicit = cmd.getOptionValueSource('backend') === 'cli';
         const backends: TransferBackend[] = explicit ? [backendFlag(o['backend'])] : ['tcp', 'inproc'];
@@ -62,8 +56,8 @@ export function registerBenchTransfer(bench: Command): void {
       const r = await benchTransferPoint({
         backend: backendFlag(o['backend']),
         env,
-        pageBytes: int('page-bytes', o['pageBytes'], 64, 1 << 24),
-        pages: int('pages', o['pages'], 1, 1 << 16),
+        pageBytes: intFlag('page-bytes', o['pageBytes'], 64, 1 << 24),
+        pages: intFlag('pages', o['pages'], 1, 1 << 16),
         scatter: o['scatter'] === true,
         ...(repeats !== undefined ? { repeats } : {}),
       });

@@ -8,20 +8,20 @@ import cliProgress from 'cli-progress';
 import { assert } from '../util/assert.ts';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { anyPresetFlag, blockSizeFlag, pdTensorParallelFlags, presetFlag, tensorParallelFlag } from './flags.ts';
+import {
+  anyPresetFlag,
+  blockSizeFlag,
+  intFlag,
+  pdTensorParallelFlags,
+  presetFlag,
+  tensorParallelFlag,
+} from './flags.ts';
 import { registerBenchTransfer } from './bench_transfer.ts';
 import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
 import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
 import { writeTrace } from '../sim/trace_export.ts';
-
-function int(name: string, v: string, min: number, max: number): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max)
-    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${v}'`);
-  return n;
-}
 
 const out = (s: string): void => void process.stdout.write(`${s}\n`);
 
@@ -80,8 +80,8 @@ function registerAb(program: Command): void {
 }
 
 async function runAbCommand(o: Record<string, string | boolean>): Promise<void> {
-  const env = new RealEnv(int('seed', String(o['seed']), 0, 2 ** 31));
-  const requests = int('requests', String(o['requests']), 1, 1000);
+  const env = new RealEnv(intFlag('seed', String(o['seed']), 0, 2 ** 31));
+  const requests = intFlag('requests', String(o['requests']), 1, 1000);
   const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
   const traceBase = o['trace'] === undefined ? null : String(o['trace']);
   if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0)
@@ -99,10 +99,10 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
     {
       preset,
       requests,
-      maxTokens: int('max-tokens', String(o['maxTokens']), 1, 256),
-      seed: int('seed', String(o['seed']), 0, 2 ** 31),
-      arrivalGapMs: int('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
-      forwardPadMs: int('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
+      maxTokens: intFlag('max-tokens', String(o['maxTokens']), 1, 256),
+      seed: intFlag('seed', String(o['seed']), 0, 2 ** 31),
+      arrivalGapMs: intFlag('arrival-gap-ms', String(o['arrivalGapMs']), 0, 10_000),
+      forwardPadMs: intFlag('forward-pad-ms', String(o['forwardPadMs']), 0, 10_000),
       ...abBlockSizes(o),
       prefillTp: tp.prefill,
       decodeTp: tp.decode,
@@ -212,7 +212,7 @@ function registerBenchModel(bench: Command): void {
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, string | boolean>) => {
       const preset = anyPresetFlag(o['model']);
-      const tokens = int('tokens', String(o['tokens']), 1, 100_000);
+      const tokens = intFlag('tokens', String(o['tokens']), 1, 100_000);
       const r = await benchModel({ preset, env: new RealEnv(), tokens });
       const tp =
         o['tensorParallelSize'] === undefined
@@ -222,7 +222,7 @@ function registerBenchModel(bench: Command): void {
               env: new RealEnv(),
               tokens,
               tensorParallelSize: tensorParallelFlag(preset, o['tensorParallelSize']),
-              reps: int('reps', String(o['reps']), 1, 100),
+              reps: intFlag('reps', String(o['reps']), 1, 100),
             });
       if (o['json']) return out(JSON.stringify(tp === null ? r : { ...r, tp }));
       out(

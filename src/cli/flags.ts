@@ -8,15 +8,23 @@ import {
   isModelPreset,
   isServingPreset,
   MODEL_PRESETS,
+  presetKVGroups,
   SERVING_PRESETS,
   type ModelPreset,
   type ServingPreset,
 } from '../kv/presets.ts';
 import { MICRO_VOCAB_SIZE } from '../model/config.ts';
 
+/** A plain decimal integer ('12', ' 12 ', '-3'); null for anything else ('', '1e3', '0x10', '-0', '1.5', 'abc'). */
+export function decimalInt(v: unknown): number | null {
+  if (typeof v === 'number') return Number.isInteger(v) && !Object.is(v, -0) ? v : null;
+  const s = String(v).trim();
+  return /^(0|-?[1-9][0-9]*)$/.test(s) ? Number(s) : null;
+}
+
 export function intFlag(name: string, v: unknown, min: number, max: number): number {
-  const n = typeof v === 'number' ? v : Number(String(v).trim());
-  if (String(v).trim() === '' || !Number.isInteger(n) || n < min || n > max) {
+  const n = decimalInt(v);
+  if (n === null || !Number.isSafeInteger(n) || n < min || n > max) {
     throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
   }
   return n;
@@ -56,7 +64,7 @@ export function presetFlag(v: unknown): ServingPreset {
 
 /** `--block-size` (`--prefill-block-size`, `--decode-block-size`): tokens per KV page, a power of two in [1, 256]. */
 export function blockSizeFlag(v: unknown, flag = 'block-size'): number {
-  const n = Number(v);
+  const n = decimalInt(v);
   if (!isBlockSize(n))
     throw new HandoffError('BAD_CONFIG', `--${flag} must be a power of two in [1, 256]; got '${String(v)}'`);
   return n;
@@ -79,6 +87,17 @@ export function pdTensorParallelFlags(
   const prefill = o['prefillTp'] === undefined ? both : tensorParallelFlag(preset, o['prefillTp'], 'prefill-tp');
   const decode = o['decodeTp'] === undefined ? both : tensorParallelFlag(preset, o['decodeTp'], 'decode-tp');
   return { prefill, decode };
+}
+
+/**
+ * `--mode read|write` of a P/D deployment: WRITE with a Mamba model is refused here, naming the flag,
+ * before any instance starts (the connector refuses it too, but only inside each child).
+ */
+export function modeFlag(preset: ModelPreset, v: unknown): 'read' | 'write' {
+  const mode = choiceFlag('mode', v, ['read', 'write'] as const);
+  if (mode === 'write' && presetKVGroups(preset).some((g) => g.spec.type === 'mamba'))
+    throw new HandoffError('BAD_CONFIG', `--mode write: ${preset} has Mamba layers, which support READ mode only`);
+  return mode;
 }
 
 /** Any preset, micro ones included (sim, bench model, bench sched). */

@@ -5,7 +5,7 @@ import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
-import { anyPresetFlag, blockSizeFlag, pdTensorParallelFlags } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag, optionalInt, pdTensorParallelFlags } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
   DPOR_DEPTH_DEFAULT,
@@ -24,14 +24,6 @@ import {
   type Strategy,
 } from '../sim/index.ts';
 import { formatSweepReport, runSweep } from '../sim/sweep.ts';
-
-function intOpt(name: string, v: unknown, min: number, max: number): number | undefined {
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max)
-    throw new HandoffError('BAD_CONFIG', `--${name} must be an integer in [${min}, ${max}], got '${String(v)}'`);
-  return n;
-}
 
 /** `--scenario all | a,b` and `--strategy a,b`: the pairs of a sweep (one pair: a plain run). */
 function simLists(o: Record<string, unknown>): { scenarios: ScenarioName[]; strategies: Strategy[] } {
@@ -88,7 +80,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
   if (mutant !== undefined && !isMutantName(mutant))
     throw new HandoffError('BAD_CONFIG', `unknown mutant '${mutant}' (${Object.keys(MUTANTS).join(', ')})`);
   const opt = (k: string, min: number, max: number): number | undefined =>
-    intOpt(
+    optionalInt(
       k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`),
       o[k],
       min,
@@ -172,9 +164,9 @@ export function registerSimCommands(program: Command): void {
     .option('--json', 'print one JSON object')
     .action(async (o: Record<string, unknown>) => {
       const lists = simLists(o);
-      const budgetS = intOpt('budget-s', o['budgetS'], 1, 86_400);
-      const seeds = intOpt('seeds', o['seeds'], 1, 1_000_000) ?? (budgetS === undefined ? 20 : 1_000_000);
-      const jobs = intOpt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
+      const budgetS = optionalInt('budget-s', o['budgetS'], 1, 86_400);
+      const seeds = optionalInt('seeds', o['seeds'], 1, 1_000_000) ?? (budgetS === undefined ? 20 : 1_000_000);
+      const jobs = optionalInt('jobs', o['jobs'], 1, 64) ?? availableParallelism();
       if (lists.scenarios.length * lists.strategies.length > 1)
         return simSweep(o, lists, { seeds, jobs, ...(budgetS !== undefined ? { budgetS } : {}) });
       const base = simOptions(o);

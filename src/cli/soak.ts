@@ -13,7 +13,7 @@ import { RealEnv, SeededRng, type Env } from '../util/env.ts';
 import { createLogger } from '../util/log.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
-import { choiceFlag, intFlag, numberFlag, presetFlag } from './flags.ts';
+import { intFlag, modeFlag, numberFlag, presetFlag } from './flags.ts';
 
 export interface SoakResult {
   durationS: number;
@@ -238,7 +238,7 @@ export function registerSoak(program: Command): void {
       const r = await runSoak(
         {
           preset: presetFlag(opts['model']),
-          mode: choiceFlag('mode', opts['mode'], ['read', 'write'] as const),
+          mode: modeFlag(presetFlag(opts['model']), opts['mode']),
           durationS: intFlag('duration-s', opts['durationS'], 1, 86_400),
           concurrency: intFlag('concurrency', opts['concurrency'], 1, 1024),
           numBlocks: intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20),

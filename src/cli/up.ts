@@ -15,6 +15,8 @@ import {
   intFlag,
   LOG_FORMAT_HELP,
   logFormatFlag,
+  modeFlag,
+  optionalInt,
   pdTensorParallelFlags,
   portFlag,
   presetFlag,
@@ -51,8 +53,9 @@ export function configureUp(up: Command): void {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const preset = presetFlag(o['model']);
       const sizes = upRoleServeArgs(o); // a bad size is refused here, before any child starts
+      const serveArgs = upServeArgs(o, currentLogFormat()); // so is a bad --num-blocks
       const tp = pdTensorParallelFlags(preset, o);
-      const mode = choiceFlag('mode', o['mode'], ['read', 'write'] as const);
+      const mode = modeFlag(preset, o['mode']);
       const port = portFlag('port', o['port']);
       const host = String(o['host']);
       const apiKey = secretFlag(o['apiKey'], 'HANDOFF_API_KEY');
@@ -67,7 +70,6 @@ export function configureUp(up: Command): void {
       const what = numPrefill + numDecode === 2 ? 'prefill and decode' : `${numPrefill} prefill + ${numDecode} decode`;
       const tpNote = tpNoteOf(tp);
       out(`handoff up: starting ${what} (${preset}, ${mode.toUpperCase()} mode, tcp transport${tpNote})...`);
-      const serveArgs = upServeArgs(o, currentLogFormat());
       const roleServeArgs = {
         prefill: [...sizes.prefill, '--tensor-parallel-size', String(tp.prefill)],
         decode: [...sizes.decode, '--tensor-parallel-size', String(tp.decode)],
@@ -172,7 +174,8 @@ function printReady(
  * cannot tell how up chose (flag, HANDOFF_LOG_FORMAT or its terminal), so their lines match up's.
  */
 export function upServeArgs(o: Opts, logFormat: LogFormat): string[] {
-  return [...(typeof o['numBlocks'] === 'string' ? ['--num-blocks', o['numBlocks']] : []), '--log-format', logFormat];
+  const numBlocks = optionalInt('num-blocks', o['numBlocks'], 2, 1 << 20);
+  return [...(numBlocks !== undefined ? ['--num-blocks', String(numBlocks)] : []), '--log-format', logFormat];
 }
 
 /**
