@@ -13,6 +13,7 @@ import {
   type ModelPreset,
   type ServingPreset,
 } from '../kv/presets.ts';
+import { hasMambaLayers } from '../kv/spec.ts';
 import { MICRO_VOCAB_SIZE } from '../model/config.ts';
 
 /** A plain decimal integer ('12', ' 12 ', '-3'); null for anything else ('', '1e3', '0x10', '-0', '1.5', 'abc'). */
@@ -95,7 +96,7 @@ export function pdTensorParallelFlags(
  */
 export function modeFlag(preset: ModelPreset, v: unknown): 'read' | 'write' {
   const mode = choiceFlag('mode', v, ['read', 'write'] as const);
-  if (mode === 'write' && presetKVGroups(preset).some((g) => g.spec.type === 'mamba'))
+  if (mode === 'write' && hasMambaLayers(presetKVGroups(preset)))
     throw new HandoffError('BAD_CONFIG', `--mode write: ${preset} has Mamba layers, which support READ mode only`);
   return mode;
 }

@@ -235,10 +235,11 @@ export function registerSoak(program: Command): void {
     .action(async (opts: Record<string, string | boolean | undefined>) => {
       const env = new RealEnv();
       let lastPrint = 0;
+      const preset = presetFlag(opts['model']);
       const r = await runSoak(
         {
-          preset: presetFlag(opts['model']),
-          mode: modeFlag(presetFlag(opts['model']), opts['mode']),
+          preset,
+          mode: modeFlag(preset, opts['mode']),
           durationS: intFlag('duration-s', opts['durationS'], 1, 86_400),
           concurrency: intFlag('concurrency', opts['concurrency'], 1, 1024),
           numBlocks: intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20),

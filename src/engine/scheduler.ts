@@ -300,10 +300,10 @@ export class Scheduler {
     const numComputed = numLocal + numExternal;
     assert(numComputed < req.numTokens || match.loadAsync, 'at least one token is computed locally');
     let numNew = match.loadAsync ? 0 : req.numTokens - numComputed;
+    const over = !match.loadAsync && numNew > budget;
     // Unchunked, unless no step holds it (a preempted request recomputes prompt + outputs).
-    const unchunked = !this.config.enableChunkedPrefill && numNew <= this.config.maxNumBatchedTokens;
-    if (!match.loadAsync && numNew > budget && unchunked) return 'no-pages';
-    if (!match.loadAsync && numNew > budget) numNew = budget;
+    if (over && !this.config.enableChunkedPrefill && numNew <= this.config.maxNumBatchedTokens) return 'no-pages';
+    if (over) numNew = budget;
     const newBlocks = this.kv.allocateSlots(tokens, numNew, {
       numNewComputedTokens: fresh ? numLocal : 0,
       newComputedBlocks: fresh ? localBlocks : undefined,

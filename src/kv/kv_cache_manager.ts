@@ -59,6 +59,8 @@ function isCount(n: number): boolean {
 export class KVCacheManager {
   readonly numGroups: number;
   private readonly pool: BlockPool;
+  /** Oracles hearing of pages given back to zeroing by a rolled-back load (observeRerecords). */
+  private rerecordObservers: ReadonlyArray<(blockIds: number[]) => void> = [];
   private readonly managers: SingleTypeManager[];
   /** Prefix hits are used and published only without Mamba groups (their state page is not a prefix). */
   private readonly cachingActive: boolean;
@@ -220,7 +222,17 @@ export class KVCacheManager {
 
   /** Record the request's pages from startToken (block aligned) on for zeroing again. */
   recordBlocksForZeroing(requestId: string, startToken: number): void {
+    if (this.rerecordObservers.length > 0) {
+      const ids = this.getZeroingBlockIdsInRange(requestId, startToken, Number.MAX_SAFE_INTEGER);
+      for (const o of this.rerecordObservers) o(ids);
+    }
     for (const m of this.managers) if (m.recordsNewBlockIds) m.rerecordFrom(requestId, startToken);
+  }
+
+  /** Oracles: hear of pages recorded for zeroing again (a load rolled back); returns the unsubscribe. */
+  observeRerecords(o: (blockIds: number[]) => void): () => void {
+    this.rerecordObservers = [...this.rerecordObservers, o];
+    return () => void (this.rerecordObservers = this.rerecordObservers.filter((x) => x !== o));
   }
 
   getNumFreeBlocks(): number {

@@ -6,6 +6,7 @@
  */
 import type { Stream } from '../device/types.ts';
 import type { BlockPool } from './block_pool.ts';
+import type { KVCacheManager } from './kv_cache_manager.ts';
 import type { PageLifecycle } from './page_lifecycle.ts';
 
 /** Pages popped (stale bytes), revived by a prefix hit (valid KV), and back in the free queue. */
@@ -41,4 +42,9 @@ export function watchStream(lc: PageLifecycle, stream: Stream, pageBytes: number
       lc.forwardRan(opId);
     },
   });
+}
+
+/** Pages a rolled-back load gives back to zeroing (a recompute): the KV they hold is given up, not wiped. */
+export function watchRollbacks(lc: PageLifecycle, kv: KVCacheManager): () => void {
+  return kv.observeRerecords((ids) => lc.rolledBack(ids));
 }

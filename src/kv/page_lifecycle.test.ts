@@ -443,3 +443,22 @@ for (const site of SITES) {
     assert.deepEqual(good.seen, []);
   });
 }
+
+test('I2 on a recurrent state: a Mamba slab (not an attention slab) is read before the forward rewrites it', () => {
+  // Slab 2 is not an attention slab: a Mamba state page, read whole then written whole by each forward.
+  const state = (write: boolean): PageAccess => ({ slab: 2, block: 3, start: 0, end: PAGE, write });
+  const { lc, seen } = make();
+  lc.allocated([3], true);
+  lc.forwardEnqueued(1, [state(false), state(true)]); // a state never landed nor written: stale bytes read
+  assert.deepEqual(codes(seen), ['I2']);
+  lc.forwardEnqueued(2, [state(false), state(true)]); // the state the last forward wrote
+  assert.equal(seen.length, 1);
+  // On an attention slab the forward's writes come first (its new slots), so the same footprint is legal.
+  const attn = make();
+  attn.lc.allocated([3], true);
+  attn.lc.forwardEnqueued(1, [
+    { slab: 0, block: 3, start: 0, end: PAGE, write: false },
+    { slab: 0, block: 3, start: 0, end: PAGE, write: true },
+  ]);
+  assert.deepEqual(attn.seen, []);
+});

@@ -75,8 +75,6 @@ export class PageLifecycle {
   private readonly zeros = new Map<number, { blocks: number[]; epochs: number[] }>();
   private readonly spanZeros = new Map<number, Array<{ block: number; epoch: number }>>();
   private readonly forwards = new Map<number, { writes: Array<{ block: number; epoch: number }> }>();
-  /** Pages holding a recurrent (Mamba) state now: a forward reads such a page before it writes it anew. */
-  statePages: () => ReadonlySet<number> = () => new Set();
 
   constructor(
     readonly instance: string,
@@ -292,9 +290,9 @@ export class PageLifecycle {
       reported.add(key);
       return true;
     };
-    // A recurrent state is read-modify-write: its read is judged before the forward's own writes.
-    const state = this.statePages();
-    const isStateRead = (a: PageAccess): boolean => !a.write && state.has(a.block);
+    // A recurrent (Mamba) state, on the slabs that are not attention slabs, is read-modify-write: its read
+    // is judged before the forward's own writes.
+    const isStateRead = (a: PageAccess): boolean => !a.write && !this.attnSlabs.has(a.slab);
     for (const a of footprint) {
       if (a.block === 0 || !isStateRead(a)) continue;
       const problem = this.readProblem(this.page(a.block), a, opId);

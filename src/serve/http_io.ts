@@ -6,13 +6,15 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { rethrowIfAssertion } from '../util/assert.ts';
+import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
+import { hexId, REQUEST_ID_MAX } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 
 export const REQUEST_ID_HEADER = 'x-request-id';
 /** Bound on a request body (a prompt of maxModelLen tokens as JSON is far below this). */
 export const MAX_BODY_BYTES = 4 << 20;
-const REQUEST_ID_RE = /^[A-Za-z0-9._:@-]{1,128}$/;
+const REQUEST_ID_RE = new RegExp(`^[A-Za-z0-9._:@-]{1,${REQUEST_ID_MAX}}$`);
 const utf8Strict = new TextDecoder('utf-8', { fatal: true });
 
 /** Read the whole body (bounded) and parse it as a JSON object; BAD_REQUEST otherwise. */
@@ -105,10 +107,10 @@ export function sendErrorWithStatus(
   sendJson(res, status, err.toJSON(), headers);
 }
 
-/** The client's X-Request-Id if well formed; BAD_REQUEST if present but malformed; null if absent. */
-export function requestIdFrom(req: IncomingMessage): string | null {
+/** The client's X-Request-Id if well formed (BAD_REQUEST if malformed), else a new one. */
+export function requestIdOf(req: IncomingMessage, env: Env): string {
   const raw = req.headers[REQUEST_ID_HEADER];
-  if (raw === undefined) return null;
+  if (raw === undefined) return hexId(env, 12);
   const v = Array.isArray(raw) ? (raw[0] ?? '') : raw;
   if (!REQUEST_ID_RE.test(v))
     throw new HandoffError('BAD_REQUEST', 'X-Request-Id must be 1-128 characters of [A-Za-z0-9._:@-]');

@@ -31,10 +31,10 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import type { Env } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
-import { hexId } from '../util/ids.ts';
+import { hexId, upstreamRequestId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { Generation, type EngineHandle } from './generation.ts';
-import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendError, sendJson, toHandoffError } from './http_io.ts';
+import { checkBearer, pathOf, readJsonBody, requestIdOf, sendError, sendJson, toHandoffError } from './http_io.ts';
 import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
 import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind } from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
@@ -307,7 +307,7 @@ export class InstanceServer {
   }
 
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
+    const requestId = requestIdOf(req, this.env);
     res.setHeader('x-request-id', requestId);
     const prefiller = prefillerOf(req, this.opts.prefillerPeers);
     const body = await readJsonBody(req);
@@ -329,10 +329,9 @@ export class InstanceServer {
       prefiller,
       path: pathOf(req),
       body,
-      // The prefill leg's own id (the client's, made unique): the in-band cancel names it, and another
-      // client sending the same X-Request-Id must not be able to cancel this one's leg by leaving.
+      // The prefill leg's own id (the in-band cancel names it).
       headers: {
-        'x-request-id': `${requestId.slice(0, 120)}.${hexId(this.env, 8)}`,
+        'x-request-id': upstreamRequestId(requestId, this.env),
         ...(typeof auth === 'string' ? { authorization: auth } : {}),
       },
       signal: client.signal,

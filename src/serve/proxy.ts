@@ -27,9 +27,9 @@ import type { AddressInfo } from 'node:net';
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
-import { hexId } from '../util/ids.ts';
+import { hexId, upstreamRequestId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
-import { checkBearer, pathOf, readJsonBody, requestIdFrom, sendJson, toHandoffError } from './http_io.ts';
+import { checkBearer, pathOf, readJsonBody, requestIdOf, sendJson, toHandoffError } from './http_io.ts';
 import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
@@ -271,7 +271,7 @@ export class Proxy {
   }
 
   private async complete(path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const requestId = requestIdFrom(req) ?? hexId(this.env, 12);
+    const requestId = requestIdOf(req, this.env);
     res.setHeader('x-request-id', requestId);
     const body = await readJsonBody(req);
     const client = new AbortController();
@@ -284,10 +284,7 @@ export class Proxy {
     const exclude = new Set<PoolMember>();
     let first: unknown = null;
     for (let attempt = 1; ; attempt++) {
-      // Each attempt's upstream id is the client's made unique: the in-band cancel names it, so a client
-      // reusing another's X-Request-Id cannot cancel that one's request by leaving.
-      const retry = attempt === 1 ? '' : `retry${attempt - 1}.`;
-      const upstreamId = `${requestId.slice(0, 120)}.${retry}${hexId(this.env, 8)}`;
+      const upstreamId = upstreamRequestId(requestId, this.env, attempt);
       const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
       // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
       const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);

@@ -10,7 +10,7 @@ import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import type { SimDevice } from '../device/sim.ts';
 import type { OpSubmission, PageAccess } from '../device/types.ts';
-import { watchPool, watchStream } from '../kv/lifecycle_watch.ts';
+import { watchPool, watchRollbacks, watchStream } from '../kv/lifecycle_watch.ts';
 import type { ModelPreset } from '../kv/presets.ts';
 import { kvEventEpoch } from '../kv/kv_events.ts';
 import { attentionSlabs, type KVCacheConfig } from '../kv/spec.ts';
@@ -163,26 +163,10 @@ export class SimInstance {
     });
   }
 
-  /** Report pages leaving the free pool (fresh, or revived by a prefix hit) and coming back. */
+  /** Report pages leaving the free pool (fresh, or revived by a prefix hit) and coming back, and rolled-back loads. */
   private watchPool(): void {
     watchPool(this.lifecycle, this.engine.kv.blockPool);
-    // Which pages hold a Mamba state now (the lifecycle judges their reads before the forward's writes).
-    const stateGroups = this.kvConfig.groups.flatMap((g, i) => (g.spec.type === 'mamba' ? [i] : []));
-    if (stateGroups.length > 0) {
-      const kv = this.engine.kv;
-      const scheduler = this.engine.scheduler;
-      this.lifecycle.statePages = () =>
-        new Set(
-          [...scheduler.requests.keys()].flatMap((id) => stateGroups.flatMap((g) => kv.getBlockIds(id)[g] ?? [])),
-        );
-    }
-    // A load rolled back (recompute): its pages are zeroed again, the landed KV they hold is given up.
-    const kv = this.engine.kv;
-    const record = kv.recordBlocksForZeroing.bind(kv);
-    kv.recordBlocksForZeroing = (requestId: string, startToken: number): void => {
-      this.lifecycle.rolledBack(kv.getZeroingBlockIdsInRange(requestId, startToken, Number.MAX_SAFE_INTEGER));
-      record(requestId, startToken);
-    };
+    watchRollbacks(this.lifecycle, this.engine.kv);
   }
 
   /** Execute ready op `opId` (rank `rank`'s part of it, with tensor parallel ranks); observers tell the lifecycle. */
