@@ -40,7 +40,9 @@ export class BytePairEncoder {
   readonly maxTokenBytes: number;
   readonly vocabSize: number;
   private readonly utf8 = new TextEncoder();
-  private readonly utf8Decoder = new TextDecoder('utf-8');
+  // ignoreBOM: a U+FEFF the model generated is text; by default TextDecoder drops one that starts the
+  // bytes, and the incremental detokenizer decodes every token on its own.
+  private readonly utf8Decoder = new TextDecoder('utf-8', { ignoreBOM: true });
   // Scratch reused across pieces (grown on demand): part ends, previous part starts, the heap.
   private end = new Int32Array(64);
   private prev = new Int32Array(64);
@@ -93,7 +95,7 @@ export class BytePairEncoder {
     const parts: Uint8Array[] = [];
     let length = 0;
     for (const id of ids) {
-      const b = this.bytesOf[id] ?? this.specialBytes.get(id);
+      const b = this.bytesOfToken(id);
       if (b === undefined) continue;
       parts.push(b);
       length += b.length;
@@ -105,6 +107,11 @@ export class BytePairEncoder {
       at += b.length;
     }
     return this.utf8Decoder.decode(all);
+  }
+
+  /** The bytes of token `id` (a token may hold part of a character); undefined for an unknown id. */
+  bytesOfToken(id: number): Uint8Array | undefined {
+    return this.bytesOf[id] ?? this.specialBytes.get(id);
   }
 
   /** BPE of one piece given as a latin1 byte string; appends the ids to `out`. */

@@ -44,6 +44,17 @@ export function decode(ids: readonly number[]): string {
   return bpe().decode(ids);
 }
 
+/**
+ * The UTF-8 bytes of one token as they are, not as text: a token holding part of a character decodes
+ * to U+FFFD on its own, but its bytes combined with its neighbours' give the character (OpenAI's
+ * logprobs `bytes`).
+ */
+export function tokenBytes(id: number): Uint8Array {
+  const b = bpe().bytesOfToken(id);
+  assert(b !== undefined, () => `token id ${id} out of the vocabulary`);
+  return b;
+}
+
 /** A held-back tail longer than this is emitted anyway (bytes that never form a character). */
 const MAX_PENDING_TOKENS = 8;
 const REPLACEMENT = '\uFFFD';

@@ -3,6 +3,7 @@
  * `text_completion`; chat: `chat.completion` / `chat.completion.chunk`. vLLM's extras ride along:
  * `kv_transfer_params` top level, `token_ids` / `prompt_token_ids` on the choice when asked for.
  */
+import { tokenBytes } from '../model/tokenizer.ts';
 import type { ApiKind } from './openai_request.ts';
 
 /** Tokens and the text they released, with per-token logprobs (token text and offset per token). */
@@ -71,7 +72,8 @@ function logprobsOf(ctx: ResponseContext, p: Piece): unknown {
     content: p.tokenTexts.map((token, i) => ({
       token,
       logprob: p.logprobs[i] ?? null,
-      bytes: [...Buffer.from(token, 'utf8')],
+      // The token's own bytes: part of a character is not U+FFFD's bytes (OpenAI: combined, they give the text).
+      bytes: [...tokenBytes(p.tokenIds[i] as number)],
       top_logprobs: [],
     })),
   };
