@@ -2,12 +2,14 @@
  * Producer (prefill, READ and WRITE modes), worker side: the transfers whose pages this instance holds
  * for a peer, and whether the peer released them.
  *
- *   held ──release──> released ──(finishedSending)──> removed
- *   (release before the metadata named the transfer) released-early ──metadata──> released
+ *   held ──release──> draining ──(NIC drained)──> released ──(finishedSending)──> removed
+ *   (release before the metadata named the transfer) released-early ──metadata──> draining
  *
  * The scheduler side sends the full transfer → request map of held pages every step (`sendTransfers`);
  * a held transfer it no longer names (lease over, request gone) is dropped. A release revokes the
- * transfer's grant at once. Releases for transfers never named are kept, bounded, for a while.
+ * transfer's grant at once, and the pages are reported only once the NIC says it sends nothing more from
+ * them: a READ admitted under the grant (another request naming the same transfer, a reply under way)
+ * may still be reading them. Releases for transfers never named are kept, bounded, for a while.
  *
  * A lease that ended (READ mode, `expire`): the grant is revoked, and the request is reported once the NIC
  * says it sends nothing more from the pages (a reply under way when the lease ended goes out first).
@@ -15,13 +17,18 @@
 import { TransferTable } from './transfer_table.ts';
 import type { WorkerContext } from './worker_context.ts';
 
-type ProducerState = 'held' | 'released-early' | 'released';
+type ProducerState = 'held' | 'released-early' | 'draining' | 'released';
 interface HeldTransfer {
   state: ProducerState;
   requestId: string | null;
 }
 
-const PRODUCER_TRANSITIONS = { held: ['released'], 'released-early': ['released'], released: [] } as const;
+const PRODUCER_TRANSITIONS = {
+  held: ['draining'],
+  'released-early': ['draining'],
+  draining: ['released'],
+  released: [],
+} as const;
 /** Releases of unknown transfers kept at most (stale releases of expired transfers are dropped first). */
 export const EARLY_RELEASES_MAX = 1024;
 
@@ -43,8 +50,15 @@ export class Producer {
   /** Leases that ended (transfer id → request id): revoke, wait for the NIC to let go, then report. */
   expire(expiring: Record<string, string>): void {
     for (const [transferId, requestId] of Object.entries(expiring)) {
+      // A release's drain under way (or just ended, not yet reported): this one reports the request, once.
+      const state = this.transfers.get(transferId)?.state;
+      if (state === 'draining' || state === 'released') this.transfers.drop(transferId);
       this.ctx.transfer.revokeGrant(transferId);
-      void this.ctx.transfer.drainGrant(transferId).then(() => {
+      // Mutant lease-no-drain: the pages are reported while a READ admitted under the grant may still run.
+      const drained = this.ctx.mutations.drainEndedLeases
+        ? this.ctx.transfer.drainGrant(transferId)
+        : Promise.resolve();
+      void drained.then(() => {
         this.drained.push(requestId);
         this.onActivity();
       });
@@ -61,7 +75,7 @@ export class Producer {
       if (t === undefined) this.transfers.add(transferId, { state: 'held', requestId });
       else if (t.state === 'released-early') {
         t.requestId = requestId;
-        this.transfers.move(transferId, 'released');
+        this.drain(transferId, t);
       }
     }
   }
@@ -70,14 +84,22 @@ export class Producer {
   released(transferId: string): void {
     this.ctx.transfer.revokeGrant(transferId);
     const t = this.transfers.get(transferId);
-    if (t?.state === 'held') {
-      this.transfers.move(transferId, 'released');
-      return;
-    }
+    if (t?.state === 'held') return this.drain(transferId, t);
     if (t !== undefined) return; // a duplicate release
     const early = this.transfers.inState('released-early');
     if (early.length >= EARLY_RELEASES_MAX) for (const [id] of early) this.transfers.drop(id);
     this.transfers.add(transferId, { state: 'released-early', requestId: null });
+  }
+
+  /** Released: once the NIC no longer reads the pages (the grant is revoked), they may be reported. */
+  private drain(transferId: string, t: HeldTransfer): void {
+    this.transfers.move(transferId, 'draining');
+    void this.ctx.transfer.drainGrant(transferId).then(() => {
+      // Still this transfer (a lease's end or the next transfer under the id did not take its place).
+      if (this.transfers.get(transferId) !== t || t.state !== 'draining') return;
+      this.transfers.move(transferId, 'released');
+      this.onActivity();
+    });
   }
 
   /** Requests whose pages may be freed now (vLLM's get_finished, sending side). */

@@ -47,4 +47,6 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   'abort-not-awaited': { scenario: '1p1d', expect: 'lifecycle:I5', seedsBound: { random: 5, pct: 5 } },
   'release-lost': { scenario: '1p1d', expect: 'lease', seedsBound: { random: 1, pct: 1 } },
   'zero-after-loads': { scenario: '1p1d', expect: 'lifecycle:I1', seedsBound: { random: 1, pct: 1 } },
+  // Caught since the late-answer fault (session 11: decode's READ under way when the lease ends).
+  'lease-no-drain': { scenario: '1p1d', expect: 'lifecycle:I4', seedsBound: { random: 6, pct: 6 } },
 };

@@ -15,18 +15,35 @@ export const FAULT_SITES = [
   'kill-peer',
   'abort-mid-transfer',
   'preempt',
+  'late-answer',
 ] as const;
 export type FaultSite = (typeof FAULT_SITES)[number];
+
+/**
+ * Sites added after the bug zoo's seed bounds were measured, each with a stream of its own: the sites
+ * above draw exactly as before. `late-answer`: prefill's READ answer reaches the proxy late, close to the
+ * end of its lease, so decode's READ may still be queued when the lease ends (session 11).
+ */
+const OWN_STREAMS: Partial<Record<FaultSite, number>> = { 'late-answer': 11 };
 
 export class Buggify {
   private readonly rng: SeededRng;
   private readonly on: Set<FaultSite>;
+  private readonly own = new Map<FaultSite, SeededRng>();
   readonly fired: Partial<Record<FaultSite, number>> = {};
 
   /** `enabled` false: no site ever fires (dfs explores orderings only). */
   constructor(seed: number, enabled: boolean, sites: readonly FaultSite[] = FAULT_SITES) {
     this.rng = new SeededRng(streamSeed(seed, 2));
-    this.on = new Set(enabled ? sites.filter(() => this.rng.next() < 0.25) : []);
+    const shared = sites.filter((s) => OWN_STREAMS[s] === undefined);
+    this.on = new Set(enabled ? shared.filter(() => this.rng.next() < 0.25) : []);
+    for (const site of sites) {
+      const stream = OWN_STREAMS[site];
+      if (stream === undefined) continue;
+      const rng = new SeededRng(streamSeed(seed, stream));
+      this.own.set(site, rng);
+      if (enabled && rng.next() < 0.25) this.on.add(site);
+    }
   }
 
   isOn(site: FaultSite): boolean {
@@ -35,14 +52,14 @@ export class Buggify {
 
   /** Passes site `site`: true when the fault fires now. */
   fire(site: FaultSite, probability = 0.25): boolean {
-    if (!this.on.has(site) || this.rng.next() >= probability) return false;
+    if (!this.on.has(site) || (this.own.get(site) ?? this.rng).next() >= probability) return false;
     this.fired[site] = (this.fired[site] ?? 0) + 1;
     return true;
   }
 
-  /** A value drawn from the fault stream (how long a delay lasts, which page count). */
-  int(n: number): number {
-    return this.rng.int(n);
+  /** A value drawn from the fault stream (how long a delay lasts, which page count); `site`: its own stream. */
+  int(n: number, site?: FaultSite): number {
+    return ((site === undefined ? undefined : this.own.get(site)) ?? this.rng).int(n);
   }
 
   get enabledSites(): FaultSite[] {

@@ -201,6 +201,7 @@ function scenarioConnector(
     'no-await-reads': 'consumer',
     'tail-not-zeroed': 'consumer',
     'free-before-release': 'producer',
+    'lease-no-drain': 'producer',
     'write-done-early': 'producer',
     'stale-writer': 'consumer',
     'read-done-early': 'consumer',

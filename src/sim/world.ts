@@ -160,7 +160,7 @@ export class SimWorld {
       scenario.mode,
       () => w.env.nowMs(),
       (r, what) => w.proxyEvent(r, what),
-      scenario.answerHop ? (r, deliver) => w.cancels.hop(r, deliver) : null,
+      (r, deliver) => (scenario.answerHop ? w.cancels.hop(r, deliver) : w.events.answerArrives(r, deliver)),
       scenario.xpyd ? (r) => (w.xpyd as XpydRouting).route(r) : null,
     );
     if (scenario.xpyd) w.xpyd = await XpydRouting.create(w, scenario.xpyd, build);

@@ -236,6 +236,30 @@ export class WorldEvents {
     return Number.isInteger(index) ? this.w.proxy.requests[index] : undefined;
   }
 
+  /** Requests whose decode READ comes late too (fault late-answer): the NIC starts it a few ms after its post. */
+  readonly lateReads = new Set<number>();
+
+  /**
+   * Prefill's READ answer reaches the proxy at once, or (fault late-answer: a congested proxy and link) just
+   * before its lease ends, and decode's READ is slow to start: it may still be under way when the lease ends
+   * (a lease end that frees the pages without waiting for the drain was never caught before, session 11).
+   */
+  answerArrives(r: ProxyRequest, deliver: () => void): void {
+    if (this.w.scenario.mode !== 'read' || !this.w.buggify.fire('late-answer', 0.5)) return deliver();
+    const leaseMs = this.w.scenario.prefill.connector.leaseMs;
+    this.lateReads.add(r.spec.index);
+    this.w.env.setTimer(leaseMs - 1 - this.w.buggify.int(6, 'late-answer'), () => {
+      this.w.trace?.instant({
+        process: 'proxy',
+        lane: 'proxy',
+        name: `request ${r.spec.index}: late answer arrives`,
+        atMs: this.w.env.nowMs(),
+        args: {},
+      });
+      deliver();
+    });
+  }
+
   /** Scenario actions and faults that become possible once a transfer is in flight. */
   private offerActions(item: FabricItem): void {
     const w = this.w;
@@ -246,6 +270,8 @@ export class WorldEvents {
     if ((item.kind === 'read' || item.kind === 'write') && w.buggify.fire('slow-read')) {
       item.notBeforeMs = w.env.nowMs() + (w.buggify.int(2) === 0 ? 1.5 * SIM_TRANSFER_TIMEOUT_MS : 5);
     }
+    if (item.kind === 'read' && this.lateReads.delete(index))
+      item.notBeforeMs = w.env.nowMs() + 2 + w.buggify.int(8, 'late-answer');
     const abortHere = r !== undefined && (w.scenario.abortTarget === index || w.buggify.fire('abort-mid-transfer'));
     if (abortHere) this.offerAbort(r, inFlight);
     const peer = w.instanceOf(item.to); // a READ's producer (1P1D: P)

@@ -30,6 +30,8 @@ export const MUTANTS = {
   'release-lost': 'decode’s release names its own request id, not the transfer: prefill keeps the pages for the lease',
   'zero-after-loads':
     'no READ destination excluded from zeroing, the zeroing queued once the step’s READs landed instead ("no race then"): it wipes them',
+  'lease-no-drain':
+    'a lease that ended frees prefill’s pages at once, while a READ admitted under its grant may still read them',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -79,6 +81,8 @@ export interface Mutations {
   readonly releaseNamesTransfer: boolean;
   /** Runner (through the connector worker): the step's zeroing is queued before its loads, not after them. */
   readonly zeroBeforeLoads: boolean;
+  /** Producer: the pages of a lease that ended are reported only once the NIC drained its grant. */
+  readonly drainEndedLeases: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -97,6 +101,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   awaitAbortOfFailedRead: true,
   releaseNamesTransfer: true,
   zeroBeforeLoads: true,
+  drainEndedLeases: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -121,6 +126,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'abort-not-awaited': { awaitAbortOfFailedRead: false },
   'release-lost': { releaseNamesTransfer: false },
   'zero-after-loads': { zeroBeforeLoads: false }, // with zeroExclusion 'none' (connector config)
+  'lease-no-drain': { drainEndedLeases: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
