@@ -36,7 +36,14 @@ import type { Logger } from '../util/log.ts';
 import { Generation, type EngineHandle } from './generation.ts';
 import { checkBearer, pathOf, readJsonBody, requestIdOf, sendError, sendJson, toHandoffError } from './http_io.ts';
 import { InstanceMetrics, type InstanceStatsSnapshot } from './metrics.ts';
-import { attributeParam, tokenizedApiRequest, validateApiRequest, type ApiKind } from './openai_request.ts';
+import {
+  attributeParam,
+  tokenizedApiRequest,
+  validateApiRequest,
+  type ApiKind,
+  type ApiRequest,
+  type ValidatedRequest,
+} from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
 import { jsonSink, streamSink } from './response_sinks.ts';
 import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
@@ -344,17 +351,8 @@ export class InstanceServer {
     });
   }
 
-  /** Validate, tokenize and run one completion here; resolves once it is under way (or refused). */
-  private async generateFrom(
-    kind: ApiKind,
-    body: Record<string, unknown>,
-    requestId: string,
-    res: ServerResponse,
-    admitted = false,
-  ): Promise<void> {
-    const headers = { 'x-request-id': requestId };
-    const limits = { maxModelLen: this.opts.maxModelLen };
-    const v = validateApiRequest(kind, body, limits);
+  /** The validated request checked against this server and tokenized; throws when it is refused here. */
+  private async prepare(v: ValidatedRequest, res: ServerResponse, admitted: boolean): Promise<ApiRequest> {
     // An empty name means the served model, as an absent one does (vLLM's _is_model_supported).
     if (v.model !== null && v.model !== '' && v.model !== this.opts.modelName) {
       throw new HandoffError(
@@ -365,14 +363,30 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed || this.closing || (this.draining && !admitted)) {
+    if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
+    if (this.closing || (this.draining && !admitted))
+      throw new HandoffError('OVERLOADED', this.draining ? 'the server is draining' : 'the server is shutting down');
+    return tokenizedApiRequest(v, promptTokenIds, { maxModelLen: this.opts.maxModelLen });
+  }
+
+  /** Validate, tokenize and run one completion here; resolves once it is under way (or refused). */
+  private async generateFrom(
+    kind: ApiKind,
+    body: Record<string, unknown>,
+    requestId: string,
+    res: ServerResponse,
+    admitted = false,
+  ): Promise<void> {
+    const headers = { 'x-request-id': requestId };
+    const v = validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
+    let api: ApiRequest;
+    try {
+      api = await this.prepare(v, res, admitted);
+    } catch (e) {
       // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
       if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
-      if (res.destroyed)
-        throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
-      throw new HandoffError('OVERLOADED', this.draining ? 'the server is draining' : 'the server is shutting down');
+      throw e;
     }
-    const api = tokenizedApiRequest(v, promptTokenIds, limits);
     const ctx: ResponseContext = {
       kind,
       requestId,

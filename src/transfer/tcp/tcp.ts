@@ -138,13 +138,16 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   protected async handshakeImpl(peer: PeerAddress, abandoned: AbortSignal): Promise<EngineMetadata> {
     const key = `${peer.host}:${peer.port}`;
     const known = this.byAddress.get(key);
+    const previous = known === undefined ? undefined : this.conns.get(known);
     if (known !== undefined && peer.fresh !== true) {
-      const conn = this.conns.get(known);
       const meta = this.peers.get(known);
-      if (conn && !conn.isClosed && meta) return meta;
+      if (previous && !previous.isClosed && meta) return meta;
     }
     const meta = await this.dial(peer, abandoned);
     this.byAddress.set(key, meta.engineId);
+    // A refresh answered by the same engine replaces its side channel: the old one would stay open on both
+    // sides, one more per refresh, until the peer's listener refused every new one (SIDE_CONNECTIONS_MAX).
+    if (previous !== undefined && meta.engineId === known && this.conns.get(known) !== previous) previous.retire();
     return meta;
   }
 

@@ -98,6 +98,8 @@ export class SideConn implements FrameSink {
   private readonly pending = new Map<number, { resolve: () => void; reject: (e: HandoffError) => void }>();
   private seq = 0;
   private closed = false;
+  /** Replaced by a newer connection to the same peer: closed once nothing sent on it awaits an ack. */
+  private retiring = false;
 
   constructor(
     readonly socket: net.Socket,
@@ -143,6 +145,12 @@ export class SideConn implements FrameSink {
     this.socket.destroy();
   }
 
+  /** A newer connection to the same peer took over: close this one once its notifications are acknowledged. */
+  retire(): void {
+    this.retiring = true;
+    if (this.pending.size === 0) this.close();
+  }
+
   notify(n: Notification): Promise<void> {
     if (this.isClosed) return Promise.reject(new HandoffError('PEER_UNAVAILABLE', 'side channel closed'));
     if (this.pending.size >= PENDING_NOTIFIES_MAX)
@@ -165,6 +173,7 @@ export class SideConn implements FrameSink {
       if (p === undefined) throw new FrameError(`ack for unknown notification ${msg.seq}`);
       this.pending.delete(msg.seq);
       p.resolve();
+      if (this.retiring && this.pending.size === 0) this.close();
       return;
     }
     this.onMessage(this, msg);
