@@ -169,6 +169,10 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     return this.saves.numPending > 0 || this.recvs.size > 0;
   }
 
+  abandonLoads(): void {
+    this.reads.abandon();
+  }
+
   close(): void {
     this.unsubscribe();
   }

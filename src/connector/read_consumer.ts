@@ -40,6 +40,8 @@ export const READS_MAX = 4096;
 export class ReadConsumer {
   private readonly reads = new TransferTable<ReadState, ReadTransfer>('READ consumer', READ_TRANSITIONS, READS_MAX);
   private postedAtMs = 0;
+  /** The engine is closing: no READ is waited for past its abort (see abandon). */
+  private closing = false;
   /** Latency of each request's READs (post → landed, ms), drained by the metrics; bounded. */
   private latenciesMs: number[] = [];
   stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, hostSyncWaits: 0, tailsZeroed: 0 };
@@ -100,7 +102,7 @@ export class ReadConsumer {
    */
   async awaitReadsIssuedThisStep(step: number): Promise<LoadResult> {
     const result: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
-    const deadlineMs = this.ctx.env.nowMs() + this.ctx.config.transferTimeoutMs;
+    const deadlineMs = this.ctx.env.nowMs() + (this.closing ? 0 : this.ctx.config.transferTimeoutMs);
     // In posting order: each READ is settled, reported if it failed, and released before the next.
     const tails: PageSpan[] = [];
     for (const [id, t] of [...this.reads.entries()]) {
@@ -179,6 +181,19 @@ export class ReadConsumer {
       step,
     );
     for (const [, t] of landed) this.release(t.r);
+  }
+
+  /**
+   * The engine is closing: the step awaiting READs (a hung producer) would hold the engine loop, and the
+   * process's shutdown, until its deadline. Abort the READs in flight (the step then settles them as failed
+   * once the NIC acknowledged) and give those of a later step no deadline.
+   */
+  abandon(): void {
+    this.closing = true;
+    const posted: TransferHandle[] = [];
+    for (const [, t] of this.reads.inState('posted')) if (t.handle !== null) posted.push(t.handle);
+    // catch-ok: abort() rejects only when the transfer engine closes, which fails these READs anyway
+    if (posted.length > 0) void this.ctx.transfer.abort(posted).catch(() => undefined);
   }
 
   /** Tell the producer it may free its pages (also after a failure or an empty READ). */

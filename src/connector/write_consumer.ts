@@ -100,6 +100,9 @@ export class WriteConsumer {
     const payload = { blockIds: local, skipBlocks, endToken, grant: grant.token };
     this.ctx.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload }).catch((e: unknown) => {
       if (!isHandoffError(e)) throw e;
+      // The side channel may be gone or stuck (dropped after a silence): the next use handshakes again.
+      // Kept as ready, every later notice to this producer would fail and its load wait for the deadline.
+      this.ctx.peers.forget(host, port);
       this.ctx.log?.warn(
         { requestId, transferId, err: e.message },
         'could not tell the producer where to write; the load fails at its deadline',

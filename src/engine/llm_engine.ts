@@ -272,7 +272,10 @@ export class LLMEngine {
   }
 
   async close(): Promise<void> {
-    await this.core.stop();
+    const stopped = this.core.stop(); // schedules no further step
+    // A step awaiting READs from a hung producer would hold the loop until its deadline (30 s by default).
+    this.connector?.worker?.abandonLoads?.();
+    await stopped;
     await this.connector?.close?.();
     await this.device.close();
   }

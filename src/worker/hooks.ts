@@ -28,6 +28,8 @@ export interface ConnectorWorkerHooks {
   postForward(so: SchedulerOutput): Promise<KVConnectorOutput>;
   /** True while transfers are outstanding. */
   hasPendingWork(): boolean;
+  /** The engine is closing: preForward stops waiting for loads (those in flight are aborted, then fail). */
+  abandonLoads?(): void;
   /** False only under the bug zoo's `zero-after-loads`: the step's zeroing is queued after its loads. */
   readonly zeroBeforeLoads?: boolean;
 }
