@@ -37,7 +37,7 @@ export function makeOutput(
     kvTransferParams: extra.kvTransferParams ?? null,
     error: extra.error ?? null,
     numPromptTokens: req.numPromptTokens,
-    numCachedTokens: req.numLocalHitTokens,
+    numCachedTokens: req.numPromptHitTokens ?? 0,
     numExternalTokens: req.numExternalComputedTokens,
   };
 }

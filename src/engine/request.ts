@@ -97,8 +97,13 @@ export class Request {
   error: HandoffError | null = null;
   /** Computed tokens that came from an external load (decode side), for metrics. */
   numExternalComputedTokens = 0;
-  /** Tokens of the local prefix hit at first admission. */
+  /** Tokens of the local prefix hit at its latest fresh admission (a failed load's recovery starts past them). */
   numLocalHitTokens = 0;
+  /**
+   * Tokens of the local prefix hit at its first admission (vLLM's num_cached_tokens; the prefix-cache
+   * metrics): an admission after a preemption hits the request's own pages, which are no prompt hit.
+   */
+  numPromptHitTokens: number | null = null;
   firstTokenMs: number | null = null;
 
   constructor(init: RequestInit) {
@@ -131,5 +136,10 @@ export class Request {
   /** May another sampling step be scheduled without exceeding maxTokens? */
   get canSampleMore(): boolean {
     return this.outputTokenIds.length + this.numOutputPlaceholders < this.sampling.maxTokens;
+  }
+  /** Admitted with no computed token: `n` tokens of its prefix were found in the prefix cache. */
+  noteLocalHit(n: number): void {
+    this.numLocalHitTokens = n;
+    this.numPromptHitTokens ??= n;
   }
 }

@@ -325,7 +325,7 @@ export class Scheduler {
       return 'failed';
     }
     req.numExternalComputedTokens += numExternal;
-    if (fresh) req.numLocalHitTokens = numLocal;
+    if (fresh) req.noteLocalHit(numLocal);
 
     if (match.loadAsync) {
       req.status = 'WAITING_FOR_REMOTE_KVS';

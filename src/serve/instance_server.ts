@@ -50,7 +50,7 @@ import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_even
 import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
-import type { GenerationSink } from './generation.ts';
+import type { GenerationObserver, GenerationSink } from './generation.ts';
 
 export type ServeRole = 'prefill' | 'decode' | 'both';
 
@@ -314,6 +314,7 @@ export class InstanceServer {
   }
 
   private async generate(kind: ApiKind, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const arrivedMs = this.env.nowMs();
     const requestId = requestIdOf(req, this.env);
     res.setHeader('x-request-id', requestId);
     const prefiller = prefillerOf(req, this.opts.prefillerPeers);
@@ -346,9 +347,22 @@ export class InstanceServer {
     };
     await runSidecar(this.env, call, {
       // Admitted before any drain began: it runs to its end like the requests in `live`.
-      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res, true),
+      // Its client waited for the prefill leg too: TTFT and e2e count from its arrival here.
+      decode: (withParams) => this.generateFrom(kind, withParams, requestId, res, true, arrivedMs),
       releaseUnused: (params) => void this.engine.releaseUnused(params),
     });
+  }
+
+  /** The metrics' hooks of a generation starting now, for a request that arrived here at `arrivedMs`. */
+  private observerOf(arrivedMs: number): GenerationObserver {
+    // Time the request spent here before its generation started (an llm-d prefill leg) is part of its TTFT.
+    const leadMs = this.env.nowMs() - arrivedMs;
+    return {
+      firstToken: (ms) => this.metrics.observeTtftMs(leadMs + ms),
+      interToken: (ms) => this.metrics.observeItlMs(ms),
+      finished: (reason, p, c) => this.metrics.observeFinished(reason, p, c, this.env.nowMs() - arrivedMs),
+      prefixCache: (p, c) => this.metrics.observePrefixCache(p, c),
+    };
   }
 
   /** The validated request checked against this server and tokenized; throws when it is refused here. */
@@ -376,6 +390,7 @@ export class InstanceServer {
     requestId: string,
     res: ServerResponse,
     admitted = false,
+    arrivedAtMs: number | null = null,
   ): Promise<void> {
     const headers = { 'x-request-id': requestId };
     const v = validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
@@ -402,14 +417,9 @@ export class InstanceServer {
       : jsonSink(res, ctx, headers, onError);
     // Refusals found later by the engine or connector (a grant denied at the READ) name their field too.
     const sink: GenerationSink = { ...raw, onError: (e) => raw.onError(attributeParam(e, kind)) };
-    const arrivedMs = this.env.nowMs();
     const seed = api.seed ?? this.env.rng.int(2 ** 31);
-    const gen = new Generation(this.engine, api, requestId, seed, this.env, sink, {
-      firstToken: (ms) => this.metrics.observeTtftMs(ms),
-      interToken: (ms) => this.metrics.observeItlMs(ms),
-      finished: (reason, p, c) => this.metrics.observeFinished(reason, p, c, this.env.nowMs() - arrivedMs),
-      prefixCache: (p, c) => this.metrics.observePrefixCache(p, c),
-    });
+    const observer = this.observerOf(arrivedAtMs ?? this.env.nowMs());
+    const gen = new Generation(this.engine, api, requestId, seed, this.env, sink, observer);
     gen.start(); // throws (PROMPT_TOO_LONG, BAD_TRANSFER_PARAMS, duplicate id, ...) before anything is allocated
     this.live.set(gen, res);
     const cancelledAt = this.earlyCancels.get(requestId);

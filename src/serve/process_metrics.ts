@@ -56,10 +56,12 @@ export function registerProcessMetrics(reg: Registry): { stop(): void } {
   gauge('process_resident_memory_bytes', 'resident memory size in bytes', () => process.memoryUsage().rss);
   gauge('nodejs_heap_size_used_bytes', 'V8 heap in use, in bytes', () => process.memoryUsage().heapUsed);
   gauge('nodejs_heap_size_total_bytes', 'V8 heap reserved, in bytes', () => process.memoryUsage().heapTotal);
-  gauge('nodejs_external_memory_bytes', 'memory of C++ objects bound to JS (buffers, slabs)', () => {
-    const m = process.memoryUsage();
-    return m.external + m.arrayBuffers;
-  });
+  // `external` already includes `arrayBuffers` (Node's docs): adding them counted every Buffer and slab twice.
+  gauge(
+    'nodejs_external_memory_bytes',
+    'memory of C++ objects bound to JS (buffers, slabs)',
+    () => process.memoryUsage().external,
+  );
   gauge('process_open_fds', 'open file descriptors (sockets included)', openFds);
   gauge('process_max_fds', 'the soft limit on open file descriptors', maxFds);
   gauge('process_start_time_seconds', 'process start, seconds since the Unix epoch', () =>

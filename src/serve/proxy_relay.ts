@@ -17,8 +17,17 @@ export const CLIENT_STALL_MS = 30_000;
 /** An event still open at this size is relayed as it is (a peer that never ends one cannot grow memory). */
 const PARTIAL_EVENT_MAX_BYTES = 1 << 20;
 
-/** Responses whose stream was cut by an upstream failure (ended with an error event): not an ok completion. */
+/**
+ * Responses whose stream was cut by an upstream failure or carried an upstream's error event (a decode
+ * that failed the request after its stream started: 200, then `data: {"error": ...}`): not an ok completion.
+ */
 export const cutMidStream = new WeakSet<ServerResponse>();
+
+/** An error event among whole SSE events (no false match: a JSON string holds no raw newline). */
+function hasErrorEvent(events: Uint8Array): boolean {
+  const b = Buffer.from(events.buffer, events.byteOffset, events.byteLength);
+  return b.includes('"error"') && /^data: ?\{\s*"error"\s*:/m.test(b.toString('utf8'));
+}
 
 /** Index just past the last blank line of `b` (an SSE event boundary: LF LF or LF CR LF), or 0. */
 export function lastEventEnd(b: Uint8Array): number {
@@ -98,6 +107,7 @@ async function relayEvents(
       const end = bytes.length > PARTIAL_EVENT_MAX_BYTES ? bytes.length : lastEventEnd(bytes);
       open = bytes.subarray(end);
       if (end === 0) continue;
+      if (hasErrorEvent(bytes.subarray(0, end))) cutMidStream.add(res);
       if (!res.write(bytes.subarray(0, end)) && !(await drained(res, signal, env))) {
         res.destroy();
         throw new HandoffError('REQUEST_ABORTED', `the client took nothing for ${CLIENT_STALL_MS / 1000} s`);
