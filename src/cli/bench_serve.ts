@@ -19,7 +19,7 @@ import { runXpyd } from './bench_xpyd.ts';
 import { routerFlags } from './proxy.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
-import { choiceFlag, intFlag, modeFlag, numberFlag, presetFlag, rangeFlag } from './flags.ts';
+import { choiceFlag, intFlag, modeFlag, numberFlag, presetFlag, rangeFlag, urlFlag } from './flags.ts';
 import { secretFlag } from './serve.ts';
 import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
@@ -68,7 +68,7 @@ export function registerBenchServe(program: Command): void {
       const env = new RealEnv();
       const preset = presetFlag(o['model']);
       const mode = modeFlag(preset, o['mode']);
-      const url = typeof o['url'] === 'string' ? o['url'].replace(/\/+$/, '') : null;
+      const url = o['url'] !== undefined ? urlFlag('url', o['url']) : null;
       const target =
         o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated', 'xpyd'] as const) : null;
       if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
@@ -117,13 +117,23 @@ interface KvRead {
   count: number;
 }
 
-/** Started instances' max_model_len: the flag, or room for the longest prompt + output (at least the default). */
-function maxModelLenFlag(o: Opts, spec: Pick<LoadSpec, 'promptLen' | 'outputLen'>): string {
-  return String(
-    o['maxModelLen'] !== undefined
-      ? intFlag('max-model-len', o['maxModelLen'], 2, 1 << 16)
-      : Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, spec.promptLen[1] + spec.outputLen[1]),
-  );
+/** The largest --max-model-len `handoff serve` takes. */
+const MAX_MODEL_LEN = 1 << 16;
+
+/**
+ * Started instances' max_model_len: the flag, or room for the longest prompt (its shared prefix included)
+ * + output (at least the default). A workload no instance can take is refused here, before any starts.
+ */
+function maxModelLenFlag(o: Opts, spec: Pick<LoadSpec, 'promptLen' | 'outputLen' | 'workload'>): string {
+  if (o['maxModelLen'] !== undefined) return String(intFlag('max-model-len', o['maxModelLen'], 2, MAX_MODEL_LEN));
+  const prefix = spec.workload?.kind === 'shared-prefix' ? spec.workload.prefixLen : 0;
+  const longest = prefix + spec.promptLen[1] + spec.outputLen[1];
+  if (longest > MAX_MODEL_LEN)
+    throw new HandoffError(
+      'BAD_CONFIG',
+      `--prefix-len + --prompt-len + --output-len: the longest request is ${longest} tokens, over the ${MAX_MODEL_LEN} an instance takes`,
+    );
+  return String(Math.max(DEFAULT_SCHEDULER_CONFIG.maxModelLen, longest));
 }
 
 function loadSpecFrom(o: Opts, preset: ModelPreset, target: Target | null): Omit<LoadSpec, 'url'> {
@@ -158,7 +168,7 @@ function loadSpecFrom(o: Opts, preset: ModelPreset, target: Target | null): Omit
 /** --target xpyd: one fresh N+M deployment per policy, rows with hit rate and decode-only routes. */
 async function xpydRows(
   o: Opts,
-  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; apiKey: string | null },
+  s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; maxModelLen: string; apiKey: string | null },
   env: Env,
   run: (url: string, label: string) => Promise<BenchServeResult>,
 ): Promise<Row[]> {

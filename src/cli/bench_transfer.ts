@@ -9,7 +9,7 @@ import { availableParallelism, loadavg } from 'node:os';
 import type { Command } from 'commander';
 import { RealEnv } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
-import { intFlag } from './flags.ts';
+import { intFlag, outputFilesFlag } from './flags.ts';
 import { benchTransferPoint } from '../transfer/bench.ts';
 import { benchSweep, sweepHeader, sweepRow, targetLines } from '../transfer/bench_sweep.ts';
 import { sweepSvg } from '../transfer/bench_svg.ts';
@@ -80,6 +80,8 @@ function machineLine(): string {
 
 async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats: number | undefined): Promise<void> {
   const json = o['json'] === true;
+  const svgPath = resolve(String(o['svg']));
+  outputFilesFlag('svg', [svgPath]);
   const before = machineLine();
   if (!json) out(`machine: ${before}`);
   if (!json && backends.includes('tcp')) out(tcpReceiveLine());
@@ -91,7 +93,6 @@ async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats
     onPoint: (p) => void (json ? undefined : out(sweepRow(p))),
   });
   const targets = targetLines(points);
-  const svgPath = resolve(String(o['svg']));
   writeFileSync(svgPath, sweepSvg(points, 'handoff bench transfer --sweep: GB/s vs page size, baseline dashed'));
   const after = machineLine();
   if (json) return out(JSON.stringify({ points, targets, svg: svgPath, machine: { before, after } }));

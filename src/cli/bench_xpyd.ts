@@ -21,6 +21,8 @@ export interface XpydBench {
   preset: ModelPreset;
   mode: 'read' | 'write';
   numBlocks: string;
+  /** Each instance's --max-model-len (room for the workload's longest request). */
+  maxModelLen: string;
   apiKey: string | null;
   numPrefill: number;
   numDecode: number;
@@ -68,7 +70,7 @@ export async function runXpyd(
         mode: b.mode,
         host: '127.0.0.1',
         proxyPort: 0,
-        serveArgs: ['--num-blocks', b.numBlocks],
+        serveArgs: ['--num-blocks', b.numBlocks, '--max-model-len', b.maxModelLen],
         apiKey: b.apiKey,
         numPrefill: b.numPrefill,
         numDecode: b.numDecode,

@@ -12,6 +12,7 @@ import {
   anyPresetFlag,
   blockSizeFlag,
   intFlag,
+  outputFilesFlag,
   pdTensorParallelFlags,
   presetFlag,
   tensorParallelFlag,
@@ -21,7 +22,7 @@ import { benchModel, benchTensorParallel } from '../model/bench.ts';
 import { benchSched } from '../engine/bench_sched.ts';
 import { runAb, AB_VARIANTS, type AbVariant, type AbReport } from '../sim/ab.ts';
 import { abVerdict, type AbVerdict } from '../sim/ab_gate.ts';
-import { writeTrace } from '../sim/trace_export.ts';
+import { traceFiles, writeTrace } from '../sim/trace_export.ts';
 
 const out = (s: string): void => void process.stdout.write(`${s}\n`);
 
@@ -86,6 +87,8 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   const traceBase = o['trace'] === undefined ? null : String(o['trace']);
   if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0)
     throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
+  // A bad --trace path is refused before the run, not after it.
+  if (traceBase !== null) outputFilesFlag('trace', abTraceFiles(traceBase, variants));
   const bar = new cliProgress.SingleBar(
     { stream: process.stderr, noTTYOutput: true, format: '{variant} [{bar}] {value}/{total}' },
     cliProgress.Presets.shades_classic,
@@ -144,11 +147,21 @@ function abBlockSizes(o: Record<string, string | boolean>): { prefillBlockSize?:
   };
 }
 
+/** Each variant's trace base: `<base>` for one variant, `<base>-<variant>` for several. */
+function abTraceBase(traceBase: string, variant: string, count: number): string {
+  const stem = traceBase.replace(/\.(json|html)$/, '');
+  return count === 1 ? stem : `${stem}-${variant}`;
+}
+
+/** Every file `writeAbTraces` may write for these variants. */
+function abTraceFiles(traceBase: string, variants: readonly AbVariant[]): string[] {
+  return variants.flatMap((v) => Object.values(traceFiles(abTraceBase(traceBase, v.name, variants.length))));
+}
+
 function writeAbTraces(report: AbReport, traceBase: string, json: boolean): void {
   for (const v of report.variants) {
     if (v.trace === null) continue;
-    const stem = traceBase.replace(/\.(json|html)$/, '');
-    const files = writeTrace(v.trace, report.variants.length === 1 ? stem : `${stem}-${v.name}`);
+    const files = writeTrace(v.trace, abTraceBase(traceBase, v.name, report.variants.length));
     // With --json, stdout carries only the JSON object.
     (json ? process.stderr : process.stdout).write(
       `trace of ${v.name} (decode instance): ${files.json} (Perfetto, chrome://tracing, speedscope), ${files.html}\n`,

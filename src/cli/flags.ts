@@ -1,4 +1,6 @@
 /** Flag values → typed options, with errors that name the flag (BAD_CONFIG). */
+import { accessSync, constants, mkdirSync, statSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
@@ -130,21 +132,51 @@ export function urlListFlag(name: string, v: unknown): string[] {
     .map((s) => s.trim())
     .filter((s) => s.length > 0);
   if (urls.length === 0) throw new HandoffError('BAD_CONFIG', `--${name} needs at least one URL`);
-  const origins = urls.map((u) => {
-    let parsed: URL;
-    try {
-      parsed = new URL(u);
-      // catch-ok: only new URL runs in the try: its TypeError means the flag is not a URL
-    } catch {
-      throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not a URL`);
-    }
-    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')
-      throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not an http(s) URL`);
-    return parsed.origin;
-  });
+  const origins = urls.map((u) => httpUrl(name, u).origin);
   const dup = origins.find((u, i) => origins.indexOf(u) !== i);
   if (dup !== undefined) throw new HandoffError('BAD_CONFIG', `--${name} lists ${dup} twice`);
   return origins;
+}
+
+/** One http(s) URL (`bench serve --url`), its path kept, trailing slashes dropped. */
+export function urlFlag(name: string, v: unknown): string {
+  const u = String(v ?? '').trim();
+  httpUrl(name, u);
+  return u.replace(/\/+$/, '');
+}
+
+function httpUrl(name: string, u: string): URL {
+  let parsed: URL;
+  try {
+    parsed = new URL(u);
+    // catch-ok: only new URL runs in the try: its TypeError means the flag is not a URL
+  } catch {
+    throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not a URL`);
+  }
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')
+    throw new HandoffError('BAD_CONFIG', `--${name}: '${u}' is not an http(s) URL`);
+  return parsed;
+}
+
+/**
+ * The files an output flag (`trace --out`, `ab --trace`, `bench transfer --svg`) will write: each one's
+ * directory is created and must be writable, and none may be a directory. Checked before the run, so a
+ * bad path is one BAD_CONFIG line naming the flag, not a stack trace after the work is done.
+ */
+export function outputFilesFlag(name: string, files: readonly string[]): void {
+  for (const file of files) {
+    const dir = dirname(file) || '.';
+    let isDir = false;
+    try {
+      mkdirSync(dir, { recursive: true });
+      accessSync(dir, constants.W_OK);
+      isDir = statSync(file, { throwIfNoEntry: false })?.isDirectory() ?? false;
+      // catch-ok: only file system calls run in the try: their error means the path cannot be written
+    } catch (e) {
+      throw new HandoffError('BAD_CONFIG', `--${name}: cannot write '${file}': ${(e as Error).message}`);
+    }
+    if (isDir) throw new HandoffError('BAD_CONFIG', `--${name}: '${file}' is a directory`);
+  }
 }
 
 /** `--log-format pretty|json`; absent = automatic (pretty on a terminal, json otherwise). */

@@ -5,7 +5,7 @@ import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
-import { anyPresetFlag, blockSizeFlag, optionalInt, pdTensorParallelFlags } from './flags.ts';
+import { anyPresetFlag, blockSizeFlag, optionalInt, outputFilesFlag, pdTensorParallelFlags } from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
   DPOR_DEPTH_DEFAULT,
@@ -17,6 +17,7 @@ import {
   runSim,
   SCENARIOS,
   STRATEGIES,
+  traceFiles,
   traceSim,
   writeTrace,
   type SimOptions,
@@ -118,12 +119,11 @@ function simTensorParallel(model: ModelPreset, o: Record<string, unknown>): { pr
   return prefill === 1 && decode === 1 ? {} : { prefillTp: prefill, decodeTp: decode };
 }
 
-/** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule. */
+/** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule (each a plain decimal < 10000). */
 function parseSchedule(s: string): number[] {
-  const parts = s.split('.').map(Number);
-  if (s === '' || !parts.every((n) => Number.isInteger(n) && n >= 0 && n < 10_000))
+  if (!/^(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3}))*$/.test(s))
     throw new HandoffError('BAD_CONFIG', `--schedule must be dot-separated choice indices like 0.2.1, got '${s}'`);
-  return parts;
+  return s.split('.').map(Number);
 }
 
 function common(c: Command): Command {
@@ -198,8 +198,10 @@ export function registerSimCommands(program: Command): void {
     .option('--out <base>', 'output path without extension', 'handoff-trace')
     .action(async (o: Record<string, unknown>) => {
       const base = simOptions(o);
+      const files = traceFiles(String(o['out']));
+      outputFilesFlag('out', [files.json, files.html]);
       const { trace, result } = await traceSim(base, base.seed ?? 1);
-      const files = writeTrace(trace, String(o['out']));
+      writeTrace(trace, String(o['out']));
       process.stdout.write(
         `${files.json}\n${files.html}\n${result.violations.length} violation(s)${result.violations[0] ? `: ${result.violations[0].message}` : ''}\n`,
       );

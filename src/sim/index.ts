@@ -10,7 +10,7 @@ export {
   type SimViolation,
   type SeedResult,
 } from './run_sim.ts';
-export { traceSim, writeTrace } from './trace_export.ts';
+export { traceFiles, traceSim, writeTrace } from './trace_export.ts';
 export { toChromeTrace, type SimTrace } from './trace.ts';
 export { timelineHtml } from './timeline_html.ts';
 export { SCENARIOS, isScenarioName, type ScenarioName } from './scenarios.ts';

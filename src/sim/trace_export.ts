@@ -19,12 +19,16 @@ export async function traceSim(
   return { trace: result.trace, result };
 }
 
+/** The paths `writeTrace(trace, base)` writes: `<base>.json` and `<base>.html` (a .json/.html on base dropped). */
+export function traceFiles(base: string): { json: string; html: string } {
+  const stem = base.replace(/\.(json|html)$/, '');
+  return { json: `${stem}.json`, html: `${stem}.html` };
+}
+
 /** Write `<base>.json` and `<base>.html`; returns the paths. */
 export function writeTrace(trace: SimTrace, base: string): { json: string; html: string } {
-  const stem = base.replace(/\.(json|html)$/, '');
-  mkdirSync(dirname(stem) || '.', { recursive: true });
-  const json = `${stem}.json`;
-  const html = `${stem}.html`;
+  const { json, html } = traceFiles(base);
+  mkdirSync(dirname(json) || '.', { recursive: true });
   writeFileSync(json, JSON.stringify(toChromeTrace(trace)));
   writeFileSync(html, timelineHtml(trace));
   return { json, html };
