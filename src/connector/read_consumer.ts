@@ -28,7 +28,8 @@ type ReadState = 'posted' | 'landed' | 'failed' | 'late';
 interface ReadTransfer {
   state: ReadState;
   r: RecvReqMeta;
-  handle: TransferHandle | null;
+  /** Its work requests (several when its ranges exceed what one carries); empty when nothing was posted. */
+  handles: TransferHandle[];
   error: HandoffError | null;
   /** Bytes of the destination pages past the transferred tokens, zeroed once the READ landed. */
   tails: PageSpan[];
@@ -67,7 +68,7 @@ export class ReadConsumer {
 
   private post(r: RecvReqMeta, step: number): ReadTransfer {
     if (r.localBlockIds.every((g) => g.length === 0))
-      return { state: 'landed', r, handle: null, error: null, tails: [] };
+      return { state: 'landed', r, handles: [], error: null, tails: [] };
     try {
       const peerEngineId = this.ctx.peers.readyEngine(r.remoteHost, r.remotePort, r.remoteEngineId);
       const peer = this.ctx.peerGeometry(peerEngineId);
@@ -77,22 +78,23 @@ export class ReadConsumer {
           `remote_block_ids are in pages of ${r.remoteBlockSize} tokens; ${peerEngineId} has pages of ${peer.blockSizes[0]}`,
         );
       const plan = { local: r.localBlockIds, remote: r.remoteBlockIds, runs: r.tokenRuns };
-      const { ranges, footprint } = this.ctx.rangesFor(plan, peer, true);
       this.stats.readsPosted++;
-      const handle = this.ctx.transfer.postRead({
-        peerEngineId,
-        transferId: r.transferId,
-        grantToken: r.grant,
-        ranges,
-        label: { what: 'kv-read', requestIds: [r.requestId], step },
-        footprint,
-      });
+      const handles = this.ctx.workRequestsFor(plan, peer, true).map(({ ranges, footprint }) =>
+        this.ctx.transfer.postRead({
+          peerEngineId,
+          transferId: r.transferId,
+          grantToken: r.grant,
+          ranges,
+          label: { what: 'kv-read', requestIds: [r.requestId], step },
+          footprint,
+        }),
+      );
       // Mutant read-done-early: the local ack of the post taken for the data having landed.
       const state = this.ctx.mutations.readDoneWhenLanded ? 'posted' : 'landed';
-      return { state, r, handle, error: null, tails: this.ctx.clippedTails(plan) };
+      return { state, r, handles, error: null, tails: this.ctx.clippedTails(plan) };
     } catch (e) {
       if (!isHandoffError(e)) throw e;
-      return { state: 'failed', r, handle: null, error: e, tails: [] };
+      return { state: 'failed', r, handles: [], error: e, tails: [] };
     }
   }
 
@@ -129,13 +131,13 @@ export class ReadConsumer {
 
   private async settle(id: string, t: ReadTransfer, deadlineMs: number): Promise<void> {
     try {
-      await this.ctx.transfer.wait([t.handle as TransferHandle], Math.max(0, deadlineMs - this.ctx.env.nowMs()));
+      await this.ctx.transfer.wait(t.handles, Math.max(0, deadlineMs - this.ctx.env.nowMs()));
       if (this.latenciesMs.length < 4096) this.latenciesMs.push(this.ctx.env.nowMs() - this.postedAtMs);
       this.reads.move(id, 'landed');
     } catch (e) {
       if (!isHandoffError(e)) throw e;
       // The NIC must not touch the pages any more (the bug zoo's abort-not-awaited reports without waiting).
-      const stopped = this.ctx.transfer.abort([t.handle as TransferHandle]);
+      const stopped = this.ctx.transfer.abort(t.handles);
       // catch-ok: the mutant's abort is left to run; abort() rejects only when the engine closes
       if (!this.ctx.mutations.awaitAbortOfFailedRead) void stopped.catch(() => undefined);
       else await stopped;
@@ -171,7 +173,7 @@ export class ReadConsumer {
   async settleLateReads(step: number): Promise<void> {
     for (const [id, t] of this.reads.inState('late')) {
       await this.ctx.transfer
-        .wait([t.handle as TransferHandle], this.ctx.config.transferTimeoutMs)
+        .wait(t.handles, this.ctx.config.transferTimeoutMs)
         .catch((e: unknown) => rethrowIfAssertion(e));
       this.reads.move(id, 'landed');
     }
@@ -190,8 +192,7 @@ export class ReadConsumer {
    */
   abandon(): void {
     this.closing = true;
-    const posted: TransferHandle[] = [];
-    for (const [, t] of this.reads.inState('posted')) if (t.handle !== null) posted.push(t.handle);
+    const posted = this.reads.inState('posted').flatMap(([, t]) => t.handles);
     // catch-ok: abort() rejects only when the transfer engine closes, which fails these READs anyway
     if (posted.length > 0) void this.ctx.transfer.abort(posted).catch(() => undefined);
   }

@@ -14,6 +14,7 @@ import { everyRankSlabs, wholeSpec, type KVCacheConfig, type KVCacheGroupSpec } 
 import { pageFormatOf, tailSpans, type PagedSide } from '../kv/token_map.ts';
 import { tpRunRanges } from '../kv/tp_map.ts';
 import { HandoffError } from '../util/errors.ts';
+import { DESCRIPTORS_MAX } from '../transfer/core/handle_wait.ts';
 import type { TransferEngine, TransferRange } from '../transfer/core/types.ts';
 import type { OneSidedConfig } from './config.ts';
 import type { PeerDirectory } from './peer_directory.ts';
@@ -115,6 +116,26 @@ export class WorkerContext {
       });
     });
     return { ranges, footprint };
+  }
+
+  /**
+   * rangesFor cut into work requests of at most DESCRIPTORS_MAX ranges each (what one work request may
+   * carry), each with the footprint of its own ranges. Between degrees a slot costs one range per region,
+   * rank pair and layer, so a long prompt needs several (a GQA model of two layers: past 8,192 tokens).
+   */
+  workRequestsFor(
+    plan: TransferPlan,
+    peer: PeerGeometry,
+    write: boolean,
+  ): Array<{ ranges: TransferRange[]; footprint: PageAccess[] }> {
+    const { ranges } = this.rangesFor(plan, peer, write);
+    const out: Array<{ ranges: TransferRange[]; footprint: PageAccess[] }> = [];
+    for (let at = 0; at === 0 || at < ranges.length; at += DESCRIPTORS_MAX) {
+      const part = ranges.slice(at, at + DESCRIPTORS_MAX);
+      const footprint = part.flatMap((r) => pagesOf(r.slab, r.localOffset, r.length, this.kvConfig.pageBytes, write));
+      out.push({ ranges: part, footprint });
+    }
+    return out;
   }
 
   /**

@@ -131,19 +131,22 @@ export class WriteProducer {
 
   private async push(save: SaveReqMeta, dest: RemoteBlocks): Promise<void> {
     const { transfer, config } = this.ctx;
-    let h: TransferHandle | null = null;
+    const handles: TransferHandle[] = [];
     try {
       const peer = this.ctx.peerGeometry(dest.fromEngineId);
-      const { ranges, footprint } = this.ctx.rangesFor(this.plan(save, dest, peer), peer, false);
       this.stats.writesPosted++;
-      h = transfer.postWrite({
-        peerEngineId: dest.fromEngineId,
-        transferId: save.transferId,
-        grantToken: dest.grant,
-        ranges,
-        label: { what: 'kv-write', requestIds: [save.requestId] },
-        footprint: footprint.map((f) => ({ ...f, write: false })),
-      });
+      // Several work requests when the ranges exceed what one carries (a long prompt between degrees).
+      for (const { ranges, footprint } of this.ctx.workRequestsFor(this.plan(save, dest, peer), peer, false))
+        handles.push(
+          transfer.postWrite({
+            peerEngineId: dest.fromEngineId,
+            transferId: save.transferId,
+            grantToken: dest.grant,
+            ranges,
+            label: { what: 'kv-write', requestIds: [save.requestId] },
+            footprint: footprint.map((f) => ({ ...f, write: false })),
+          }),
+        );
       const writeDone = () =>
         transfer.notify(dest.fromEngineId, {
           type: 'write_done',
@@ -151,7 +154,7 @@ export class WriteProducer {
           payload: { grant: dest.grant },
         });
       if (!this.ctx.mutations.writeDoneAfterData) await writeDone(); // mutant: announced before the data is visible
-      await transfer.wait([h], config.transferTimeoutMs);
+      await transfer.wait(handles, config.transferTimeoutMs);
       if (this.ctx.mutations.writeDoneAfterData) await writeDone();
     } catch (e) {
       rethrowIfAssertion(e);
@@ -163,7 +166,7 @@ export class WriteProducer {
       );
       // Timed out or failed: the NIC may still be sending from our pages. They are reported (and freed)
       // only once it acknowledged that it stopped.
-      if (h !== null) await transfer.abort([h]);
+      if (handles.length > 0) await transfer.abort(handles);
     }
   }
 

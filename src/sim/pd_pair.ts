@@ -26,6 +26,8 @@ export interface PdPairOptions {
   prefill?: Partial<OneSidedConfig>;
   raceCheck: boolean;
   scheduler?: EngineConfig['scheduler'];
+  /** Decode only: scheduler settings over `scheduler` (e.g. lookahead tokens, as the simulator's decode). */
+  decodeScheduler?: EngineConfig['scheduler'];
   /** Decode only: extra compute-stream time after each forward (a bigger model's forward). */
   decodeForwardPadMs?: number;
   /** Distinguishes engines of several pairs in one process (inproc registry). */
@@ -60,7 +62,7 @@ export class PdPair {
           ...sideBlockSize(o, role),
           tensorParallelSize: (role === 'producer' ? o.prefillTp : o.decodeTp) ?? 1,
           asyncScheduling: true,
-          scheduler: o.scheduler ?? {},
+          scheduler: { ...o.scheduler, ...(role === 'consumer' ? o.decodeScheduler : {}) },
           idlePollMs: 2,
           ...(role === 'consumer' && o.decodeForwardPadMs ? { forwardPadMs: o.decodeForwardPadMs } : {}),
           makeDevice: threadedDevice(o.preset, o.modelSeed, raceCheck),

@@ -34,6 +34,8 @@ export class RangeRing {
     const cap = this.buf.length;
     const head = this.live[0]?.start ?? null;
     let start: number;
+    // A work request larger than the whole ring (up to DESCRIPTORS_MAX ranges of 5 doubles) never fits.
+    if (n > cap) return null;
     if (head === null) start = 0;
     else if (this.tail > head || (this.tail === head && this.live.length === 0)) {
       if (this.tail + n <= cap) start = this.tail;
