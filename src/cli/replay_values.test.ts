@@ -36,6 +36,15 @@ test('sim --replay: a malformed --schedule is refused, not run as another schedu
     );
 });
 
+test('sim: --schedule without --replay, or with another strategy, is refused (it was ignored: a full search ran)', () => {
+  assertBadConfig(cli(['sim', '--strategy', 'dpor', '--seed', '0', '--schedule', '0.1']), '--schedule');
+  assertBadConfig(cli(['sim', '--strategy', 'random', '--replay', '--seed', '1', '--schedule', '0.1']), '--schedule');
+  assertBadConfig(
+    cli(['trace', '--strategy', 'pct', '--schedule', '0.1', '--out', '/tmp/handoff-never']),
+    '--schedule',
+  );
+});
+
 test('sim --replay: a well-formed --schedule still replays', () => {
   const r = cli(['sim', '--strategy', 'dpor', '--replay', '--seed', '0', '--no-faults', '--schedule', '0.1', '--json']);
   assert.equal(r.status, 0, r.stderr.slice(-300));

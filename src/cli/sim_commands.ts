@@ -109,7 +109,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
     ...simTensorParallel(model, o),
     ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
     ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
-    ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule'])) } : {}),
+    ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule']), strategy) } : {}),
   };
 }
 
@@ -120,7 +120,9 @@ function simTensorParallel(model: ModelPreset, o: Record<string, unknown>): { pr
 }
 
 /** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule (each a plain decimal < 10000). */
-function parseSchedule(s: string): number[] {
+function parseSchedule(s: string, strategy: Strategy): number[] {
+  if (strategy !== 'dpor')
+    throw new HandoffError('BAD_CONFIG', `--schedule is a dpor schedule; --strategy is ${strategy}`);
   if (!/^(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3}))*$/.test(s))
     throw new HandoffError('BAD_CONFIG', `--schedule must be dot-separated choice indices like 0.2.1, got '${s}'`);
   return s.split('.').map(Number);
@@ -170,6 +172,9 @@ export function registerSimCommands(program: Command): void {
       if (lists.scenarios.length * lists.strategies.length > 1)
         return simSweep(o, lists, { seeds, jobs, ...(budgetS !== undefined ? { budgetS } : {}) });
       const base = simOptions(o);
+      // A schedule is replayed, never searched from: ignoring it ran the whole dpor search instead.
+      if (base.schedule !== undefined && !o['replay'])
+        throw new HandoffError('BAD_CONFIG', '--schedule replays one dpor schedule: add --replay');
       const bar = new cliProgress.SingleBar(
         { stream: process.stderr, noTTYOutput: true, format: 'sim [{bar}] {value}/{total} seeds, {failing} failing' },
         cliProgress.Presets.shades_classic,

@@ -145,12 +145,18 @@ function superviseChildren(cluster: LocalCluster, env: RealEnv, out: (s: string)
   }
 }
 
+/** `s` as one single-quoted shell word: a quote inside it closes, escapes and reopens (`'\\''`). */
+export function shellQuote(s: string): string {
+  return `'${s.replaceAll("'", "'\\''")}'`;
+}
+
 function printReady(
   cluster: LocalCluster,
   o: { preset: string; mode: string; policy: string; apiKey: string | null },
   out: (s: string) => void,
 ): void {
-  const auth = o.apiKey ? ` -H 'Authorization: Bearer ${o.apiKey}'` : '';
+  // The key as one shell word whatever it holds (a quote in it broke the printed command).
+  const auth = o.apiKey ? ` -H ${shellQuote(`Authorization: Bearer ${o.apiKey}`)}` : '';
   for (const [role, group] of [
     ['prefill', cluster.prefills],
     ['decode', cluster.decodes],
