@@ -94,6 +94,8 @@ export class TcpPlane {
           const now = this.clients.get(peerEngineId);
           const i = now?.indexOf(c) ?? -1;
           if (now !== undefined && i >= 0) now.splice(i, 1);
+          // No entry left behind per peer that went away (engines restarting under new ids).
+          if (now?.length === 0) this.clients.delete(peerEngineId);
         },
         (wrId, code, message) => this.partDone(wrId, code, message),
       );
