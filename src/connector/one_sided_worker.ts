@@ -133,7 +133,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
 
   /** Producer bookkeeping, grants to revoke, WRITE saves and WRITE destination notices of this step. */
   private bindConnectorMetadata(meta: OneSidedMetadata): void {
-    this.producer.bind(meta.sendTransfers);
+    // WRITE: a release that came before its transfer was held must not free pages a decode named a
+    // destination for: their push starts in this step (write_early_release.test.ts).
+    this.producer.bind(meta.sendTransfers, (transferId) => this.saves.hasDestination(transferId));
     for (const s of meta.reqsToSave) this.saves.save(s);
     if (this.ctx.config.mode === 'write') this.saves.expire(meta.expiring);
     else this.producer.expire(meta.expiring);

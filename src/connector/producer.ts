@@ -65,14 +65,25 @@ export class Producer {
     }
   }
 
-  /** This step's metadata: every held transfer (transfer id → request id); ended leases come to expire. */
-  bind(sendTransfers: Record<string, string>): void {
+  /**
+   * This step's metadata: every held transfer (transfer id → request id); ended leases come to expire.
+   * `contradicted`: a release that came before its transfer was held but that a peer has contradicted since
+   * (WRITE: a decode said where to write): it is dropped and the transfer stays held.
+   */
+  bind(sendTransfers: Record<string, string>, contradicted: (transferId: string) => boolean = () => false): void {
     for (const [transferId, t] of [...this.transfers.entries()]) {
       if (t.state === 'held' && sendTransfers[transferId] === undefined) this.transfers.drop(transferId);
     }
     for (const [transferId, requestId] of Object.entries(sendTransfers)) {
       const t = this.transfers.get(transferId);
-      if (t === undefined) this.transfers.add(transferId, { state: 'held', requestId });
+      if (t !== undefined && t.state === 'released-early' && contradicted(transferId)) {
+        this.ctx.log?.warn(
+          { transferId },
+          'release that came before the transfer, contradicted by its destination, dropped',
+        );
+        this.transfers.drop(transferId);
+        this.transfers.add(transferId, { state: 'held', requestId });
+      } else if (t === undefined) this.transfers.add(transferId, { state: 'held', requestId });
       else if (t.state === 'released-early') {
         t.requestId = requestId;
         this.drain(transferId, t);

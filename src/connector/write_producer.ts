@@ -100,6 +100,12 @@ export class WriteProducer {
     return state === 'pushing' || state === 'pushed' ? 'pushing' : 'not-pushing';
   }
 
+  /** Whether a decode said where to write `transferId` (a push is due, under way, or done). */
+  hasDestination(transferId: string): boolean {
+    const t = this.saves.get(transferId);
+    return t !== undefined && (t.dest !== null || t.state === 'pushing' || t.state === 'pushed');
+  }
+
   /** Decode told us where to write. */
   destination(transferId: string, dest: RemoteBlocks): void {
     const t = this.saves.get(transferId);

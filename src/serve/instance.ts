@@ -23,7 +23,13 @@ import { buildInstance, type InstanceConnectorOptions } from '../engine/build_in
 import type { LLMEngine } from '../engine/llm_engine.ts';
 import { attachLifecycleOracle } from '../engine/lifecycle_oracle.ts';
 import { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from '../engine/scheduler_config.ts';
-import { InstanceServer, type InstanceInfo, type ServedEngine, type ServeRole } from './instance_server.ts';
+import {
+  InstanceServer,
+  type InstanceInfo,
+  type InstanceServerOptions,
+  type ServedEngine,
+  type ServeRole,
+} from './instance_server.ts';
 import type { InstanceStatsSnapshot } from './metrics.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 
@@ -56,6 +62,8 @@ export interface InstanceOptions {
   kvPeers?: PeerAllowList;
   /** The device's kernel module (default: the model's step kernel); tests inject failing kernels here. */
   kernelModuleUrl?: string;
+  /** A finished answer its client takes no byte of for this long is dropped (InstanceServer). */
+  clientStallMs?: number;
 }
 
 export const DEFAULT_INSTANCE_OPTIONS: InstanceOptions = {
@@ -172,13 +180,7 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
     ...snapshot(e, connector),
     lifecycleViolations: lifecycle?.violations() ?? null,
   });
-  const server = new InstanceServer(
-    servedEngine(e),
-    { modelName: opts.preset, apiKey: opts.apiKey, maxModelLen, info, prefillerPeers: opts.kvPeers ?? LOOPBACK_PEERS },
-    env,
-    readStats,
-    log,
-  );
+  const server = new InstanceServer(servedEngine(e), serverOptions(opts, maxModelLen, info), env, readStats, log);
   const port = await listenOrClose(server, e, opts);
   const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host;
   return {
@@ -196,6 +198,17 @@ export async function startInstance(opts: InstanceOptions, env: Env, log?: Logge
       await e.close();
       return drained;
     },
+  };
+}
+
+function serverOptions(opts: InstanceOptions, maxModelLen: number, info: InstanceInfo): InstanceServerOptions {
+  return {
+    modelName: opts.preset,
+    apiKey: opts.apiKey,
+    maxModelLen,
+    info,
+    prefillerPeers: opts.kvPeers ?? LOOPBACK_PEERS,
+    ...(opts.clientStallMs !== undefined ? { clientStallMs: opts.clientStallMs } : {}),
   };
 }
 

@@ -45,7 +45,7 @@ import {
   type ValidatedRequest,
 } from './openai_request.ts';
 import type { ResponseContext } from './openai_response.ts';
-import { jsonSink, streamSink } from './response_sinks.ts';
+import { ANSWER_STALL_MS, jsonSink, onResponseGone, streamSink, withStallBound } from './response_sinks.ts';
 import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
 import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
@@ -87,6 +87,8 @@ export interface InstanceServerOptions {
   prefillerPeers: PeerAllowList;
   /** Bound on the sidecar's prefill leg. */
   sidecarTimeoutMs?: number;
+  /** A finished answer its client takes no byte of for this long is dropped (default ANSWER_STALL_MS). */
+  clientStallMs?: number;
 }
 
 /** An early cancel waits this long for its request to start, and at most this many wait. */
@@ -416,7 +418,8 @@ export class InstanceServer {
       ? streamSink(res, ctx, api.includeUsage, headers, onError)
       : jsonSink(res, ctx, headers, onError);
     // Refusals found later by the engine or connector (a grant denied at the READ) name their field too.
-    const sink: GenerationSink = { ...raw, onError: (e) => raw.onError(attributeParam(e, kind)) };
+    const attributed: GenerationSink = { ...raw, onError: (e) => raw.onError(attributeParam(e, kind)) };
+    const sink = withStallBound(attributed, res, this.opts.clientStallMs ?? ANSWER_STALL_MS, this.env);
     const seed = api.seed ?? this.env.rng.int(2 ** 31);
     const observer = this.observerOf(arrivedAtMs ?? this.env.nowMs());
     const gen = new Generation(this.engine, api, requestId, seed, this.env, sink, observer);
@@ -425,7 +428,7 @@ export class InstanceServer {
     const cancelledAt = this.earlyCancels.get(requestId);
     this.earlyCancels.delete(requestId);
     if (cancelledAt !== undefined && this.env.nowMs() - cancelledAt < EARLY_CANCEL_MS) gen.cancelInBand();
-    res.on('close', () => {
+    onResponseGone(res, () => {
       this.live.delete(gen);
       remember(this.recentlyDone, requestId, this.env.nowMs());
       if (!gen.done) {

@@ -13,12 +13,16 @@
  * port with one API key, so the feed needs no second port, no extra dependency, and passes wherever the
  * OpenAI API does; one TCP stream per subscriber keeps batches in order, `since` replaces the replay
  * socket, and a heartbeat ahead of what the subscriber applied is the gap signal (answered by a dump).
- * A subscriber that reads too slowly is cut off (bounded buffer) and reconnects with `since`.
+ * A subscriber that reads too slowly is cut off (bounded buffer) and reconnects with `since`. When every
+ * slot is taken, a new subscriber takes the slot of the one furthest behind (the oldest when none is):
+ * refusing it let idle clients that never read lock a router out of the feed for hours.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Env, TimerHandle } from '../util/env.ts';
+import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
+import { onResponseGone } from './response_sinks.ts';
 
 /** What the stream needs of an engine's publisher (kv/kv_events.ts KvEventPublisher). */
 export interface KvEventSource {
@@ -76,8 +80,8 @@ export class KvEventStreams {
   /** Serve one subscriber until it goes away (or the server closes). */
   stream(req: IncomingMessage, res: ServerResponse): void {
     const since = sinceOf(req.url ?? '');
-    if (this.open.size >= KV_EVENT_SUBSCRIBERS_MAX)
-      throw new HandoffError('OVERLOADED', `at most ${KV_EVENT_SUBSCRIBERS_MAX} KV event subscribers`);
+    if (this.open.size >= KV_EVENT_SUBSCRIBERS_MAX) this.evictOne();
+    assert(this.open.size < KV_EVENT_SUBSCRIBERS_MAX, 'a KV event subscriber slot is free');
     res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache' });
     const write = (obj: unknown): void => {
       if (res.writableEnded || res.destroyed) return; // ended by closeAll, its 'close' not yet seen
@@ -102,7 +106,18 @@ export class KvEventStreams {
     };
     this.open.set(res, stop);
     beat();
-    res.on('close', stop);
+    onResponseGone(res, stop); // also when it was pipelined and its connection closed before it started
+  }
+
+  /** Cut the subscriber furthest behind (bytes not yet taken), the oldest on a tie: it reconnects with `since`. */
+  private evictOne(): void {
+    let victim: [ServerResponse, () => void] | null = null;
+    for (const entry of this.open)
+      if (victim === null || entry[0].writableLength > victim[0].writableLength) victim = entry;
+    assert(victim !== null, 'a full set of subscribers has one to evict');
+    const [res, stop] = victim;
+    stop(); // its slot is free now, not at the socket's close
+    res.destroy();
   }
 
   heartbeat(): KvHeartbeat {

@@ -3,8 +3,13 @@
  * headers only with the first token, so a request that fails before producing anything (bad transfer
  * params found at admission, a failed KV load) still gets a real HTTP status and error JSON; after
  * that an error becomes a `data: {"error": …}` event followed by `[DONE]`.
+ *
+ * A finished answer its client takes no byte of for ANSWER_STALL_MS is dropped with its connection
+ * (withStallBound): one pipelined behind a response that never ends, or for a client that stopped
+ * reading, stayed live for good and held every drain for its whole timeout.
  */
 import type { ServerResponse } from 'node:http';
+import type { Env, TimerHandle } from '../util/env.ts';
 import type { HandoffError } from '../util/errors.ts';
 import type { GenerationSink } from './generation.ts';
 import { sendJson } from './http_io.ts';
@@ -72,6 +77,58 @@ export function streamSink(
       }
       res.write(sseEvent(e.toJSON()));
       res.end(SSE_DONE);
+    },
+  };
+}
+
+/** A finished answer its client takes no byte of for this long is dropped (its connection closed). */
+export const ANSWER_STALL_MS = 30_000;
+
+/**
+ * Call `gone` once, when the response closes or its connection does. A response pipelined behind another
+ * on a keep-alive connection gets the socket only once that one ended: if the connection closes first,
+ * the response's own 'close' never comes.
+ */
+export function onResponseGone(res: ServerResponse, gone: () => void): void {
+  const conn = res.req.socket;
+  let ended = false;
+  const end = (): void => {
+    if (ended) return;
+    ended = true;
+    conn.off('close', end);
+    gone();
+  };
+  res.once('close', end);
+  conn.once('close', end);
+}
+
+/** `sink`, and once it wrote the end of the answer: drop the answer if its client takes none of it for `stallMs`. */
+export function withStallBound(sink: GenerationSink, res: ServerResponse, stallMs: number, env: Env): GenerationSink {
+  const answered = (): void => {
+    let left = res.writableLength;
+    let timer: TimerHandle | null = null;
+    const check = (): void => {
+      const conn = res.req.socket;
+      if (res.writableFinished || res.destroyed || conn.destroyed) return;
+      if (res.writableLength < left) {
+        left = res.writableLength; // it took some: wait again
+        timer = env.setTimer(stallMs, check);
+        return;
+      }
+      conn.destroy(); // not res.destroy(): a response still queued on the connection has no socket to end
+    };
+    timer = env.setTimer(stallMs, check);
+    onResponseGone(res, () => timer?.cancel());
+  };
+  return {
+    onPiece: (p) => sink.onPiece(p),
+    onFinish: (f) => {
+      sink.onFinish(f);
+      answered();
+    },
+    onError: (e) => {
+      sink.onError(e);
+      answered();
     },
   };
 }
