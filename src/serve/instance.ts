@@ -128,10 +128,12 @@ export interface Instance {
 }
 
 function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
-  // Every attention group needs a page per blockSize tokens; one request of maxModelLen tokens must fit alone.
-  const need = presetKVGroups(preset, blockSize)
-    .filter((g) => g.spec.type !== 'mamba')
-    .reduce((n, g) => n + Math.ceil(maxModelLen / g.spec.blockSize), 1);
+  // One request of maxModelLen tokens must fit alone, as the engine counts it (request_validation.ts
+  // pagesNeeded): a page per blockSize tokens in every attention group, one state page per Mamba group.
+  const need = presetKVGroups(preset, blockSize).reduce(
+    (n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil(maxModelLen / g.spec.blockSize)),
+    1,
+  );
   if (numBlocks < need) {
     throw new HandoffError(
       'BAD_CONFIG',
