@@ -136,7 +136,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     // WRITE: a release that came before its transfer was held must not free pages a decode named a
     // destination for: their push starts in this step (write_early_release.test.ts).
     this.producer.bind(meta.sendTransfers, (transferId) => this.saves.hasDestination(transferId));
-    for (const s of meta.reqsToSave) this.saves.save(s);
+    // A save whose transfer an early release just ended (no destination yet) is not kept: its pages are
+    // reported free, so a destination that comes later must not push from them (write_late_destination.test.ts).
+    for (const s of meta.reqsToSave) if (this.producer.isHeld(s.transferId)) this.saves.save(s);
     if (this.ctx.config.mode === 'write') this.saves.expire(meta.expiring);
     else this.producer.expire(meta.expiring);
     this.saves.prune(meta.sendTransfers);

@@ -91,6 +91,11 @@ export class Producer {
     }
   }
 
+  /** Whether `transferId` is held for its peer (not released: its pages are not being reported free). */
+  isHeld(transferId: string): boolean {
+    return this.transfers.get(transferId)?.state === 'held';
+  }
+
   /** The peer read (or gave up on) the pages: they may be freed; the grant dies now. */
   released(transferId: string): void {
     this.ctx.transfer.revokeGrant(transferId);

@@ -24,7 +24,7 @@ import type { SamplingParamsData } from '../worker/scheduler_output.ts';
 import { EngineCore } from './engine_core.ts';
 import { validatePromptTokenIds, validateSampling } from './request_validation.ts';
 import type { EngineOutput } from './output.ts';
-import { Request } from './request.ts';
+import { namesLiveTransfer, Request } from './request.ts';
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler, type SchedulerConfig } from './scheduler.ts';
 
 export interface ConnectorPair {
@@ -182,12 +182,7 @@ export class LLMEngine {
    * transfer (a retry under the same id or params): that one still reads the pages, and releases them itself.
    */
   private releaseRefused(req: Request): void {
-    const p = req.kvTransferParams;
-    for (const live of this.scheduler.requests.values()) {
-      const q = live.kvTransferParams;
-      if (live === req || !q || !p || typeof p.transfer_id !== 'string') continue;
-      if (q.transfer_id === p.transfer_id && q.remote_engine_id === p.remote_engine_id) return;
-    }
+    if (namesLiveTransfer(req, req.kvTransferParams, this.scheduler.requests.values())) return;
     if (this.connector?.scheduler.releaseUnused(req)) this.core.kick();
   }
 
@@ -265,6 +260,8 @@ export class LLMEngine {
    */
   releaseUnused(kvTransferParams: unknown): boolean {
     const params = parseKvTransferParams(kvTransferParams);
+    // Not a transfer a live request here loads (WRITE: prefill would drop its push; the release names it alone).
+    if (namesLiveTransfer(this, params, this.scheduler.requests.values())) return false;
     const req = { requestId: 'release-unused', numPromptTokens: 0, numTokens: 0, status: 'FINISHED_ABORTED' };
     const queued = params !== null && this.connector?.scheduler.releaseUnused({ ...req, kvTransferParams: params });
     if (queued) this.core.kick();

@@ -71,6 +71,25 @@ export function finishReasonOf(status: RequestStatus): FinishReason | null {
   }
 }
 
+/**
+ * Whether another live request names the transfer `params` name (same transfer id and producer: a retry
+ * under the same params). That one still loads it and releases it itself; a release by this one would
+ * take its KV away (READ: the grant ends under its READ; WRITE: prefill drops its push).
+ */
+export function namesLiveTransfer(
+  self: object,
+  params: KVTransferParams | null,
+  live: Iterable<{ kvTransferParams: KVTransferParams | null }>,
+): boolean {
+  if (params === null || typeof params.transfer_id !== 'string') return false;
+  for (const other of live) {
+    const q = other.kvTransferParams;
+    if (other !== self && q?.transfer_id === params.transfer_id && q.remote_engine_id === params.remote_engine_id)
+      return true;
+  }
+  return false;
+}
+
 export interface RequestInit {
   requestId: string;
   promptTokenIds: number[];
@@ -141,5 +160,14 @@ export class Request {
   noteLocalHit(n: number): void {
     this.numLocalHitTokens = n;
     this.numPromptHitTokens ??= n;
+  }
+
+  /**
+   * A request finishing before it loaded whose transfer another live request names (a retry under the
+   * same params) gives the transfer up to that one (no release of it: namesLiveTransfer).
+   */
+  leaveSharedTransfer(live: Iterable<Request>): void {
+    const p = this.kvTransferParams;
+    if (p?.do_remote_prefill === true && namesLiveTransfer(this, p, live)) p.do_remote_prefill = false;
   }
 }

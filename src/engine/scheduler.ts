@@ -326,7 +326,6 @@ export class Scheduler {
     }
     req.numExternalComputedTokens += numExternal;
     if (fresh) req.noteLocalHit(numLocal);
-
     if (match.loadAsync) {
       req.status = 'WAITING_FOR_REMOTE_KVS';
       this.transfers.asyncLoadStarted(req.requestId);
@@ -463,6 +462,7 @@ export class Scheduler {
     this.waiting = this.waiting.filter((r) => r !== req);
     req.status = status;
     const blocks = this.kv.getBlockIds(req.requestId);
+    req.leaveSharedTransfer(this.requests.values()); // a live retry's transfer is not this one's to release
     const handoff = this.connector.requestFinished(req, blocks);
     req.finishedKvTransferParams = handoff.kvTransferParams;
     const detached = this.kv.detach(req.requestId);

@@ -1,0 +1,165 @@
+/**
+ * WRITE mode: a decode request that names the transfer of another live request here (a client retry
+ * under the same kv_transfer_params) and finishes before it was admitted (its client left while it
+ * waited) must leave the live request's transfer alone. The abort queued a `release` naming the
+ * transfer, i.e. the live request's: prefill, told where to write but not yet pushing, dropped the push
+ * and the live request waited out its load deadline (30 s by default) before recomputing. The refusal
+ * at admission was fixed (write_dup_release.test.ts); an abort while waiting was not. Decode's scheduler
+ * side and prefill's worker side are the real ones; decode's step metadata is carried to prefill as its
+ * worker would (remote_blocks, then the releases), as in write_dup_release.test.ts.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { RealEnv, SimEnv } from '../util/env.ts';
+import type { Device } from '../device/types.ts';
+import type { TransferEngine, Notification } from '../transfer/core/types.ts';
+import { makeRequest, makeScheduler } from './scheduler_testkit.ts';
+import { emptyOneSidedMetadata, type OneSidedMetadata } from '../worker/connector_metadata.ts';
+import { makeEmptySchedulerOutput } from '../worker/scheduler_output.ts';
+import { DEFAULT_ONE_SIDED_CONFIG } from '../connector/config.ts';
+import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
+import { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
+import type { PeerDirectory } from '../connector/peer_directory.ts';
+import type { OneSidedConfig } from '../connector/config.ts';
+import { buildInstance } from './build_instance.ts';
+import { threadedDevice } from './devices.ts';
+
+/** Prefill's worker side (WRITE producer) over a transfer engine that records the WRITEs posted. */
+function producerWorker(kv: ReturnType<typeof makeScheduler>['kv']) {
+  let handler: ((from: string, n: Notification) => void) | null = null;
+  const posted: string[] = [];
+  const cfg = kv.config;
+  const transfer = {
+    onNotification: (h: (from: string, n: Notification) => void) => ((handler = h), () => undefined),
+    revokeGrant: () => true,
+    drainGrant: () => Promise.resolve(),
+    notify: () => Promise.resolve(),
+    peerMetadata: () => ({
+      engineId: 'decode-0',
+      layout: {
+        numSlabs: cfg.numLayerSlabs * cfg.tensorParallelSize,
+        numBlocks: cfg.numBlocks,
+        pageBytes: cfg.pageBytes,
+        tensorParallelSize: cfg.tensorParallelSize,
+        blockSizes: cfg.groups.map((g) => g.spec.blockSize),
+      },
+    }),
+    postWrite: (w: { transferId: string }) => (posted.push(w.transferId), { id: 1 }),
+    wait: () => new Promise<void>(() => undefined),
+    abort: () => Promise.resolve(),
+  };
+  const worker = new OneSidedConnectorWorker(
+    { ...DEFAULT_ONE_SIDED_CONFIG, role: 'producer', mode: 'write' },
+    cfg,
+    transfer as unknown as TransferEngine,
+    {} as Device,
+    cfg.groups.map((g) => g.groupId),
+    new SimEnv(2),
+    {} as PeerDirectory,
+  );
+  return { worker, posted, notify: (n: Notification) => handler!('decode-0', n) };
+}
+
+test('WRITE: a retry aborted while waiting does not release the live request’s transfer; prefill still pushes', async () => {
+  const { scheduler, kv } = makeScheduler({
+    preset: 'llama-mini',
+    numBlocks: 64,
+    connector: (env, kv) =>
+      new OneSidedConnectorScheduler(
+        { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer', mode: 'write' },
+        kv.config,
+        env,
+        { engineId: 'decode-0', host: '127.0.0.1', port: 7 },
+        null,
+      ),
+  });
+  // Prefill finished the request: its pages [1, 2, 3] are held and final, waiting for decode's destination.
+  const prefill = producerWorker(kv);
+  const so1 = makeEmptySchedulerOutput(1);
+  so1.kvConnectorMetadata = {
+    ...emptyOneSidedMetadata(),
+    sendTransfers: { T: 'R' },
+    reqsToSave: [{ requestId: 'R', transferId: 'T', localBlockIds: [[1, 2, 3]] }],
+  };
+  await prefill.worker.preForward(so1);
+
+  // Decode: the live request and its retry under the same transfer id are waiting; the retry's client leaves.
+  const params = () => ({
+    do_remote_prefill: true,
+    remote_engine_id: 'prefill-0',
+    remote_host: '127.0.0.1',
+    remote_port: 5,
+    transfer_id: 'T',
+  });
+  scheduler.addRequest(makeRequest(40, 4, params(), 'live'));
+  scheduler.addRequest(makeRequest(40, 4, params(), 'retry'));
+  assert.ok(scheduler.abortRequest('retry'));
+  const so = scheduler.schedule();
+  const meta = so.kvConnectorMetadata as OneSidedMetadata;
+  assert.deepEqual(
+    meta.reqsToNotify.map((n) => n.requestId),
+    ['live'],
+    'the live request waits for the push',
+  );
+  for (const n of meta.reqsToNotify) {
+    const payload = { blockIds: n.localBlockIds, skipBlocks: n.skipBlocks, endToken: n.endToken, grant: 'cd' };
+    prefill.notify({ type: 'remote_blocks', transferId: n.transferId, payload });
+  }
+  for (const r of meta.reqsToRecv) prefill.notify({ type: 'release', transferId: r.transferId, payload: {} });
+  prefill.worker.saves.startReadySaves();
+  assert.deepEqual(prefill.posted, ['T'], "prefill pushes the live request's KV (the aborted retry released it)");
+});
+
+test('WRITE: a release of unused params (POST /handoff/release) naming a live load’s transfer is not sent', async () => {
+  const env = new RealEnv(4);
+  const build = (role: OneSidedConfig['role'], tag: string) =>
+    buildInstance(
+      {
+        preset: 'dsv4-mini',
+        modelSeed: 2,
+        numBlocks: 64,
+        tensorParallelSize: 1,
+        asyncScheduling: true,
+        scheduler: {},
+        idlePollMs: 2,
+        makeDevice: threadedDevice('dsv4-mini', 2, false),
+        connector: {
+          config: { ...DEFAULT_ONE_SIDED_CONFIG, mode: 'write', role, transferTimeoutMs: 60_000 },
+          endpoint: { backend: 'inproc', engineId: `rel-live-${tag}`, modelName: 'dsv4-mini', preset: 'dsv4-mini' },
+        },
+      },
+      env,
+    );
+  const prefill = await build('producer', 'p');
+  const decode = await build('consumer', 'd');
+  try {
+    const conn = prefill.connector!;
+    const addr = conn.transfer.address();
+    const params = {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_engine_id: conn.transfer.engineId,
+      remote_host: addr.host,
+      remote_port: addr.port,
+      transfer_id: 'rel-live-t',
+    };
+    const done = decode.engine
+      .generate({
+        requestId: 'rel-live-r',
+        promptTokenIds: Array.from({ length: 40 }, (_, k) => (k * 31) % 50000),
+        sampling: { maxTokens: 2, ignoreEos: true },
+        kvTransferParams: { ...params },
+      })
+      .catch((e: Error) => e);
+    // Parked for the WRITE (prefill never computes it: nobody pushes).
+    for (let k = 0; k < 400 && decode.engine.kv.getNumFreeBlocks() === 63; k++) await env.sleep(5);
+    assert.ok(decode.engine.kv.getNumFreeBlocks() < 63, 'pages allocated for the WRITE load');
+    // Someone posts the same params to decode's POST /handoff/release: prefill would drop the live push.
+    assert.equal(decode.engine.releaseUnused({ ...params }), false, "a release of the live load's transfer was queued");
+    decode.engine.abort('rel-live-r');
+    await done;
+  } finally {
+    await decode.engine.close();
+    await prefill.engine.close();
+  }
+});
