@@ -10,6 +10,7 @@ import type { Env } from '../util/env.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import { hexId, REQUEST_ID_MAX } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
+import { checkJsonShape } from './json_shape.ts';
 
 export const REQUEST_ID_HEADER = 'x-request-id';
 /** Bound on a request body (a prompt of maxModelLen tokens as JSON is far below this). */
@@ -33,14 +34,17 @@ export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYT
     if (isHandoffError(e) || !req.destroyed) throw e;
     throw new HandoffError('REQUEST_ABORTED', 'the client went away while sending its request');
   }
+  const bytes = Buffer.concat(chunks);
   let text: string;
   try {
-    text = utf8Strict.decode(Buffer.concat(chunks));
+    text = utf8Strict.decode(bytes);
   } catch (e) {
     if (!(e instanceof TypeError)) throw e;
     // JSON on the wire is UTF-8 (RFC 8259): a replacement character would silently change the prompt.
     throw new HandoffError('BAD_REQUEST', 'request body is not valid UTF-8');
   }
+  // Before JSON.parse: its time depends on the body's shape, not only its size (json_shape.ts).
+  checkJsonShape(bytes);
   let value: unknown;
   try {
     value = JSON.parse(text);

@@ -15,7 +15,7 @@ import { Worker } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import { holdingLoopOpen } from '../util/env.ts';
-import { encode } from '../model/tokenizer.ts';
+import { encode, loadTokenizer } from '../model/tokenizer.ts';
 
 export interface ToTokenizerThread {
   id: number;
@@ -97,6 +97,9 @@ export class TokenizerThreads {
       opts.threadsMax >= 1 && opts.pendingMax >= 1 && opts.inlineCharsMax >= 0,
       'tokenizer thread limits must be positive',
     );
+    // The inline encoder (and the server's detokenizer) now, before the server listens, not on the
+    // event loop of its first request.
+    loadTokenizer();
   }
 
   /** Texts queued or running on the threads. */
