@@ -3,7 +3,7 @@
  * shared memory (SharedArrayBuffer + Atomics), a failure flag, and a per-unit agreement barrier.
  *
  *   data (f64): [ buffer 0: rank 0 slot | rank 1 slot | ... ][ buffer 1: the same ]   slotValues each
- *   ctrl (i32): GEN ARRIVED ABORTED AGREE_GEN AGREE_ARRIVED AGREE_FAILED AGREE_RESULT[2]
+ *   ctrl (i32): GEN ARRIVED ABORTED AGREE_GEN AGREE_ARRIVED AGREE_FAILED AGREE_RESULT[2] LEFT FENCE_GEN FENCE_ARRIVED
  *
  * allGather: write my piece into my slot of the current buffer, barrier, copy every rank's slot out in
  * rank order. Buffers alternate per call, so one barrier per piece suffices: a rank writes buffer b again
@@ -12,7 +12,10 @@
  *
  * Failure: a rank whose unit of work (one request's forward) throws calls abort(); ranks waiting in, or
  * entering, a barrier throw CollectiveAborted; every rank then meets in agree(), which tells all of them
- * that the unit failed and resets the barrier for the next unit. Every wait is bounded (WAIT_SLICES_MAX).
+ * that the unit failed and resets the barrier for the next unit. A rank whose whole kernel throws, outside
+ * any unit, leave()s: it will not come to the op's remaining barriers and agreements, so the others stop
+ * waiting for it (barriers throw, agreements say failed). Every rank ends each kernel op in fence(), which
+ * resets all of that for the next op. Every wait is bounded (WAIT_SLICES_MAX).
  */
 import { assert } from '../util/assert.ts';
 import type { RankCollective } from './types.ts';
@@ -24,7 +27,10 @@ const AGREE_GEN = 3;
 const AGREE_ARRIVED = 4;
 const AGREE_FAILED = 5;
 const AGREE_RESULT = 6;
-const CTRL_WORDS = 8;
+const LEFT = 8;
+const FENCE_GEN = 9;
+const FENCE_ARRIVED = 10;
+const CTRL_WORDS = 11;
 
 /** Values per rank slot: one gather of a mini preset's vocabulary shard (25,129 logits) fits in one piece. */
 export const COLLECTIVE_SLOT_VALUES = 32_768;
@@ -97,10 +103,37 @@ export class SharedMemoryCollective implements RankCollective {
     Atomics.notify(this.ctrl, GEN);
   }
 
+  /** This rank's kernel threw outside any unit: it takes no further part in this op (see fence). */
+  leave(): void {
+    Atomics.store(this.ctrl, LEFT, 1);
+    this.abort();
+    Atomics.notify(this.ctrl, AGREE_GEN);
+  }
+
+  /**
+   * The end of a kernel op, on every rank: once all are here none is in a barrier or an agreement, and what
+   * a failed op left behind (an abort, a rank that left, half-counted arrivals) is cleared for the next op.
+   */
+  fence(): void {
+    const c = this.ctrl;
+    const gen = Atomics.load(c, FENCE_GEN);
+    if (Atomics.add(c, FENCE_ARRIVED, 1) === this.size - 1) {
+      for (const word of [ARRIVED, ABORTED, AGREE_ARRIVED, AGREE_FAILED, LEFT, FENCE_ARRIVED])
+        Atomics.store(c, word, 0);
+      Atomics.add(c, FENCE_GEN, 1);
+      Atomics.notify(c, FENCE_GEN);
+    } else {
+      this.waitWhile(FENCE_GEN, gen, null);
+    }
+    this.calls = 0;
+  }
+
   agree(failed: boolean): boolean {
     const c = this.ctrl;
     if (failed) Atomics.add(c, AGREE_FAILED, 1);
     const gen = Atomics.load(c, AGREE_GEN);
+    // A rank that left this op never arrives: the unit failed; fence() clears the counts.
+    if (Atomics.load(c, LEFT) !== 0) return true;
     if (Atomics.add(c, AGREE_ARRIVED, 1) === this.size - 1) {
       const any = Atomics.load(c, AGREE_FAILED) > 0 || Atomics.load(c, ABORTED) !== 0;
       Atomics.store(c, AGREE_RESULT + (gen % 2), any ? 1 : 0);
@@ -111,8 +144,8 @@ export class SharedMemoryCollective implements RankCollective {
       Atomics.store(c, AGREE_ARRIVED, 0);
       Atomics.add(c, AGREE_GEN, 1);
       Atomics.notify(c, AGREE_GEN);
-    } else {
-      this.waitWhile(AGREE_GEN, gen, false);
+    } else if (!this.waitWhile(AGREE_GEN, gen, LEFT)) {
+      return true;
     }
     this.calls = 0;
     return Atomics.load(c, AGREE_RESULT + (gen % 2)) === 1;
@@ -128,16 +161,19 @@ export class SharedMemoryCollective implements RankCollective {
       Atomics.notify(c, GEN);
       return;
     }
-    this.waitWhile(GEN, gen, true);
+    if (!this.waitWhile(GEN, gen, ABORTED)) throw new CollectiveAborted(this.rank);
   }
 
-  /** Until ctrl[index] moves off `value`: spin briefly, then sleep in bounded slices. */
-  private waitWhile(index: number, value: number, abortable: boolean): void {
+  /**
+   * Until ctrl[index] moves off `value` (true), or ctrl[stopWord] is set first (false): spin briefly, then
+   * sleep in bounded slices.
+   */
+  private waitWhile(index: number, value: number, stopWord: number | null): boolean {
     const c = this.ctrl;
-    for (let i = 0; i < SPINS; i++) if (Atomics.load(c, index) !== value) return;
+    for (let i = 0; i < SPINS; i++) if (Atomics.load(c, index) !== value) return true;
     for (let slices = 0; slices < WAIT_SLICES_MAX; slices++) {
-      if (Atomics.load(c, index) !== value) return;
-      if (abortable && Atomics.load(c, ABORTED) !== 0) throw new CollectiveAborted(this.rank);
+      if (Atomics.load(c, index) !== value) return true;
+      if (stopWord !== null && Atomics.load(c, stopWord) !== 0) return false;
       Atomics.wait(c, index, value, WAIT_SLICE_MS);
     }
     assert(false, `rank ${this.rank}: the other tensor parallel ranks did not arrive within 60 s`);

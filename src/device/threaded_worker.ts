@@ -4,7 +4,9 @@
  * holds the stream, like a long forward); kernel calls the kernel module loaded once at start.
  *
  * A `wait` item holds everything behind it until the host signals its token. A kernel that throws
- * fails only its own item; the thread goes on.
+ * fails only its own item; the thread goes on. With tensor parallel ranks every kernel is a gang: each rank
+ * ends it in the collective's fence, and one whose kernel threw leaves the op first, so the other ranks stop
+ * waiting for it (a rank failing alone fails the op at once on all of them, not after their 60 s bounds).
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { assert } from '../util/assert.ts';
@@ -24,6 +26,8 @@ const progress = new BigInt64Array(init.progress);
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));
 
 let kernels: Kernels = {};
+/** This rank's end of the ranks' collective (tensor parallel ranks only). */
+let collective: SharedMemoryCollective | null = null;
 let queue: Item[] = [];
 let head = 0;
 const signaled = new Set<number>();
@@ -95,15 +99,23 @@ async function pump(): Promise<void> {
     // The op log's clock is read only for timed ops: tracing off costs one property check.
     const startMs = item.timed === true ? epochNowMs() : -1;
     const times = (): OpTimes => (startMs < 0 ? UNTIMED : { startMs, endMs: epochNowMs() });
+    let outcome: { ok: true; result: unknown } | { ok: false; message: string };
     try {
       let result = execute(item.op);
       if (isThenable(result)) result = await result;
-      finish(item.seq, result, times());
+      outcome = { ok: true, result };
       // catch-ok: a failing kernel is a device error: it fails its own op with the message (like a CUDA error), the
       // thread goes on
     } catch (err) {
-      fail(item.seq, item.op.kind === 'kernel' ? kernelFailure(item.op.name, err) : (err as Error).message, times());
+      const message = item.op.kind === 'kernel' ? kernelFailure(item.op.name, err) : (err as Error).message;
+      outcome = { ok: false, message };
     }
+    if (item.op.kind === 'kernel' && collective !== null) {
+      if (!outcome.ok) collective.leave();
+      collective.fence();
+    }
+    if (outcome.ok) finish(item.seq, outcome.result, times());
+    else fail(item.seq, outcome.message, times());
   }
   if (head === queue.length) {
     queue = [];
@@ -120,13 +132,9 @@ function onMessage(msg: ToThread): void {
 
 try {
   if (init.kernelModuleUrl !== undefined) {
-    const { rank, size, collective } = init.rank;
-    const shared = collective === null ? null : new SharedMemoryCollective(collective, rank);
-    kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs, {
-      size,
-      ranks: [rank],
-      collective: shared,
-    });
+    const { rank, size, collective: shared } = init.rank;
+    collective = shared === null ? null : new SharedMemoryCollective(shared, rank);
+    kernels = await loadKernelModule(init.kernelModuleUrl, init.kernelInit, slabs, { size, ranks: [rank], collective });
   }
   port.on('message', onMessage);
   post({ t: 'ready' });

@@ -40,7 +40,9 @@ export const TENSOR_PARALLEL_SIZES: readonly number[] = Array.from({ length: TP_
 /** A tensor parallel degree must divide the preset's KV heads and the model's shard count; BAD_CONFIG if not. */
 export function checkTensorParallelSize(preset: ModelPreset, tp: unknown, flag = 'tensor-parallel-size'): number {
   const kvHeads = presetKVGroups(preset).map((g) => (g.spec.type === 'full_attention' ? g.spec.numKvHeads : TP_SHARDS));
-  const n = typeof tp === 'number' ? tp : Number(String(tp).trim());
+  // A flag's text is a plain decimal integer, as every integer flag ('0x2', '2.0', '2e0' are not read as 2).
+  const text = String(tp).trim();
+  const n = typeof tp === 'number' ? tp : /^(0|[1-9][0-9]*)$/.test(text) ? Number(text) : Number.NaN;
   const ok = Number.isInteger(n) && n >= 1 && TP_SHARDS % n === 0 && kvHeads.every((h) => h % n === 0);
   if (!ok) {
     const heads = kvTwin(preset) === 'dsv4-mini' ? 'a replicated MLA latent' : `${Math.min(...kvHeads)} KV heads`;

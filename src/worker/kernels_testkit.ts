@@ -3,7 +3,9 @@
  * like src/worker/kernels.ts. A request whose id starts with FAIL_REQUEST_PREFIX throws inside its own
  * forward (a device error for one sequence); one whose id starts with FAIL_STEP_PREFIX makes the whole
  * step op throw (every request of that step is lost); one whose id starts with FAIL_LAST_RANK_PREFIX throws
- * on the last tensor parallel rank only (the others must learn it through the collective).
+ * on the last tensor parallel rank only (the others must learn it through the collective); one whose id starts
+ * with FAIL_RANK_STEP_PREFIX makes the whole step op throw on the last rank only, before any request's forward
+ * (the other ranks wait for it in the collective).
  */
 import { createModel } from '../model/model.ts';
 import type { ModelKernelInit } from '../model/types.ts';
@@ -13,6 +15,7 @@ import { createStepKernel, type StepArgs } from './kernels.ts';
 export const FAIL_REQUEST_PREFIX = 'fail-kernel-';
 export const FAIL_STEP_PREFIX = 'fail-step-';
 export const FAIL_LAST_RANK_PREFIX = 'fail-last-rank-';
+export const FAIL_RANK_STEP_PREFIX = 'rank-step-fail-';
 export const FAILING_KERNELS_URL = new URL('./kernels_testkit.ts', import.meta.url).href;
 
 export async function createKernels(
@@ -31,8 +34,10 @@ export async function createKernels(
   }, ranks?.collective ?? null);
   return {
     step: (raw: unknown, slabs: Uint8Array[]) => {
-      if ((raw as StepArgs).requests.some((r) => r.requestId.startsWith(FAIL_STEP_PREFIX)))
-        throw new Error('injected step failure');
+      const ids = (raw as StepArgs).requests.map((r) => r.requestId);
+      if (ids.some((id) => id.startsWith(FAIL_STEP_PREFIX))) throw new Error('injected step failure');
+      if (lastRank && ids.some((id) => id.startsWith(FAIL_RANK_STEP_PREFIX)))
+        throw new Error('injected step failure on the last rank');
       return step(raw, slabs);
     },
   };
