@@ -39,7 +39,7 @@ export function registerServe(program: Command): void {
     .option('--block-size <n>', 'tokens per KV page: a power of two up to 256 (prefill and decode may differ)', '16')
     .option(
       '--tensor-parallel-size <n>',
-      'ranks (compute threads with their own KV slabs) the model is split over: 1 or 2 (prefill and decode must agree)',
+      'ranks (compute threads with their own KV slabs) the model is split over: 1 or 2 (prefill and decode may differ)',
       '1',
     )
     .option('--kv-transfer-config <json>', 'vLLM-style kv_transfer_config; --role sets the default kv_role')

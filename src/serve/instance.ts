@@ -42,7 +42,7 @@ export interface InstanceOptions {
   numBlocks: number;
   /** Tokens per KV page; prefill and decode may differ (the connector maps tokens between sizes, issue 14). */
   blockSize: number;
-  /** Ranks the model and its cache are split over; prefill and decode must agree (the handshake refuses otherwise). */
+  /** Ranks the model and its cache are split over; prefill and decode may differ (P/D between degrees). */
   tensorParallelSize: number;
   modelSeed: number;
   raceCheck: boolean;
