@@ -7,6 +7,7 @@ import { RealEnv } from '../util/env.ts';
 import { configureLogs, createLogger } from '../util/log.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from '../serve/proxy.ts';
+import { PROXY_DRAIN_MS } from '../serve/proxy_drain.ts';
 import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, numberFlag, portFlag, urlListFlag } from './flags.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, type KvRouterOptions } from '../serve/kv_router.ts';
 import { onShutdown } from './lifecycle.ts';
@@ -56,9 +57,14 @@ export function registerProxy(program: Command): void {
       const port = await proxy.listen(portFlag('port', o['port']), host);
       await proxy.start();
       const managed = o['exitWithParent'] === true;
-      onShutdown(() => proxy.close(), {
+      const stop = async (): Promise<void> => {
+        await proxy.drain(PROXY_DRAIN_MS); // the completions under way are answered first (bounded)
+        await proxy.close();
+      };
+      onShutdown(stop, {
         env,
         exitWithParent: managed,
+        stopTimeoutMs: PROXY_DRAIN_MS + 5000,
         log: (m) => (managed ? log.debug(m) : log.info(m)),
       });
       const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;

@@ -23,6 +23,7 @@ import {
 } from './flags.ts';
 import { checkPortFree, startLocalCluster, type LocalCluster } from './cluster.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
+import { PROXY_DRAIN_MS } from '../serve/proxy_drain.ts';
 import { routerFlags } from './proxy.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
@@ -126,6 +127,7 @@ function superviseChildren(cluster: LocalCluster, env: RealEnv, out: (s: string)
   let stopping = false;
   const stop = async (): Promise<void> => {
     stopping = true;
+    await cluster.proxy.drain(PROXY_DRAIN_MS); // the completions under way are answered first (bounded)
     await cluster.stop();
   };
   onShutdown(stop, { env, exitWithParent: false, stopTimeoutMs: 40_000, log: (m) => out(`handoff up: ${m}`) });

@@ -169,20 +169,26 @@ export class ReadConsumer {
     return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
   }
 
-  /** After the forward: READs left in flight by the mutant are awaited and released. */
+  /**
+   * After the forward: READs left in flight by the mutant are awaited and released. Only those: with
+   * async scheduling this runs while the next step awaits its own READs, whose landed ones (an empty
+   * READ lands at post) it took, released and removed under that step (the engine loop then crashed on
+   * the missing transfer: late_reads.test.ts).
+   */
   async settleLateReads(step: number): Promise<void> {
-    for (const [id, t] of this.reads.inState('late')) {
+    const late = this.reads.inState('late');
+    for (const [id, t] of late) {
       await this.ctx.transfer
         .wait(t.handles, this.ctx.config.transferTimeoutMs)
         .catch((e: unknown) => rethrowIfAssertion(e));
       this.reads.move(id, 'landed');
     }
-    const landed = this.reads.take('landed');
+    for (const [id] of late) this.reads.delete(id);
     this.zeroTails(
-      landed.flatMap(([, t]) => t.tails),
+      late.flatMap(([, t]) => t.tails),
       step,
     );
-    for (const [, t] of landed) this.release(t.r);
+    for (const [, t] of late) this.release(t.r);
   }
 
   /**

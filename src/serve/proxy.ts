@@ -40,7 +40,8 @@ import { pdFlow, type TransferParams } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
-import { decodeBody, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
+import { decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
+import { CompletionGate } from './proxy_drain.ts';
 import { cutMidStream, relay } from './proxy_relay.ts';
 import { callUpstream, inBandCancel, notifyUpstream, readAnswer, upstreamError } from './upstream.ts';
 
@@ -96,6 +97,7 @@ export class Proxy {
   private readonly tokenizer = new TokenizerThreads(DEFAULT_TOKENIZER_THREADS);
   private timer: TimerHandle | null = null;
   private closed = false;
+  private readonly gate: CompletionGate;
 
   constructor(
     readonly opts: ProxyOptions,
@@ -105,6 +107,7 @@ export class Proxy {
     this.prefill = new InstancePool('prefill', opts.prefillUrls, opts.policy);
     this.decode = new InstancePool('decode', opts.decodeUrls, opts.policy);
     this.metrics = new ProxyMetrics([this.prefill, this.decode]);
+    this.gate = new CompletionGate(env);
     this.router = new KvRouter(this.index, opts.router);
     this.server = createServer((req, res) => void this.route(req, res));
     this.server.keepAliveTimeout = 30_000;
@@ -139,7 +142,12 @@ export class Proxy {
   }
 
   get healthy(): boolean {
-    return this.prefill.numHealthy > 0 && this.decode.numHealthy > 0;
+    return !this.gate.isDraining && this.prefill.numHealthy > 0 && this.decode.numHealthy > 0;
+  }
+
+  /** SIGTERM: refuse new completions and wait for those under way (bounded); close() still has to be called. */
+  drain(timeoutMs: number): Promise<boolean> {
+    return this.gate.drain(timeoutMs);
   }
 
   async close(): Promise<void> {
@@ -234,7 +242,7 @@ export class Proxy {
       }
       if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
       if (req.method === 'GET' && path === '/v1/models') return await this.models(req, res);
-      if (isCompletion) return await this.complete(path, req, res);
+      if (isCompletion) return await this.gate.run(() => this.complete(path, req, res));
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const err = toHandoffError(e, this.log);
@@ -485,12 +493,4 @@ interface Failed {
   m: PoolMember | null;
   /** The params of pages prefill holds for this attempt's decode (READ), once prefill answered. */
   held: TransferParams | null;
-}
-
-/** Headers sent upstream: the request id and the client's credentials. */
-function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<string, string> {
-  const h: Record<string, string> = {};
-  if (requestId !== null) h['x-request-id'] = requestId;
-  if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
-  return h;
 }

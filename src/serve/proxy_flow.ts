@@ -4,6 +4,7 @@
  * servers the same way (reference spec §6.2). Prefill answers once (stream off, 1 token); decode gets
  * the ORIGINAL body plus the params pdFlow built.
  */
+import type { IncomingMessage } from 'node:http';
 import type { InstanceInfo } from './instance_server.ts';
 import type { PrefillAsk, PrefillIdentity, TransferParams } from './pd_flow.ts';
 
@@ -29,4 +30,12 @@ export function prefillIdentityOf(info: InstanceInfo | null): PrefillIdentity | 
     sideChannelPort: info.side_channel_port,
     transferMode: info.transfer_mode,
   };
+}
+
+/** Headers sent upstream: the request id and the client's credentials. */
+export function forwardHeaders(req: IncomingMessage, requestId: string | null): Record<string, string> {
+  const h: Record<string, string> = {};
+  if (requestId !== null) h['x-request-id'] = requestId;
+  if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
+  return h;
 }

@@ -108,8 +108,8 @@ export const CANCELLED_ANSWER_MS = 10_000;
  * {request_id} and keep the leg's connection, so an answer already sent still arrives, and with it the
  * params of the pages it holds, which the flow then releases through decode. The returned signal (for
  * the leg's own call) aborts, dropping the connection as before, only if the prefiller cannot be told
- * (no such route: a vLLM prefiller; an error; no answer), or if it was told but its answer (the abort, or
- * the answer it had already sent) is not in within CANCELLED_ANSWER_MS.
+ * (no such route: a vLLM prefiller; an error), or if it was told (or the cancel timed out: it may still
+ * come) but its answer (the abort, or the answer it had already sent) is not in within CANCELLED_ANSWER_MS.
  */
 export function inBandCancel(
   env: Env,
@@ -133,8 +133,16 @@ export function inBandCancel(
       },
       (e: unknown) => {
         rethrowIfAssertion(e);
-        log?.warn({ url, err: (e as Error).message }, 'in-band cancel failed: dropping the connection');
-        drop.abort();
+        // A cancel that timed out may still have reached a busy prefiller, and its answer (with the pages
+        // it holds) may be on its way: wait for it as for a cancel taken. Dropping the connection lost
+        // that answer, leaving the pages to the lease (`soak --abort-rate` on a loaded machine).
+        const slow = e instanceof HandoffError && e.code === 'TIMEOUT';
+        log?.warn(
+          { url, err: (e as Error).message },
+          `in-band cancel failed: ${slow ? 'waiting' : 'dropping the connection'}`,
+        );
+        if (!slow) drop.abort();
+        else if (!disposed) late = env.setTimer(CANCELLED_ANSWER_MS, () => drop.abort());
       },
     );
   };
