@@ -7,23 +7,12 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { cli, type CliRun } from './cli_testkit.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+/** Each run starts a small deployment. */
+const run = (args: string[]): CliRun => cli(args, 120_000);
 
-function cli(args: string[], timeoutMs = 120_000): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, ['bin/handoff.mjs', ...args], {
-    cwd: ROOT,
-    encoding: 'utf8',
-    timeout: timeoutMs,
-    input: '',
-    env: { ...process.env, HANDOFF_LOG_LEVEL: 'error' },
-  });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-function errorsOf(r: ReturnType<typeof cli>): number {
+function errorsOf(r: CliRun): number {
   assert.equal(r.status, 0, r.stderr.slice(-400));
   return (JSON.parse(r.stdout) as { errors: number }).errors;
 }
@@ -32,17 +21,17 @@ const ONE = ['--requests', '1', '--output-len', '1', '--num-blocks', '256', '--j
 
 test('bench serve --target colocated: a shared prefix longer than 1024 tokens is served, not refused', () => {
   const w = ['--workload', 'shared-prefix', '--prefixes', '1', '--prefix-len', '1100', '--prompt-len', '1'];
-  assert.equal(errorsOf(cli(['bench', 'serve', '--target', 'colocated', ...w, ...ONE])), 0);
+  assert.equal(errorsOf(run(['bench', 'serve', '--target', 'colocated', ...w, ...ONE])), 0);
 });
 
 test('bench serve --target xpyd: prompts longer than 1024 tokens are served, not refused', () => {
   const x = ['--target', 'xpyd', '--prefill', '1', '--decode', '1', '--policy', 'round-robin'];
   const w = ['--prefixes', '1', '--prefix-len', '8', '--prompt-len', '1100'];
-  assert.equal(errorsOf(cli(['bench', 'serve', ...x, ...w, ...ONE])), 0);
+  assert.equal(errorsOf(run(['bench', 'serve', ...x, ...w, ...ONE])), 0);
 });
 
 test('bench serve: a workload no instance can take is BAD_CONFIG before any instance starts', () => {
-  const r = cli(['bench', 'serve', '--target', 'colocated', '--prompt-len', '65536', ...ONE]);
+  const r = run(['bench', 'serve', '--target', 'colocated', '--prompt-len', '65536', ...ONE]);
   assert.equal(r.status, 1, r.stderr.slice(-400));
   assert.match(r.stderr, /handoff: BAD_CONFIG: --prefix-len \+ --prompt-len \+ --output-len/, r.stderr.slice(-400));
   assert.doesNotMatch(r.stderr, /PEER_UNAVAILABLE|internal error/, r.stderr.slice(-400));

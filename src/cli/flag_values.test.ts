@@ -1,29 +1,9 @@
 /** Bad numeric flags and contradictory combinations are BAD_CONFIG naming the flag, before any work starts. */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { HandoffError } from '../util/errors.ts';
 import { blockSizeFlag, intFlag, portFlag } from './flags.ts';
-
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-
-function cli(args: string[], timeoutMs = 60_000): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, ['bin/handoff.mjs', ...args], {
-    cwd: ROOT,
-    encoding: 'utf8',
-    timeout: timeoutMs,
-    input: '',
-    env: { ...process.env, HANDOFF_LOG_LEVEL: 'error' },
-  });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-function assertBadConfig(r: ReturnType<typeof cli>, flag: string): void {
-  assert.equal(r.status, 1, `exit 1; stdout: ${r.stdout.slice(0, 300)} stderr: ${r.stderr.slice(0, 300)}`);
-  assert.match(r.stderr, new RegExp(`handoff: BAD_CONFIG: .*${flag}`), r.stderr);
-  assert.doesNotMatch(r.stderr, /internal error|PEER_UNAVAILABLE/, r.stderr);
-}
+import { cli, assertBadConfig } from './cli_testkit.ts';
 
 test('sim: an empty --seed is refused, not run as seed 0', () => {
   assertBadConfig(cli(['sim', '--seeds', '1', '--seed', '', '--json']), '--seed');

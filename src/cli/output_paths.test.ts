@@ -6,26 +6,12 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { cli, type CliRun } from './cli_testkit.ts';
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-
-function cli(args: string[], timeoutMs = 60_000): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, ['bin/handoff.mjs', ...args], {
-    cwd: ROOT,
-    encoding: 'utf8',
-    timeout: timeoutMs,
-    input: '',
-    env: { ...process.env, HANDOFF_LOG_LEVEL: 'error' },
-  });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-function assertBadPath(r: ReturnType<typeof cli>, flag: string): void {
+function assertBadPath(r: CliRun, flag: string): void {
   assert.equal(r.status, 1, `exit 1 (null: still running at the timeout); stderr: ${r.stderr.slice(-400)}`);
   assert.match(r.stderr, new RegExp(`handoff: BAD_CONFIG: ${flag}`), r.stderr.slice(-400));
   assert.doesNotMatch(r.stderr, /internal error/, r.stderr.slice(-400));

@@ -6,27 +6,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
-
-const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-
-function cli(args: string[], timeoutMs = 60_000): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, ['bin/handoff.mjs', ...args], {
-    cwd: ROOT,
-    encoding: 'utf8',
-    timeout: timeoutMs,
-    input: '',
-    env: { ...process.env, HANDOFF_LOG_LEVEL: 'error' },
-  });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
-
-function assertBadConfig(r: ReturnType<typeof cli>, flag: string): void {
-  assert.equal(r.status, 1, `exit 1; stdout: ${r.stdout.slice(0, 300)} stderr: ${r.stderr.slice(-300)}`);
-  assert.match(r.stderr, new RegExp(`handoff: BAD_CONFIG: .*${flag}`), r.stderr.slice(-300));
-  assert.doesNotMatch(r.stderr, /internal error/, r.stderr);
-}
+import { cli, assertBadConfig } from './cli_testkit.ts';
 
 test('sim --replay: a malformed --schedule is refused, not run as another schedule', () => {
   for (const schedule of ['0..1', '1e0', '0x1', ' 1', '1.', '01'])

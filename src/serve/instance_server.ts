@@ -31,7 +31,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import type { Env } from '../util/env.ts';
 import { HandoffError, listenFailed } from '../util/errors.ts';
-import { hexId, upstreamRequestId } from '../util/ids.ts';
+import { upstreamRequestId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { Generation, type EngineHandle } from './generation.ts';
 import { checkBearer, pathOf, readJsonBody, requestIdOf, sendError, sendJson, toHandoffError } from './http_io.ts';

@@ -10,7 +10,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../../src/util/env.ts';
 import { spawnHandoff, type ChildServer } from '../../src/cli/children.ts';
-import { allPagesFree, metric, post, tokens, waitFor } from './kit.ts';
+import { metric, post, tokens, waitFor } from './kit.ts';
 
 const env = new RealEnv(23);
 const NUM_BLOCKS = 128;
