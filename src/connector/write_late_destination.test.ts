@@ -12,77 +12,12 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SimEnv } from '../util/env.ts';
-import type { Device } from '../device/types.ts';
-import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine, Notification } from '../transfer/core/types.ts';
-import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
-import type { PeerDirectory } from './peer_directory.ts';
-import { OneSidedConnectorWorker } from './one_sided_worker.ts';
-import { emptyOneSidedMetadata } from '../worker/connector_metadata.ts';
-import { makeEmptySchedulerOutput } from '../worker/scheduler_output.ts';
-
-type Handler = (from: string, n: Notification, grantEnded: boolean) => void;
-
-function producer() {
-  const env = new SimEnv(1);
-  const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
-  const h: { handler: Handler | null; finishWrite: (() => void) | null; posted: string[] } = {
-    handler: null,
-    finishWrite: null,
-    posted: [],
-  };
-  const transfer = {
-    onNotification: (f: Handler) => ((h.handler = f), () => undefined),
-    issueGrant: () => ({ token: 'ab'.repeat(16), expiresAtMs: 1e9 }),
-    revokeGrant: () => true,
-    drainGrant: () => Promise.resolve(),
-    notify: () => Promise.resolve(),
-    peerMetadata: () => ({
-      engineId: 'decode-0',
-      layout: {
-        numSlabs: kv.numLayerSlabs * kv.tensorParallelSize,
-        numBlocks: kv.numBlocks,
-        pageBytes: kv.pageBytes,
-        tensorParallelSize: kv.tensorParallelSize,
-        blockSizes: kv.groups.map((g) => g.spec.blockSize),
-      },
-    }),
-    postWrite: (w: { transferId: string }) => (h.posted.push(w.transferId), { id: 1 }),
-    wait: () => new Promise<void>((resolve) => (h.finishWrite = resolve)),
-    abort: () => Promise.resolve(),
-  };
-  const worker = new OneSidedConnectorWorker(
-    { ...DEFAULT_ONE_SIDED_CONFIG, role: 'producer', mode: 'write' },
-    kv,
-    transfer as unknown as TransferEngine,
-    {} as Device,
-    kv.groups.map((g) => g.groupId),
-    env,
-    {} as PeerDirectory,
-  );
-  const step = (n: number, fill: (m: ReturnType<typeof emptyOneSidedMetadata>) => void) => {
-    const so = makeEmptySchedulerOutput(n);
-    const meta = emptyOneSidedMetadata();
-    fill(meta);
-    so.kvConnectorMetadata = meta;
-    return so;
-  };
-  const notify = (from: string, n: Notification) => h.handler!(from, n, false);
-  const destination = () =>
-    notify('decode-0', {
-      type: 'remote_blocks',
-      transferId: 'T',
-      payload: { blockIds: [[7, 8, 9]], skipBlocks: 0, endToken: 40, grant: 'cd'.repeat(16) },
-    });
-  return { h, worker, step, notify, destination };
-}
+import { writeProducerRig } from './write_producer_testkit.ts';
 
 const tick = () => new Promise((r) => setImmediate(r));
 
 test('WRITE producer: a destination during the forward of the step that honours an early release pushes nothing from the freed pages', async () => {
-  const { h, worker, step, notify, destination } = producer();
+  const { h, worker, step, notify, destination } = writeProducerRig();
   // A decode that refused its request under T releases T before prefill holds it; no destination yet.
   notify('decode-1', { type: 'release', transferId: 'T', payload: { grant: '' } });
   // Request R under T finishes: its pages [1,2,3] are held and final; the early release applies.
@@ -112,7 +47,7 @@ test('WRITE producer: a destination during the forward of the step that honours 
 });
 
 test('WRITE producer: a destination after an early release was reported (async scheduling) pushes nothing from the freed pages', async () => {
-  const { h, worker, step, notify, destination } = producer();
+  const { h, worker, step, notify, destination } = writeProducerRig();
   notify('decode-1', { type: 'release', transferId: 'T', payload: { grant: '' } });
   const so1 = step(1, (m) => {
     m.sendTransfers = { T: 'R' };
