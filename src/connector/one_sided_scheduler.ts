@@ -221,15 +221,13 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     if (this.config.mode === 'write') {
       // The worker keys its WRITE loads by transfer id: a second live load under one id is refused here.
       for (const [other, t] of this.transfers.entries())
-        if (t.transferId === transferId && (t.state === 'async-loading' || t.state === 'recv-aborted')) {
-          // A live load's transfer is not this request's to release (releaseUnused): prefill would drop the push.
-          if (t.state === 'async-loading') p.do_remote_prefill = false;
+        if (t.transferId === transferId && (t.state === 'async-loading' || t.state === 'recv-aborted'))
+          // Its finish leaves the live load's transfer alone (Request.leaveSharedTransfer: no release of it).
           throw new HandoffError(
             'BAD_TRANSFER_PARAMS',
             `transfer_id '${transferId.slice(0, 80)}' is already loading here (request ${other.slice(0, 80)})`,
             { param: 'kv_transfer_params.transfer_id' },
           );
-        }
       // Only one transfer per request: a resumed (preempted) request recomputes locally.
       p.do_remote_prefill = false;
       if (numExternalTokens > 0) {

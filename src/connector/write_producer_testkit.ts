@@ -7,7 +7,7 @@
 import { SimEnv } from '../util/env.ts';
 import type { Device } from '../device/types.ts';
 import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
+import { makeKVCacheConfig, type KVCacheConfig } from '../kv/spec.ts';
 import type { TransferEngine, Notification } from '../transfer/core/types.ts';
 import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
 import type { PeerDirectory } from './peer_directory.ts';
@@ -17,9 +17,8 @@ import { makeEmptySchedulerOutput } from '../worker/scheduler_output.ts';
 
 type Handler = (from: string, n: Notification, grantEnded: boolean) => void;
 
-export function writeProducerRig() {
+export function writeProducerRig(kv: KVCacheConfig = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64)) {
   const env = new SimEnv(1);
-  const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   const h: { handler: Handler | null; finishWrite: (() => void) | null; posted: string[] } = {
     handler: null,
     finishWrite: null,

@@ -16,7 +16,7 @@ import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import { buildInstance } from './build_instance.ts';
 import { threadedDevice } from './devices.ts';
-import { writePairWithHeldTransfer } from './write_pair_testkit.ts';
+import { carryToPrefill, writePairWithHeldTransfer } from './write_pair_testkit.ts';
 
 test('WRITE: a retry aborted while waiting does not release the live request’s transfer; prefill still pushes', async () => {
   // Prefill finished the request: its pages [1, 2, 3] are held and final, waiting for decode's destination.
@@ -32,13 +32,8 @@ test('WRITE: a retry aborted while waiting does not release the live request’s
     ['live'],
     'the live request waits for the push',
   );
-  for (const n of meta.reqsToNotify) {
-    const payload = { blockIds: n.localBlockIds, skipBlocks: n.skipBlocks, endToken: n.endToken, grant: 'cd' };
-    prefill.notify({ type: 'remote_blocks', transferId: n.transferId, payload });
-  }
-  for (const r of meta.reqsToRecv) prefill.notify({ type: 'release', transferId: r.transferId, payload: {} });
-  prefill.worker.saves.startReadySaves();
-  assert.deepEqual(prefill.posted, ['T'], "prefill pushes the live request's KV (the aborted retry released it)");
+  carryToPrefill(prefill, meta);
+  assert.deepEqual(prefill.h.posted, ['T'], "prefill pushes the live request's KV (the aborted retry released it)");
 });
 
 test('WRITE: a release of unused params (POST /handoff/release) naming a live load’s transfer is not sent', async () => {

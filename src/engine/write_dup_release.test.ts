@@ -10,7 +10,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fakeRun, makeRequest } from './scheduler_testkit.ts';
 import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
-import { writePairWithHeldTransfer } from './write_pair_testkit.ts';
+import { carryToPrefill, writePairWithHeldTransfer } from './write_pair_testkit.ts';
 
 test('WRITE: a refused duplicate of a live load does not release the transfer; prefill still pushes', async () => {
   // Prefill finished the request: its pages [1, 2, 3] are held and final, waiting for decode's destination.
@@ -27,14 +27,7 @@ test('WRITE: a refused duplicate of a live load does not release the transfer; p
     ['live'],
     'the live request waits for the push',
   );
-  // Decode's worker: remote_blocks for every notice, then a release for every READ entry (an empty one
-  // for a request that will never load).
-  for (const n of meta.reqsToNotify) {
-    const payload = { blockIds: n.localBlockIds, skipBlocks: n.skipBlocks, endToken: n.endToken, grant: 'cd' };
-    prefill.notify({ type: 'remote_blocks', transferId: n.transferId, payload });
-  }
-  for (const r of meta.reqsToRecv) prefill.notify({ type: 'release', transferId: r.transferId, payload: {} });
-  prefill.worker.saves.startReadySaves();
-  assert.deepEqual(prefill.posted, ['T'], "prefill pushes the live request's KV (the retry released it)");
+  carryToPrefill(prefill, meta);
+  assert.deepEqual(prefill.h.posted, ['T'], "prefill pushes the live request's KV (the retry released it)");
   assert.equal(scheduler.numWaiting, 1, 'the live request is parked for its load');
 });

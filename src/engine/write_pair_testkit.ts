@@ -3,51 +3,25 @@
  * real worker side, over a transfer engine that records the WRITEs prefill posts. Prefill already holds
  * transfer T (request R, pages [1, 2, 3], final) and waits for decode to say where to write it.
  */
-import { SimEnv } from '../util/env.ts';
-import type { Device } from '../device/types.ts';
-import type { TransferEngine, Notification } from '../transfer/core/types.ts';
 import { makeScheduler } from './scheduler_testkit.ts';
-import { emptyOneSidedMetadata } from '../worker/connector_metadata.ts';
+import { emptyOneSidedMetadata, type OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { makeEmptySchedulerOutput } from '../worker/scheduler_output.ts';
 import { DEFAULT_ONE_SIDED_CONFIG } from '../connector/config.ts';
 import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
-import { OneSidedConnectorWorker } from '../connector/one_sided_worker.ts';
-import type { PeerDirectory } from '../connector/peer_directory.ts';
+import { writeProducerRig } from '../connector/write_producer_testkit.ts';
 
-/** Prefill's worker side (WRITE producer) over a transfer engine that records the WRITEs posted. */
-export function producerWorker(kv: ReturnType<typeof makeScheduler>['kv']) {
-  let handler: ((from: string, n: Notification) => void) | null = null;
-  const posted: string[] = [];
-  const cfg = kv.config;
-  const transfer = {
-    onNotification: (h: (from: string, n: Notification) => void) => ((handler = h), () => undefined),
-    revokeGrant: () => true,
-    drainGrant: () => Promise.resolve(),
-    notify: () => Promise.resolve(),
-    peerMetadata: () => ({
-      engineId: 'decode-0',
-      layout: {
-        numSlabs: cfg.numLayerSlabs * cfg.tensorParallelSize,
-        numBlocks: cfg.numBlocks,
-        pageBytes: cfg.pageBytes,
-        tensorParallelSize: cfg.tensorParallelSize,
-        blockSizes: cfg.groups.map((g) => g.spec.blockSize),
-      },
-    }),
-    postWrite: (w: { transferId: string }) => (posted.push(w.transferId), { id: 1 }),
-    wait: () => new Promise<void>(() => undefined),
-    abort: () => Promise.resolve(),
-  };
-  const worker = new OneSidedConnectorWorker(
-    { ...DEFAULT_ONE_SIDED_CONFIG, role: 'producer', mode: 'write' },
-    cfg,
-    transfer as unknown as TransferEngine,
-    {} as Device,
-    cfg.groups.map((g) => g.groupId),
-    new SimEnv(2),
-    {} as PeerDirectory,
-  );
-  return { worker, posted, notify: (n: Notification) => handler!('decode-0', n) };
+/**
+ * Decode's worker side, by hand: remote_blocks to prefill for every notice of the step, then a release for
+ * every READ entry (an empty one for a request that will never load); then prefill starts its ready pushes.
+ */
+export function carryToPrefill(prefill: ReturnType<typeof writeProducerRig>, meta: OneSidedMetadata): void {
+  for (const n of meta.reqsToNotify) {
+    const payload = { blockIds: n.localBlockIds, skipBlocks: n.skipBlocks, endToken: n.endToken, grant: 'cd' };
+    prefill.notify('decode-0', { type: 'remote_blocks', transferId: n.transferId, payload });
+  }
+  for (const r of meta.reqsToRecv)
+    prefill.notify('decode-0', { type: 'release', transferId: r.transferId, payload: {} });
+  prefill.worker.saves.startReadySaves();
 }
 
 /** Decode's scheduler in WRITE mode, and prefill holding T for it; `params()` names T (a fresh object each call). */
@@ -64,7 +38,7 @@ export async function writePairWithHeldTransfer() {
         null,
       ),
   });
-  const prefill = producerWorker(kv);
+  const prefill = writeProducerRig(kv.config);
   const so1 = makeEmptySchedulerOutput(1);
   so1.kvConnectorMetadata = {
     ...emptyOneSidedMetadata(),
