@@ -182,21 +182,30 @@ export class Generation {
       return;
     }
     this.finished = true;
-    this.observer?.finished(o.finishReason, this.api.promptTokenIds.length, this.completionTokens);
     if (o.finishReason === 'error' || o.finishReason === 'abort') {
+      this.observer?.finished(o.finishReason, this.api.promptTokenIds.length, this.completionTokens);
       if (this.cancelled) return;
       this.sink.onError(
         o.error ?? new HandoffError('REQUEST_ABORTED', `request ${this.requestId} was aborted by the server`),
       );
       return;
     }
-    this.reportPrefixCache();
+    this.finishAnswer(o, o.finishReason, piece);
+  }
+
+  /** The engine finished the request (stop or length): the text held back is released with the last piece. */
+  private finishAnswer(o: EngineOutput, engineReason: ApiFinishReason, piece: Piece): void {
+    // The detokenizer's held-back tail (a character never completed) may complete a stop string: then the
+    // answer ended by it, as by one found on the way.
     const tail = this.stops.push(this.decoder.flush());
     piece.text += tail.text + this.stops.flush();
+    const finishReason = tail.stopped ? 'stop' : engineReason;
+    this.observer?.finished(finishReason, this.api.promptTokenIds.length, this.completionTokens);
+    this.reportPrefixCache();
     this.sink.onFinish({
       piece,
-      finishReason: o.finishReason,
-      stopReason: this.stopTokenOf(o),
+      finishReason,
+      stopReason: tail.stopped ? this.stops.matched : this.stopTokenOf(o),
       kvTransferParams: o.kvTransferParams,
       usage: this.usage(),
     });

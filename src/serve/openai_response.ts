@@ -116,7 +116,26 @@ export function fullResponse(
   return { ...head(ctx, false), choices: [choice], usage, kv_transfer_params: kvTransferParams };
 }
 
-/** One stream chunk; `first` adds the assistant role to a chat delta. */
+/**
+ * A chat stream's first chunk: the role alone, before any token (vLLM's first iteration, and OpenAI's).
+ * The `openai` client's stream helper keeps the first chunk's logprobs and then appends them again, so a
+ * first chunk that carried a token doubled that token's logprob.
+ */
+export function roleChunk(ctx: ResponseContext): unknown {
+  const choice: Record<string, unknown> = {
+    index: 0,
+    delta: { role: 'assistant', content: '' },
+    logprobs: null,
+    finish_reason: null,
+  };
+  if (ctx.returnTokenIds) {
+    choice['token_ids'] = [];
+    choice['prompt_token_ids'] = [...ctx.promptTokenIds];
+  }
+  return { ...head(ctx, true), choices: [choice] };
+}
+
+/** One stream chunk; `first` adds the assistant role to a chat delta (and the prompt's ids when asked for). */
 export function streamChunk(
   ctx: ResponseContext,
   p: Piece,

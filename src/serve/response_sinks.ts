@@ -17,6 +17,7 @@ import {
   appendPiece,
   emptyPiece,
   fullResponse,
+  roleChunk,
   streamChunk,
   usageChunk,
   type ResponseContext,
@@ -55,7 +56,11 @@ export function streamSink(
 ): GenerationSink {
   let first = true;
   const open = (): void => {
-    if (!res.headersSent) res.writeHead(200, { ...SSE_HEADERS, ...headers });
+    if (res.headersSent) return;
+    res.writeHead(200, { ...SSE_HEADERS, ...headers });
+    if (ctx.kind !== 'chat') return;
+    res.write(sseEvent(roleChunk(ctx)));
+    first = false;
   };
   return {
     onPiece: (p) => {
