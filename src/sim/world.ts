@@ -90,7 +90,7 @@ export const DEFAULT_MAX_VIRTUAL_MS = 20_000;
 
 const worldSeed = (o: WorldOptions): number => (o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed);
 
-const settle = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+const settle = (): Promise<void> => new Promise((resolve) => process.nextTick(resolve));
 
 export class SimWorld {
   readonly env: SimEnv;
