@@ -11,8 +11,11 @@ export interface ChatMessage {
   content: string;
 }
 
+/** Where the model continues: the end of every templated prompt (vLLM's add_generation_prompt). */
+export const ASSISTANT_TURN = '<|im_start|>assistant\n';
+
 export function applyChatTemplate(messages: readonly ChatMessage[]): string {
   let out = '';
   for (const m of messages) out += `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`;
-  return `${out}<|im_start|>assistant\n`;
+  return out + ASSISTANT_TURN;
 }

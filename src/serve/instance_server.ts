@@ -3,6 +3,7 @@
  *
  *   POST /v1/completions, /v1/chat/completions   JSON or SSE; kv_transfer_params in and out (vLLM style)
  *   GET  /v1/models                               the served model
+ *   POST /tokenize, /detokenize; GET /version     vLLM's tokenizer endpoints and version (tokenize_api.ts)
  *   GET  /health                                  200 while the engine loop is alive, else 503
  *   GET  /metrics                                 Prometheus text (this instance's registry)
  *   GET  /handoff/info                            engine id, role, side channel (the proxy's WRITE mode)
@@ -48,6 +49,7 @@ import type { ResponseContext } from './openai_response.ts';
 import { ANSWER_STALL_MS, jsonSink, onResponseGone, streamSink, withStallBound } from './response_sinks.ts';
 import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
 import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
+import { detokenizeAnswer, HANDOFF_VERSION, tokenizeAnswer } from './tokenize_api.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
 import type { GenerationObserver, GenerationSink } from './generation.ts';
@@ -205,8 +207,11 @@ export class InstanceServer {
         return;
       }
       if (req.method === 'GET' && path === '/handoff/info') return sendJson(res, 200, this.opts.info);
-      if (path.startsWith('/v1/') || (path.startsWith('/handoff/') && path !== '/handoff/info'))
+      if (req.method === 'GET' && path === '/version') return sendJson(res, 200, { version: HANDOFF_VERSION });
+      const tokenizing = path === '/tokenize' || path === '/detokenize';
+      if (path.startsWith('/v1/') || tokenizing || (path.startsWith('/handoff/') && path !== '/handoff/info'))
         checkBearer(req, this.opts.apiKey);
+      if (req.method === 'POST' && tokenizing) return await this.tokenizeApi(path, req, res);
       if (req.method === 'POST' && path === '/handoff/release') return await this.releaseUnused(req, res);
       if (req.method === 'POST' && path === '/handoff/cancel') return await this.cancel(req, res);
       if (req.method === 'GET' && path === '/handoff/kv_events') return this.kvStreams.stream(req, res);
@@ -225,6 +230,16 @@ export class InstanceServer {
       this.metrics.countError(err.code);
       sendError(res, err, this.log);
     }
+  }
+
+  private async tokenizeApi(path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const body = await readJsonBody(req);
+    const deps = {
+      modelName: this.opts.modelName,
+      limits: { maxModelLen: this.opts.maxModelLen },
+      encode: (text: string) => this.tokenizer.encode(text),
+    };
+    sendJson(res, 200, path === '/tokenize' ? await tokenizeAnswer(body, deps) : detokenizeAnswer(body, deps));
   }
 
   private health(res: ServerResponse): void {

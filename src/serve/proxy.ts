@@ -43,7 +43,16 @@ import { RouterIndex } from './router_index.ts';
 import { decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { CompletionGate } from './proxy_drain.ts';
 import { cutMidStream, relay } from './proxy_relay.ts';
-import { callUpstream, inBandCancel, notifyUpstream, readAnswer, upstreamError } from './upstream.ts';
+import {
+  callUpstream,
+  inBandCancel,
+  notifyUpstream,
+  PASSED_TO_DECODE,
+  passThrough,
+  readAnswer,
+  upstreamError,
+  withStatus,
+} from './upstream.ts';
 
 export interface ProxyOptions {
   prefillUrls: string[];
@@ -73,14 +82,6 @@ type Body = Record<string, unknown>;
 
 /** Health checks in a row that may time out before a healthy instance is marked down. */
 const SLOW_CHECKS_MAX = 2;
-
-/** An upstream failure answered with the upstream's own HTTP status. */
-function withStatus(err: HandoffError, status: number): HandoffError {
-  return new HandoffError(err.code, err.message, {
-    upstreamStatus: status,
-    ...(err.param !== null ? { param: err.param } : {}),
-  });
-}
 
 export class Proxy {
   readonly prefill: InstancePool;
@@ -240,8 +241,10 @@ export class Proxy {
         res.end(m.body);
         return;
       }
-      if (path.startsWith('/v1/')) checkBearer(req, this.opts.apiKey);
-      if (req.method === 'GET' && path === '/v1/models') return await this.models(req, res);
+      const passed = PASSED_TO_DECODE.get(path) === req.method;
+      if (path.startsWith('/v1/') || (passed && path !== '/version')) checkBearer(req, this.opts.apiKey);
+      if (passed)
+        return await passThrough(this.env, this.pick(this.decode).url, req, res, this.opts.healthTimeoutMs * 5);
       if (isCompletion) return await this.gate.run(() => this.complete(path, req, res));
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
@@ -260,22 +263,6 @@ export class Proxy {
     const m = pool.pick(exclude);
     if (!m) throw new HandoffError('PEER_UNAVAILABLE', `no healthy ${pool.side} instance`);
     return m;
-  }
-
-  private async models(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const d = this.pick(this.decode);
-    const u = await callUpstream(this.env, {
-      method: 'GET',
-      url: `${d.url}/v1/models`,
-      headers: forwardHeaders(req, null),
-      timeoutMs: this.opts.healthTimeoutMs * 5,
-    });
-    try {
-      if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
-      sendJson(res, 200, await readAnswer(u.response, 'decode'));
-    } finally {
-      u.done();
-    }
   }
 
   private async complete(path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {

@@ -8,6 +8,49 @@ import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, handoffErrorFromJSON, type ErrorCode } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { readJsonBody, sendJson } from './http_io.ts';
+import { forwardHeaders } from './proxy_flow.ts';
+
+/** An upstream failure answered with the upstream's own HTTP status. */
+export function withStatus(err: HandoffError, status: number): HandoffError {
+  return new HandoffError(err.code, err.message, {
+    upstreamStatus: status,
+    ...(err.param !== null ? { param: err.param } : {}),
+  });
+}
+
+/** Paths the proxy passes to a decode instance, with their method: /v1/models and vLLM's tokenizer endpoints. */
+export const PASSED_TO_DECODE: ReadonlyMap<string, string> = new Map([
+  ['/v1/models', 'GET'],
+  ['/version', 'GET'],
+  ['/tokenize', 'POST'],
+  ['/detokenize', 'POST'],
+]);
+
+/** One of those requests, sent to the instance at `baseUrl`; its answer (or error, with its status) is the client's. */
+export async function passThrough(
+  env: Env,
+  baseUrl: string,
+  req: IncomingMessage,
+  res: ServerResponse,
+  timeoutMs: number,
+): Promise<void> {
+  const body = req.method === 'POST' ? await readJsonBody(req) : undefined;
+  const u = await callUpstream(env, {
+    method: req.method === 'POST' ? 'POST' : 'GET',
+    url: `${baseUrl}${new URL(req.url ?? '/', 'http://x').pathname}`,
+    headers: forwardHeaders(req, null),
+    ...(body === undefined ? {} : { body }),
+    timeoutMs,
+  });
+  try {
+    if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
+    sendJson(res, 200, await readAnswer(u.response, 'decode'));
+  } finally {
+    u.done();
+  }
+}
 
 export interface UpstreamCall {
   method: 'GET' | 'POST';
