@@ -26,6 +26,7 @@ import {
   type SchedulerOutput,
 } from '../worker/scheduler_output.ts';
 import { FreeFence } from './free_fence.ts';
+import { InflightSteps } from './inflight_steps.ts';
 import { RequestTransfers } from './request_transfers.ts';
 import { holdersFirst, newestIdleHolder } from './waiting_order.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
@@ -37,7 +38,7 @@ import { finishReasonOf, nextEpoch, Request, stopStatusAfter, type RequestStatus
 export { DEFAULT_SCHEDULER_CONFIG, type SchedulerConfig } from './scheduler_config.ts';
 
 /** What one schedule() call builds up. */
-interface StepBuild { out: SchedulerOutput; epochs: Map<string, number>; budget: number } // prettier-ignore
+interface StepBuild { out: SchedulerOutput; budget: number } // prettier-ignore
 
 export class Scheduler {
   readonly requests = new Map<string, Request>();
@@ -50,8 +51,8 @@ export class Scheduler {
   private preemptedSinceLast: string[] = [];
   /** Each request's inbound load and outbound page hold (request_transfers.ts). */
   readonly transfers = new RequestTransfers();
-  /** Per step: request → epoch when scheduled (outputs of older epochs are dropped). */
-  private readonly inflight = new Map<number, Map<string, number>>();
+  /** Per step: request → epoch when scheduled (outputs of older epochs are dropped), pages it writes. */
+  private readonly inflight = new InflightSteps();
   private skipZeroBlockIds = new Set<number>();
   private pendingOutputs: EngineOutput[] = [];
   stats = { preemptions: 0, pagesZeroListed: 0, pagesExcludedFromZeroing: 0, loadFailures: 0 };
@@ -119,11 +120,7 @@ export class Scheduler {
 
   schedule(): SchedulerOutput {
     const step = ++this.step;
-    const ctx: StepBuild = {
-      out: makeEmptySchedulerOutput(step),
-      epochs: new Map(),
-      budget: this.config.maxNumBatchedTokens,
-    };
+    const ctx: StepBuild = { out: makeEmptySchedulerOutput(step), budget: this.config.maxNumBatchedTokens };
     const blocked = this.scheduleRunning(ctx);
     // No admissions while a running request waits for pages: they would take the pages it waits for.
     if (!blocked) this.scheduleWaiting(ctx);
@@ -143,7 +140,6 @@ export class Scheduler {
     this.finishedSinceLast = [];
     this.preemptedSinceLast = [];
     this.fence.scheduled(step);
-    this.inflight.set(step, ctx.epochs);
 
     // 5. One step ahead: advance computed tokens and placeholders now.
     for (const [id, n] of Object.entries(out.numScheduledTokens)) {
@@ -221,7 +217,8 @@ export class Scheduler {
     out.totalNumScheduledTokens += numNew;
     out.sampleAfter[req.requestId] =
       req.numComputedTokens + numNew >= req.numTokensWithPlaceholders && req.canSampleMore;
-    ctx.epochs.set(req.requestId, req.epoch);
+    const written = this.kv.cachedGroupBlockIdsFrom(req.requestId, req.numComputedTokens);
+    this.inflight.note(out.step, req.requestId, req.epoch, written);
   }
 
   /**
@@ -309,8 +306,8 @@ export class Scheduler {
       newComputedBlocks: fresh ? localBlocks : undefined,
       numExternalComputedTokens: numExternal,
       numLookaheadTokens: match.loadAsync ? 0 : this.config.numLookaheadTokens,
-      // Pages a load will fill are published only once the load landed (a failed READ must not be hit).
-      delayCacheBlocks: match.loadAsync || numExternal > 0,
+      // Published below, once the connector took the request; pages a load fills once it landed.
+      delayCacheBlocks: true,
     });
     if (newBlocks === null) return 'no-pages';
     const allBlocks = this.kv.getBlockIds(req.requestId);
@@ -324,6 +321,7 @@ export class Scheduler {
       this.finish(req, 'FINISHED_ERROR');
       return 'failed';
     }
+    if (!match.loadAsync && numExternal === 0) this.kv.cacheBlocks(tokens, numComputed + numNew);
     req.numExternalComputedTokens += numExternal;
     if (fresh) req.noteLocalHit(numLocal);
     if (match.loadAsync) {
@@ -391,8 +389,8 @@ export class Scheduler {
   /** Apply one step's results. Returns per-request outputs (tokens, finishes, errors). */
   updateFromOutput(so: SchedulerOutput, result: ModelRunnerOutput): EngineOutput[] {
     assert(so.step === result.step, `output of step ${result.step} applied to step ${so.step}`);
-    const epochs = this.inflight.get(so.step) ?? new Map<string, number>();
-    this.inflight.delete(so.step);
+    const inflight = this.inflight.take(so.step);
+    const epochs = inflight.epochs;
     const conn = this.connector.updateConnectorOutput(result.kvConnectorOutput);
     const outputs: EngineOutput[] = [];
 
@@ -403,7 +401,8 @@ export class Scheduler {
       const invalid = new Set(conn.invalidBlockIds);
       failRunningLoads(host, [...this.running], invalid, failed, epochs, conn.loadErrors ?? {});
     }
-    for (const [id, message] of Object.entries(result.forwardErrors ?? {})) failForward(host, so, id, message, epochs);
+    for (const [id, message] of Object.entries(result.forwardErrors ?? {}))
+      failForward(host, so, id, message, inflight);
     for (const s of result.sampled) {
       const req = this.requests.get(s.requestId);
       if (!req || req.isFinished || epochs.get(s.requestId) !== req.epoch || failed.has(s.requestId)) continue;

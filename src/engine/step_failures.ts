@@ -12,6 +12,7 @@ import type { RequestTransfers } from './request_transfers.ts';
 import type { SchedulerConfig } from './scheduler_config.ts';
 import { nextEpoch, type Request, type RequestStatus } from './request.ts';
 import type { SchedulerOutput } from '../worker/scheduler_output.ts';
+import type { TakenStep } from './inflight_steps.ts';
 
 /** Load failures caused by the request's own kv_transfer_params: always an error to the client. */
 export const CLIENT_FAULT_CODES = new Set(['GRANT_DENIED', 'BAD_TRANSFER_PARAMS', 'PEER_INCOMPATIBLE']);
@@ -108,16 +109,35 @@ export function failForward(
   so: SchedulerOutput,
   requestId: string,
   message: string,
-  epochs: Map<string, number>,
+  step: TakenStep,
 ): void {
   const req = host.requests.get(requestId);
-  if (!req || req.isFinished || epochs.get(requestId) !== req.epoch) return;
+  if (!req || req.isFinished || step.epochs.get(requestId) !== req.epoch) {
+    // It left while the step ran (aborted, preempted): the pages the step published are still withdrawn.
+    failHolders(host, host.kv.uncacheBlockIds(step.writtenFrom(requestId)), requestId, message);
+    return;
+  }
   const data =
     so.scheduledNewReqs.find((n) => n.requestId === requestId) ??
     so.scheduledCachedReqs.find((c) => c.requestId === requestId);
   const holders = host.kv.uncacheFrom(requestId, data?.numComputedTokens ?? 0);
   req.error = new HandoffError('INTERNAL', `the model failed on this request: ${message}`);
   host.finish(req, 'FINISHED_ERROR');
+  failHolders(host, holders, requestId, message);
+}
+
+/**
+ * Requests that hit withdrawn pages fail. The pages each computed past its hit were computed over that
+ * never-computed prefix: they are withdrawn too, and the requests that hit those fail in turn.
+ */
+function failHolders(host: StepFailureHost, holders: string[], requestId: string, message: string): void {
+  const seen = new Set(holders);
+  // Bounded: each request joins once.
+  for (let i = 0; i < holders.length; i++) {
+    const id = holders[i] as string;
+    const hit = host.requests.get(id)?.numLocalHitTokens ?? 0;
+    for (const more of host.kv.uncacheFrom(id, hit)) if (!seen.has(more)) (seen.add(more), holders.push(more));
+  }
   const shared = `a prefix this request shared with ${requestId} was never computed: ${message}`;
   for (const id of holders) host.abortRequest(id, 'FINISHED_ERROR', new HandoffError('INTERNAL', shared));
 }

@@ -180,13 +180,35 @@ export class KVCacheManager {
    * from the prefix cache. Returns the other requests that already share any of them (they hit them).
    */
   uncacheFrom(requestId: string, startToken: number): string[] {
-    const withdrawn = new Set(this.managers.flatMap((m) => m.uncacheFrom(requestId, startToken)));
+    return this.holdersOf(new Set(this.managers.flatMap((m) => m.uncacheFrom(requestId, startToken))), requestId);
+  }
+
+  /**
+   * Pages whose KV was never computed, of a request that no longer holds them (it left while the step
+   * writing them ran; the fence still holds them): withdraw them from the prefix cache. Returns the
+   * requests that hit any of them.
+   */
+  uncacheBlockIds(blockIds: readonly number[]): string[] {
+    for (const id of blockIds) {
+      const block = this.pool.block(id);
+      if (block.blockHash !== null) this.pool.uncache(block);
+    }
+    return this.holdersOf(new Set(blockIds), null);
+  }
+
+  private holdersOf(withdrawn: ReadonlySet<number>, requestId: string | null): string[] {
     const holders = new Set<string>();
     for (const m of this.managers) {
       for (const other of m.requestIds())
         if (other !== requestId && m.blockIds(other).some((b) => withdrawn.has(b))) holders.add(other);
     }
     return [...holders];
+  }
+
+  /** The request's pages from token `startToken` on, in the prefix-cached groups (what a step writes). */
+  cachedGroupBlockIdsFrom(requestId: string, startToken: number): number[] {
+    if (!this.cachingActive) return [];
+    return this.managers.flatMap((m) => m.blockIdsInRange(requestId, startToken, Number.MAX_SAFE_INTEGER));
   }
 
   getBlockIds(requestId: string): BlockIds {
