@@ -75,6 +75,19 @@ export class InstancePool {
     m.served++;
   }
 
+  /**
+   * Count `m` as loaded now by a request routed to it whose call starts later (READ: decode, once
+   * prefill answered), so requests routed meanwhile see it busy. The returned function ends it (once).
+   */
+  reserve(m: PoolMember): () => void {
+    m.inflight++;
+    let held = true;
+    return () => {
+      if (held) this.release(m);
+      held = false;
+    };
+  }
+
   release(m: PoolMember): void {
     assert(m.inflight > 0, `release of ${m.url} without acquire`);
     m.inflight--;

@@ -83,15 +83,16 @@ export class KvEventStreams {
     if (this.open.size >= KV_EVENT_SUBSCRIBERS_MAX) this.evictOne();
     assert(this.open.size < KV_EVENT_SUBSCRIBERS_MAX, 'a KV event subscriber slot is free');
     res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache' });
-    const write = (obj: unknown): void => {
+    const writeLine = (line: string): void => {
       if (res.writableEnded || res.destroyed) return; // ended by closeAll, its 'close' not yet seen
       if (res.writableLength > KV_EVENT_BACKLOG_MAX_BYTES) {
         res.destroy(); // too slow: it reconnects with `since` and catches up from the ring or a dump
         return;
       }
-      res.write(`${JSON.stringify(obj)}\n`);
+      res.write(line);
     };
-    for (const b of since === null ? [] : (this.source.since(since) ?? [])) write(b);
+    const write = (obj: unknown): void => writeLine(`${JSON.stringify(obj)}\n`);
+    for (const line of this.replayOf(since)) writeLine(line);
     const unsubscribe = this.source.subscribe(write);
     let timer: TimerHandle | null = null;
     const beat = (): void => {
@@ -107,6 +108,23 @@ export class KvEventStreams {
     this.open.set(res, stop);
     beat();
     onResponseGone(res, stop); // also when it was pipelined and its connection closed before it started
+  }
+
+  /**
+   * The batches after `since` as lines, or none when they pass the backlog bound: written at once they
+   * would cut the stream before its heartbeat on every reconnect, so the router never caught up. Without
+   * them, the heartbeat ahead of the subscriber makes it fetch a dump instead.
+   */
+  private replayOf(since: number | null): string[] {
+    const lines: string[] = [];
+    let bytes = 0;
+    for (const b of since === null ? [] : (this.source.since(since) ?? [])) {
+      const line = `${JSON.stringify(b)}\n`;
+      bytes += Buffer.byteLength(line);
+      if (bytes > KV_EVENT_BACKLOG_MAX_BYTES) return [];
+      lines.push(line);
+    }
+    return lines;
   }
 
   /** Cut the subscriber furthest behind (bytes not yet taken), the oldest on a tie: it reconnects with `since`. */

@@ -291,18 +291,18 @@ export class Proxy {
         return;
       } catch (e) {
         rethrowIfAssertion(e);
+        this.releaseHeld(failed, exclude, call.headers); // retried or not (the retry's decode may die too)
         if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
         first = e;
-        exclude.add(failed.m);
         this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
-        this.releaseHeld(failed, exclude, call.headers);
       }
     }
   }
 
   /** A decode that failed after prefill answered will never read: have another decode release the pages. */
-  private releaseHeld(failed: Failed, exclude: ReadonlySet<PoolMember>, headers: Record<string, string>): void {
-    const other = failed.held === null ? null : this.decode.pick(exclude);
+  private releaseHeld(failed: Failed, exclude: Set<PoolMember>, headers: Record<string, string>): void {
+    if (failed.m !== null) exclude.add(failed.m);
+    const other = failed.held === null || failed.m === null ? null : this.decode.pick(exclude);
     if (other !== null && failed.held !== null) void this.releaseUnused(other, failed.held, headers);
   }
 
@@ -355,6 +355,7 @@ export class Proxy {
     const p = route.prefill;
     this.metrics.routed('pd');
     const transferId = `xfer-${hexId(this.env, 16)}`;
+    const unreserve = this.decode.reserve(d); // loaded from now, while prefill runs: a burst sees it busy
     await pdFlow<void>(
       {
         prefill: async (ask, signal) => {
@@ -385,6 +386,7 @@ export class Proxy {
           }
         },
         decode: (params, signal) => {
+          unreserve(); // the call counts it from here
           if (this.opts.mode === 'read') failed.held = params;
           return this.post(
             'decode',
@@ -397,7 +399,7 @@ export class Proxy {
         releaseUnused: (params) => void this.releaseUnused(d, params, headers),
       },
       { mode: this.opts.mode, transferId, prefill: prefillIdentityOf(p.info), signal: client },
-    );
+    ).finally(unreserve);
   }
 
   /** Ask decode to release prefill's pages for a request it will never get; best effort (the lease is the fallback). */

@@ -21,7 +21,7 @@ import { hexId } from '../util/ids.ts';
 import { peerAllowed, type PeerAllowList } from '../connector/peer_directory.ts';
 import { pdFlow, type TransferParams } from './pd_flow.ts';
 import { prefillBody, decodeBody } from './proxy_flow.ts';
-import { callUpstream, inBandCancel, upstreamError } from './upstream.ts';
+import { callUpstream, inBandCancel, readAnswer, upstreamError } from './upstream.ts';
 
 export const PREFILLER_HEADER = 'x-prefiller-host-port';
 const PARAM = PREFILLER_HEADER;
@@ -36,7 +36,8 @@ const bad = (message: string): HandoffError => new HandoffError('BAD_REQUEST', m
 /** The prefiller a request names, validated; null when the header is absent. */
 export function prefillerOf(req: IncomingMessage, allow: PeerAllowList): Prefiller | null {
   const raw = req.headers[PREFILLER_HEADER];
-  if (raw === undefined) return null;
+  // Empty: no prefiller, as llm-d's sidecar takes it (its EPP clears the header to "" when it picks none).
+  if (raw === undefined || (typeof raw === 'string' && raw.trim() === '')) return null;
   if (Array.isArray(raw) || raw.includes(',')) throw bad(`${PREFILLER_HEADER} must name exactly one host:port`);
   const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]{1,253}):(\d{1,5})$/.exec(raw.trim());
   const port = Number(m?.[2]);
@@ -91,7 +92,8 @@ export function runSidecar(env: Env, call: SidecarCall, legs: SidecarLegs): Prom
         }).finally(() => leg.dispose());
         try {
           if (!u.response.ok) throw await upstreamError('prefill', u.response);
-          const answer = (await u.response.json()) as Record<string, unknown>;
+          // Bounded and checked like the proxy's: a broken answer is the prefiller failing (502), not ours.
+          const answer = await readAnswer(u.response, 'prefill');
           return { kvTransferParams: answer['kv_transfer_params'] };
         } finally {
           u.done();
