@@ -18,6 +18,8 @@ import type { ErrorCode } from '../../util/errors.ts';
 import { sideBytes, sideOf, sortedBy, splitPacked } from '../core/ranges.ts';
 
 const SERVER_CONNECTIONS_MAX = 256;
+/** Data connections one peer may hold (it opens one per lane, at most 16): past it its oldest goes. */
+export const PEER_CONNECTIONS_MAX = 32;
 /** How long a drain waits for a connection whose peer does not read before it drops the connection. */
 export const DRAIN_TIMEOUT_MS = 10_000;
 
@@ -38,13 +40,41 @@ export class TcpPlane {
   ) {
     this.raw = new RawBaseline(ctx.slabs, host);
     this.server = net.createServer((socket) => {
-      if (this.serverConns.size >= SERVER_CONNECTIONS_MAX) {
+      if (this.serverConns.size >= SERVER_CONNECTIONS_MAX && !this.evictUngreeted()) {
         socket.destroy();
         return;
       }
-      const conn: ServerConn = new ServerConn(socket, ctx, () => this.serverConns.delete(conn));
+      const conn: ServerConn = new ServerConn(
+        socket,
+        ctx,
+        () => this.serverConns.delete(conn),
+        (c) => this.capPeer(c),
+      );
       this.serverConns.add(conn);
     });
+  }
+
+  /**
+   * Full: the oldest connection that has not said hello yet gives its slot to the newcomer, so idle
+   * sockets (no session needed to open them) cannot lock real peers out. False when every one did.
+   */
+  private evictUngreeted(): boolean {
+    for (const c of this.serverConns) {
+      if (c.peerEngineId !== null) continue;
+      this.serverConns.delete(c);
+      c.destroy('UNAUTHORIZED', 'no hello before the connection slots filled');
+      return true;
+    }
+    return false;
+  }
+
+  /** A peer past PEER_CONNECTIONS_MAX data connections loses its oldest: one peer cannot fill the port. */
+  private capPeer(conn: ServerConn): void {
+    const mine = [...this.serverConns].filter((c) => c.peerEngineId === conn.peerEngineId);
+    if (mine.length <= PEER_CONNECTIONS_MAX) return;
+    const oldest = mine[0] as ServerConn;
+    this.serverConns.delete(oldest);
+    oldest.destroy('PEER_UNAVAILABLE', `more than ${PEER_CONNECTIONS_MAX} data connections from ${conn.peerEngineId}`);
   }
 
   listen(): Promise<number> {
@@ -54,18 +84,26 @@ export class TcpPlane {
     });
   }
 
+  /**
+   * A new address drops the connections to the old one. A new session alone does not: every handshake
+   * (a refresh with the same peer) brings one, and the connections open already are authenticated, so
+   * dropping them failed other requests' work in flight to that peer. New connections present it.
+   */
   setPeer(peerEngineId: string, peer: TcpPeer): void {
     const old = this.peers.get(peerEngineId);
     this.peers.set(peerEngineId, peer);
-    if (old && (old.host !== peer.host || old.port !== peer.port || old.session !== peer.session)) {
+    if (old && (old.host !== peer.host || old.port !== peer.port)) {
       for (const c of this.clients.get(peerEngineId) ?? [])
         c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
     }
   }
 
+  /** The peer is gone (its last side channel closed): its connections both ways go with it. */
   removePeer(peerEngineId: string): void {
     this.peers.delete(peerEngineId);
     for (const c of this.clients.get(peerEngineId) ?? []) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
+    for (const c of this.serverConns)
+      if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
   }
 
   post(wr: WorkRequest): void {

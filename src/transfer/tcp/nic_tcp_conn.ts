@@ -146,7 +146,13 @@ export class ServerConn extends Conn {
   /** Not reading the peer's requests until our replies drain (onChunk). */
   private paused = false;
 
-  constructor(socket: net.Socket, ctx: NicContext, onClosed: () => void) {
+  constructor(
+    socket: net.Socket,
+    ctx: NicContext,
+    onClosed: () => void,
+    /** The peer said hello (the plane bounds the connections of each peer). */
+    private readonly onHello: (c: ServerConn) => void = () => {},
+  ) {
     super(socket, ctx);
     const timer = setTimeout(() => {
       if (this.peer === null) this.destroy('UNAUTHORIZED', 'no hello');
@@ -157,6 +163,11 @@ export class ServerConn extends Conn {
     });
   }
 
+  /** The engine that said hello with a valid session, or null before its hello. */
+  get peerEngineId(): string | null {
+    return this.peer;
+  }
+
   frame(f: ControlFrame): void {
     if (this.peer === null) {
       if (f.type !== 'hello') throw new FrameError('expected hello first');
@@ -164,6 +175,7 @@ export class ServerConn extends Conn {
       if (peer === undefined || peer !== f.engineId) throw new FrameError('unknown data session');
       this.peer = peer;
       this.send({ type: 'helloOk' });
+      this.onHello(this);
       return;
     }
     const peer = this.peer;

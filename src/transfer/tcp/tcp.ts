@@ -24,6 +24,11 @@ function isWildcard(host: string): boolean {
   return host === '0.0.0.0' || host === '::' || host === '';
 }
 
+/** A peer's data plane as it announces it in every handshake (its bind host and data port). */
+function announced(m: { dataHost: string; dataPort: number }): string {
+  return `${m.dataHost}:${m.dataPort}`;
+}
+
 export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   readonly backend = 'tcp' as const;
   private readonly server: net.Server;
@@ -31,7 +36,11 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   private sidePort = 0;
   private readonly conns = new Map<string, SideConn>();
   private readonly allConns = new Set<SideConn>();
+  /** Accepted connections whose handshake has not completed, oldest first. */
+  private readonly unwelcomed = new Set<SideConn>();
   private readonly byAddress = new Map<string, string>();
+  /** Where each peer with a side channel says its data plane is (announced). */
+  private readonly dataAddrs = new Map<string, string>();
 
   private constructor(opts: TransferEngineOptions, nic: NicHost) {
     super(opts, nic);
@@ -80,7 +89,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
   // ---- listener side ----
 
   private accept(socket: net.Socket): void {
-    if (this.isClosed || this.allConns.size >= SIDE_CONNECTIONS_MAX) {
+    if (this.isClosed || (this.allConns.size >= SIDE_CONNECTIONS_MAX && !this.evictUnwelcomed())) {
       socket.destroy();
       return;
     }
@@ -94,11 +103,28 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
         (c, m) => this.onListenerMessage(c, m, nonce),
         (c) => {
           timer.cancel();
+          this.unwelcomed.delete(c);
           this.untrack(c);
         },
       ),
     );
+    this.unwelcomed.add(conn);
     conn.send({ m: 'challenge', nonce, engineId: this.engineId });
+  }
+
+  /**
+   * Full: the oldest accepted connection still without a handshake gives its slot to the newcomer, so
+   * idle sockets (no secret needed to open them) cannot lock real peers out. False when there is none.
+   */
+  private evictUnwelcomed(): boolean {
+    const oldest = this.unwelcomed.values().next();
+    if (oldest.done === true) return false;
+    const conn = oldest.value;
+    this.unwelcomed.delete(conn);
+    this.counters.handshakesRefused++;
+    conn.close();
+    this.untrack(conn);
+    return true;
   }
 
   private onListenerMessage(conn: SideConn, msg: SideMessage, nonce: string): void {
@@ -114,6 +140,11 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       this.counters.handshakesRefused++;
       return conn.refuse('PEER_INCOMPATIBLE', problem);
     }
+    const clash = this.identityClash(remote.engineId, announced(msg));
+    if (clash !== null) {
+      this.counters.handshakesRefused++;
+      return conn.refuse('PEER_INCOMPATIBLE', clash);
+    }
     const session = hexId(this.env, 16);
     this.nic.send({ t: 'session', session, peerEngineId: remote.engineId });
     const dataHost = isWildcard(msg.dataHost) ? (conn.socket.remoteAddress ?? '127.0.0.1') : msg.dataHost;
@@ -122,7 +153,8 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       peerEngineId: remote.engineId,
       tcp: { host: dataHost, port: msg.dataPort, session: msg.session },
     });
-    this.adopt(conn, remote);
+    this.unwelcomed.delete(conn);
+    this.adopt(conn, remote, announced(msg));
     conn.send({
       m: 'welcome',
       meta: this.metadata,
@@ -189,6 +221,8 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     }
     const problem = compatibilityProblem(this.metadata, msg.meta as EngineMetadata);
     if (problem !== null) return new HandoffError('PEER_INCOMPATIBLE', problem);
+    const clash = this.identityClash(msg.meta.engineId, announced(msg));
+    if (clash !== null) return new HandoffError('PEER_INCOMPATIBLE', clash);
     return msg;
   }
 
@@ -205,7 +239,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       peerEngineId: remote.engineId,
       tcp: { host: dataHost, port: welcome.dataPort, session: welcome.session },
     });
-    this.adopt(conn, remote);
+    this.adopt(conn, remote, announced(welcome));
     return remote;
   }
 
@@ -273,7 +307,21 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     this.deliver(from, msg.n as Notification);
   }
 
-  private adopt(conn: SideConn, remote: EngineMetadata): void {
+  /**
+   * Why a handshake naming `engineId` announcing its data plane at `dataAddr` is refused: a live side channel
+   * to that engine announced another one (an impostor on another port, or two engines sharing an
+   * id). Taking the id over would point the NIC at the newcomer: other requests' READs and WRITEs of that
+   * engine would go to it. Null when admitted (a first handshake, or the same engine handshaking again).
+   */
+  private identityClash(engineId: string, dataAddr: string): string | null {
+    const known = this.dataAddrs.get(engineId);
+    if (known === undefined || known === dataAddr) return null;
+    if (![...this.allConns].some((c) => c.peerEngineId === engineId && !c.isClosed)) return null;
+    return `engine id ${engineId} is already connected here with its data plane at ${known}, not ${dataAddr}`;
+  }
+
+  private adopt(conn: SideConn, remote: EngineMetadata, dataAddr: string): void {
+    this.dataAddrs.set(remote.engineId, dataAddr);
     conn.peerEngineId = remote.engineId;
     this.conns.set(remote.engineId, conn);
     this.peers.set(remote.engineId, remote);
@@ -300,6 +348,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     }
     if (this.isClosed) return;
     this.peers.delete(peer);
+    this.dataAddrs.delete(peer);
     for (const [addr, id] of this.byAddress) if (id === peer) this.byAddress.delete(addr);
     this.nic.send({ t: 'unpeer', peerEngineId: peer });
   }

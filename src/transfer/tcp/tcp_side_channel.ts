@@ -84,6 +84,11 @@ export function proofMatches(
 }
 
 const PENDING_NOTIFIES_MAX = 4096;
+/**
+ * Answers (acks) waiting in the socket past which we stop reading the peer's messages until they drained:
+ * a peer that sends notifications and never reads its acks cannot grow them without bound.
+ */
+export const SIDE_SEND_HIGH_WATER = 256 << 10;
 
 /** One side-channel connection, either direction. */
 export class SideConn implements FrameSink {
@@ -100,6 +105,8 @@ export class SideConn implements FrameSink {
   private closed = false;
   /** Replaced by a newer connection to the same peer: closed once nothing sent on it awaits an ack. */
   private retiring = false;
+  /** Not reading the peer's messages until our answers drain. */
+  private paused = false;
 
   constructor(
     readonly socket: net.Socket,
@@ -115,6 +122,7 @@ export class SideConn implements FrameSink {
         if (!(e instanceof FrameError)) throw e;
         this.close();
       }
+      this.pauseWhileBacklogged();
     });
     socket.on('error', () => {});
     socket.on('close', () => {
@@ -122,6 +130,17 @@ export class SideConn implements FrameSink {
       for (const p of this.pending.values()) p.reject(new HandoffError('PEER_UNAVAILABLE', 'side channel closed'));
       this.pending.clear();
       onClose(this);
+    });
+  }
+
+  private pauseWhileBacklogged(): void {
+    const socket = this.socket;
+    if (this.paused || socket.destroyed || socket.writableLength < SIDE_SEND_HIGH_WATER) return;
+    this.paused = true;
+    socket.pause();
+    socket.once('drain', () => {
+      this.paused = false;
+      socket.resume();
     });
   }
 
