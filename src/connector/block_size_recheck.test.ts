@@ -52,7 +52,8 @@ test('remote_block_ids too short in the handshake block size are refused at plan
     },
   };
   c.validateRequest(req); // passes in decode's size (the only one known)
-  meta = { layout: { blockSizes: [8, 8] } } as EngineMetadata; // the handshake completes: prefill pages by 8
+  // The handshake completes: prefill pages by 8.
+  meta = { engineId: 'p', layout: { blockSizes: [8, 8] } } as EngineMetadata;
   let planned: unknown = null;
   try {
     c.updateStateAfterAlloc(

@@ -183,10 +183,13 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
 
   /**
    * prefill's tokens per page: from its handshake once known (the authority), else the params' claim,
-   * else ours. A claim that contradicts the handshake is refused.
+   * else ours. A claim that contradicts the handshake is refused. A handshake with another engine at that
+   * address (the producer restarted, maybe with another block size) is no authority: it is refreshed
+   * before the READ, which checks the size again.
    */
   remoteBlockSize(p: KVTransferParams): number {
-    const meta = this.peers?.metadataOf(String(p.remote_host), Number(p.remote_port)) ?? null;
+    const cached = this.peers?.metadataOf(String(p.remote_host), Number(p.remote_port)) ?? null;
+    const meta = cached?.engineId === p.remote_engine_id ? cached : null;
     const claimed = p.remote_block_size ?? null;
     const known = meta === null ? null : (meta.layout.blockSizes[this.transferGroupIds[0] ?? 0] ?? null);
     if (known !== null && claimed !== null && known !== claimed)
@@ -253,7 +256,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const aligned = plan ?? emptyPlan(local.length);
     this.zeroExcluded.set(req.requestId, this.mutations.zeroExcludedPages(aligned.localBlockIds, local));
     this.stats.readRequests++;
-    this.reqsNeedRecv.set(req.requestId, { ...base, ...aligned, remoteBlockSize, grant: String(p.grant) });
+    const grantExpiresMs = p.grant_expires_ms ?? null;
+    this.reqsNeedRecv.set(req.requestId, {
+      ...base,
+      ...aligned,
+      remoteBlockSize,
+      grant: String(p.grant),
+      grantExpiresMs,
+    });
   }
 
   /**

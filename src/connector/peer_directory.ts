@@ -158,6 +158,12 @@ export class PeerDirectory {
   readyEngine(host: string, port: number, expectedEngineId: string): string {
     const st = this.peek(host, port);
     if (st?.state === 'failed') {
+      // A known engine cannot have become incompatible: another process answers there now; that one is gone.
+      if (this.knows(expectedEngineId) && st.error.code === 'PEER_INCOMPATIBLE')
+        throw new HandoffError(
+          'PEER_UNAVAILABLE',
+          `${expectedEngineId} is gone: ${host}:${port} refused the handshake (${st.error.message})`,
+        );
       if (this.knows(expectedEngineId)) throw st.error;
       const refused = st.error.code === 'PEER_INCOMPATIBLE' || st.error.code === 'UNAUTHORIZED';
       const how = refused ? 'refused the handshake' : 'does not answer';
@@ -165,6 +171,9 @@ export class PeerDirectory {
       throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
     }
     if (st?.state !== 'ready') throw new HandoffError('PEER_UNAVAILABLE', `no side channel to ${host}:${port} yet`);
+    // An engine that was handshaken and is replaced there (a restart): the peer is gone, not the params wrong.
+    if (st.engineId !== expectedEngineId && this.knows(expectedEngineId))
+      throw new HandoffError('PEER_UNAVAILABLE', `${expectedEngineId} is gone: ${host}:${port} is ${st.engineId} now`);
     return expectEngine(st.engineId, host, port, expectedEngineId);
   }
 

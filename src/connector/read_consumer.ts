@@ -37,6 +37,11 @@ interface ReadTransfer {
 
 const READ_TRANSITIONS = { posted: ['landed', 'failed', 'late'], late: ['landed'], landed: [], failed: [] } as const;
 export const READS_MAX = 4096;
+/**
+ * grant_expires_ms is prefill's wall clock, rounded, and its lease ends on its monotonic clock: a grant
+ * refused this close to that time (or after it) is taken as ended by the lease.
+ */
+const GRANT_EXPIRY_SLACK_MS = 1000;
 
 export class ReadConsumer {
   private readonly reads = new TransferTable<ReadState, ReadTransfer>('READ consumer', READ_TRANSITIONS, READS_MAX);
@@ -147,7 +152,7 @@ export class ReadConsumer {
   }
 
   private report(t: ReadTransfer, result: LoadResult): void {
-    const error = t.error as HandoffError;
+    const error = this.lapsedGrant(t.r, t.error as HandoffError);
     this.stats.readsFailed++;
     // The side channel to that peer is gone: handshake again (for the release and the next READ).
     if (error.code === 'PEER_UNAVAILABLE') this.ctx.peers.forget(t.r.remoteHost, t.r.remotePort);
@@ -155,6 +160,20 @@ export class ReadConsumer {
     result.failedReqIds.push(t.r.requestId);
     result.invalidBlockIds.push(...t.r.localBlockIds.flat());
     result.loadErrors[t.r.requestId] = { code: error.code, message: error.message };
+  }
+
+  /**
+   * A grant refused after the time prefill gave for its end (grant_expires_ms) died of the lease: the
+   * request waited here (decode busy, pool full) longer than prefill holds pages. That is no fault of the
+   * client's params: a transient load failure, left to kvLoadFailurePolicy, not a 403. A grant refused
+   * before that time (forged, never issued, pages not granted) stays GRANT_DENIED.
+   */
+  private lapsedGrant(r: RecvReqMeta, error: HandoffError): HandoffError {
+    const expiresMs = r.grantExpiresMs ?? null;
+    const lapsed = expiresMs !== null && this.ctx.env.wallMs() >= expiresMs - GRANT_EXPIRY_SLACK_MS;
+    if (error.code !== 'GRANT_DENIED' || !lapsed) return error;
+    const waited = `prefill's lease ended (grant_expires_ms ${expiresMs}) before this READ`;
+    return new HandoffError('KV_LOAD_FAILED', `${waited}: ${error.message}`);
   }
 
   /** Mutant `no-await-reads` only: the step's READs are left in flight while its forward is enqueued. */

@@ -70,7 +70,9 @@ test('prefill page lists are checked in prefill block size: 40 tokens need 5 pag
 
 function consumer(peerBlockSize: number | null): OneSidedConnectorScheduler {
   const meta =
-    peerBlockSize === null ? null : ({ layout: { blockSizes: [peerBlockSize, peerBlockSize] } } as EngineMetadata);
+    peerBlockSize === null
+      ? null
+      : ({ engineId: 'p', layout: { blockSizes: [peerBlockSize, peerBlockSize] } } as EngineMetadata);
   const peers = {
     checkAllowed: () => undefined,
     metadataOf: () => meta,

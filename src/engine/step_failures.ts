@@ -81,7 +81,7 @@ export function failRunningLoads(
     failed.add(req.requestId);
     const cause = loadErrors[req.requestId];
     if (cause && CLIENT_FAULT_CODES.has(cause.code)) {
-      // The params were bad (forged/expired grant, unknown engine...): the client gets a 4xx, no silent recompute.
+      // The params were bad (forged grant, unknown engine...): the client gets a 4xx, no silent recompute.
       req.error = new HandoffError(cause.code as ErrorCode, `kv_transfer_params rejected: ${cause.message}`);
       host.finish(req, 'FINISHED_ERROR');
       continue;

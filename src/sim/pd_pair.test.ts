@@ -2,7 +2,8 @@
  * 1P1D in one process with real threads: WRITE mode equals colocated; a READ that fails is recovered by
  * local recompute (same output as colocated) or fails with KV_LOAD_FAILED by policy; a decode that never
  * reads does not strand prefill's pages (the lease frees them and kills the grant), and a READ with the dead
- * grant fails that request with GRANT_DENIED (403) while decode keeps serving.
+ * grant is refused (the request is recomputed locally: the lease ended, not the client's fault) while decode
+ * keeps serving.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -114,11 +115,14 @@ test('lease: prefill frees held pages and revokes the grant when decode never re
     for (let k = 0; k < 200 && pair.prefill.kv.getNumFreeBlocks() < 127; k++) await env.sleep(10);
     assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'freed when the lease ended');
     assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 1);
-    // A READ with the dead grant is refused, not served, and the client is told why (a 4xx code).
-    await assert.rejects(
-      pair.decode.generate({ ...(prompts[3] as GenerateRequest), kvTransferParams: r.kvTransferParams }),
-      (e: Error & { code?: string; httpStatus?: number }) => e.code === 'GRANT_DENIED' && e.httpStatus === 403,
-    );
+    // A READ with the dead grant is refused, not served; the lease ended (grant_expires_ms is past), which is
+    // no fault of the client's: decode recomputes (kvLoadFailurePolicy 'recompute', review_lease.test.ts).
+    const late = await pair.decode.generate({
+      ...(prompts[3] as GenerateRequest),
+      kvTransferParams: r.kvTransferParams,
+    });
+    assert.equal(late.tokenIds.length, 5, 'answered by a local recompute');
+    assert.ok(pair.decode.scheduler.stats.loadFailures >= 1, 'the READ did fail');
     assert.ok(pair.prefillConnector.transfer.stats().grantsRefused >= 1);
     for (let k = 0; k < 200 && !pair.decode.core.isIdle(); k++) await env.sleep(5);
     assert.equal(pair.decode.kv.getNumFreeBlocks(), 127, 'the refused request freed its pages');

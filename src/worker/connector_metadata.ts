@@ -23,6 +23,8 @@ export interface RecvReqMeta {
   remoteHost: string;
   remotePort: number;
   grant: string;
+  /** When prefill's lease (and grant) ends, wall-clock ms (kv_transfer_params.grant_expires_ms); null: unknown. */
+  grantExpiresMs?: number | null;
 }
 
 /** WRITE producer: this finished request's pages are final and may be pushed once decode's pages are known. */
