@@ -149,3 +149,25 @@ export class KvRouter {
     return { m: best.m, hit: best.hit };
   }
 }
+
+/** Whether two members (of either pool) are one instance: the same URL, or the same engine behind two URLs. */
+export function sameInstance(a: PoolMember, b: PoolMember): boolean {
+  const engine = a.info?.engine_id ?? null;
+  return a.url === b.url || (engine !== null && engine === (b.info?.engine_id ?? null));
+}
+
+/**
+ * A kv_both instance may sit in both pools, but it cannot load KV from itself (the handshake refuses its own
+ * engine id): the prefill leg goes to another instance, or there is none and the instance computes the
+ * prompt itself (decode-only). Before, both legs went to it and the request failed with a 400.
+ */
+export function legsApart(
+  route: RouteDecision,
+  prefill: InstancePool,
+  exclude: ReadonlySet<PoolMember>,
+): RouteDecision {
+  if (route.prefill === null || !sameInstance(route.prefill, route.decode)) return route;
+  const self = prefill.members.filter((m) => sameInstance(m, route.decode));
+  const other = prefill.pick(new Set([...exclude, ...self]));
+  return { ...route, prefill: other, prefillHitTokens: 0 };
+}

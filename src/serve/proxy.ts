@@ -34,13 +34,13 @@ import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_po
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
-import { parseApiRequestAsync } from './openai_request.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { pdFlow, type TransferParams } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
-import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions, type RouteDecision } from './kv_router.ts';
+import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, legsApart, type KvRouterOptions } from './kv_router.ts';
+import type { RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
-import { decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
+import { checkLimits, decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
 import { CompletionGate } from './proxy_drain.ts';
 import { cutMidStream, relay } from './proxy_relay.ts';
 import {
@@ -273,10 +273,11 @@ export class Proxy {
     res.on('close', () => {
       if (!res.writableFinished) client.abort();
     });
-    const tokenIds = await this.promptTokens(path, body);
+    const checked = await this.promptTokens(path, body);
+    const tokenIds = checked?.tokenIds ?? null;
     // A side with no healthy instance may only have missed one check (a slow start): ask again first.
     if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
-    const exclude = new Set<PoolMember>();
+    const exclude = new Set<PoolMember>(checked?.unfit);
     let first: unknown = null;
     for (let attempt = 1; ; attempt++) {
       const upstreamId = upstreamRequestId(requestId, this.env, attempt);
@@ -306,19 +307,11 @@ export class Proxy {
     if (other !== null && failed.held !== null) void this.releaseUnused(other, failed.held, headers);
   }
 
-  /**
-   * Refuse what decode would refuse before prefill computes (and holds pages) for nothing, and learn the
-   * prompt's token ids for kv-aware routing. Null when no decode published its limits (e.g. vLLM, which
-   * validates for itself).
-   */
-  private async promptTokens(path: string, body: Body): Promise<number[] | null> {
-    const lens = this.decode.members.flatMap((m) => (m.info ? [m.info.max_model_len] : []));
-    if (lens.length === 0) return null;
+  /** The prompt's token ids (kv-aware routing) and the instances that would refuse it (proxy_flow.ts). */
+  private promptTokens(path: string, body: Body): Promise<{ tokenIds: number[]; unfit: PoolMember[] } | null> {
     const kind = path === '/v1/completions' ? 'completion' : 'chat';
-    const api = await parseApiRequestAsync(kind, body, { maxModelLen: Math.min(...lens) }, (text) =>
-      this.tokenizer.encode(text),
-    );
-    return api.promptTokenIds;
+    const pools = { prefill: this.prefill.members, decode: this.decode.members };
+    return checkLimits(kind, body, pools, (text) => this.tokenizer.encode(text));
   }
 
   /** The route of a retry; `first` (the failed attempt's error) when no other instance can take it. */
@@ -335,10 +328,11 @@ export class Proxy {
   private routeOf(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>): RouteDecision {
     if (this.opts.policy === 'kv-aware' && tokenIds !== null) {
       const r = this.router.route({ prefill: this.prefill, decode: this.decode }, tokenIds, exclude);
-      if (r !== null) return r;
+      if (r !== null) return legsApart(r, this.prefill, exclude);
     }
     const decode = this.pick(this.decode, exclude);
-    return { decode, prefill: this.pick(this.prefill, exclude), decodeHitTokens: 0, prefillHitTokens: 0 };
+    const prefill = this.pick(this.prefill, exclude);
+    return legsApart({ decode, prefill, decodeHitTokens: 0, prefillHitTokens: 0 }, this.prefill, exclude);
   }
 
   private async serveRoute(route: RouteDecision, call: Call, failed: Failed): Promise<void> {

@@ -5,7 +5,10 @@
  * the ORIGINAL body plus the params pdFlow built.
  */
 import type { IncomingMessage } from 'node:http';
+import { HandoffError } from '../util/errors.ts';
+import type { PoolMember } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
+import { tokenizedApiRequest, validateApiRequest, type ApiKind, type ValidatedRequest } from './openai_request.ts';
 import type { PrefillAsk, PrefillIdentity, TransferParams } from './pd_flow.ts';
 
 type Body = Record<string, unknown>;
@@ -38,4 +41,41 @@ export function forwardHeaders(req: IncomingMessage, requestId: string | null): 
   if (requestId !== null) h['x-request-id'] = requestId;
   if (typeof req.headers['authorization'] === 'string') h['authorization'] = req.headers['authorization'];
   return h;
+}
+
+/**
+ * What decode would refuse, checked before prefill computes anything: the request is refused only when no
+ * decode that published its limits takes it (the largest one's error). `unfit` names the instances that
+ * would refuse it, for routing to skip: decodes, and prefills too short for the prompt while another takes
+ * it. Instances may run different --max-model-len: checking against the smallest decode refused what a
+ * larger one serves, and a prefill too short answered a 400 another prefill would not have. Null when no
+ * decode published limits (e.g. vLLM validates for itself).
+ */
+export async function checkLimits(
+  kind: ApiKind,
+  body: unknown,
+  pools: { prefill: readonly PoolMember[]; decode: readonly PoolMember[] },
+  encodeText: (text: string) => Promise<number[]>,
+): Promise<{ tokenIds: number[]; unfit: PoolMember[] } | null> {
+  const lens = pools.decode.flatMap((m) => (m.info ? [m.info.max_model_len] : []));
+  if (lens.length === 0) return null;
+  const v = validateApiRequest(kind, body, { maxModelLen: Math.max(...lens) });
+  const ids = 'ids' in v.prompt ? v.prompt.ids : await encodeText(v.prompt.text);
+  const api = tokenizedApiRequest(v, ids, { maxModelLen: Math.max(...lens) });
+  const unfit = pools.decode.filter((m) => m.info !== null && !fits(v, ids, m.info.max_model_len));
+  // Prefill is asked for one token: it takes prompts shorter than its limit.
+  const short = pools.prefill.filter((m) => m.info !== null && ids.length >= m.info.max_model_len);
+  if (short.length < pools.prefill.length) unfit.push(...short);
+  return { tokenIds: api.promptTokenIds, unfit };
+}
+
+function fits(v: ValidatedRequest, ids: number[], maxModelLen: number): boolean {
+  try {
+    tokenizedApiRequest(v, ids, { maxModelLen });
+    return true;
+    // catch-ok: only the limit check runs in the try; its HandoffError means this decode would refuse it
+  } catch (e) {
+    if (!(e instanceof HandoffError)) throw e;
+    return false;
+  }
 }
