@@ -61,7 +61,7 @@ test('a request the connector refuses at admission publishes no page of its prom
     grant: 'ab'.repeat(16),
   };
   scheduler.addRequest(bad);
-  meta = { layout: { blockSizes: [4] } } as EngineMetadata; // prefill pages by 4: the list claims 40 tokens
+  meta = { engineId: 'p', layout: { blockSizes: [4] } } as EngineMetadata; // prefill pages by 4: the list claims 40 tokens
   const s = scheduler.schedule();
   assert.equal(bad.status, 'FINISHED_ERROR', 'refused at admission');
   assert.equal(s.numScheduledTokens['bad'], undefined, 'nothing of it is computed');
