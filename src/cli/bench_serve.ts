@@ -21,6 +21,7 @@ import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
 import { choiceFlag, intFlag, modeFlag, numberFlag, presetFlag, rangeFlag, urlFlag } from './flags.ts';
 import { secretFlag } from './serve.ts';
+import { checkNumBlocksHoldARequest } from './up.ts';
 import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
@@ -83,6 +84,7 @@ export function registerBenchServe(program: Command): void {
         );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
+      checkNumBlocksHoldARequest(preset, Number(numBlocks), { prefill: undefined, decode: undefined }, +maxModelLen);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
       if (target === 'xpyd') return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset)));
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];

@@ -14,6 +14,7 @@ import { createLogger } from '../util/log.ts';
 import { spawnHandoff } from './children.ts';
 import { serveArgs, startLocalCluster } from './cluster.ts';
 import { intFlag, modeFlag, numberFlag, presetFlag } from './flags.ts';
+import { checkNumBlocksHoldARequest } from './up.ts';
 
 export interface SoakResult {
   durationS: number;
@@ -236,13 +237,15 @@ export function registerSoak(program: Command): void {
       const env = new RealEnv();
       let lastPrint = 0;
       const preset = presetFlag(opts['model']);
+      const numBlocks = intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20);
+      checkNumBlocksHoldARequest(preset, numBlocks, { prefill: undefined, decode: undefined });
       const r = await runSoak(
         {
           preset,
           mode: modeFlag(preset, opts['mode']),
           durationS: intFlag('duration-s', opts['durationS'], 1, 86_400),
           concurrency: intFlag('concurrency', opts['concurrency'], 1, 1024),
-          numBlocks: intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20),
+          numBlocks,
           seed: intFlag('seed', opts['seed'], 0, 2 ** 31),
           abortRate: numberFlag('abort-rate', opts['abortRate'], 0, 1),
         },

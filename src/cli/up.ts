@@ -27,6 +27,10 @@ import { PROXY_DRAIN_MS } from '../serve/proxy_drain.ts';
 import { routerFlags } from './proxy.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
+import { DEFAULT_INSTANCE_OPTIONS, pagesForOneRequest } from '../serve/instance.ts';
+import { DEFAULT_SCHEDULER_CONFIG } from '../engine/scheduler_config.ts';
+import type { ModelPreset } from '../kv/presets.ts';
+import { HandoffError } from '../util/errors.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
 
@@ -55,6 +59,9 @@ export function configureUp(up: Command): void {
       const preset = presetFlag(o['model']);
       const sizes = upRoleServeArgs(o); // a bad size is refused here, before any child starts
       const serveArgs = upServeArgs(o, currentLogFormat()); // so is a bad --num-blocks
+      // and one too small for a request of the children's max model length
+      const numBlocks = optionalInt('num-blocks', o['numBlocks'], 2, 1 << 20) ?? DEFAULT_INSTANCE_OPTIONS.numBlocks;
+      checkNumBlocksHoldARequest(preset, numBlocks, upRoleBlockSizes(o));
       const tp = pdTensorParallelFlags(preset, o);
       const mode = modeFlag(preset, o['mode']);
       const port = portFlag('port', o['port']);
@@ -191,13 +198,41 @@ export function upServeArgs(o: Opts, logFormat: LogFormat): string[] {
  * one (they win). Checked here (BAD_CONFIG naming the flag) so a bad size stops `up` before any child starts.
  */
 export function upRoleServeArgs(o: Opts): { prefill: string[]; decode: string[] } {
+  const sizes = upRoleBlockSizes(o);
+  const args = (n: number | undefined): string[] => (n === undefined ? [] : ['--block-size', String(n)]);
+  return { prefill: args(sizes.prefill), decode: args(sizes.decode) };
+}
+
+/** Each role's block size as up's flags set it; undefined: the children's default. */
+function upRoleBlockSizes(o: Opts): { prefill: number | undefined; decode: number | undefined } {
   const both = o['blockSize'] === undefined ? undefined : blockSizeFlag(o['blockSize']);
-  const side = (flag: 'prefill-block-size' | 'decode-block-size', key: string): string[] => {
-    const n = o[key] === undefined ? both : blockSizeFlag(o[key], flag);
-    return n === undefined ? [] : ['--block-size', String(n)];
-  };
+  const side = (flag: 'prefill-block-size' | 'decode-block-size', key: string): number | undefined =>
+    o[key] === undefined ? both : blockSizeFlag(o[key], flag);
   return {
     prefill: side('prefill-block-size', 'prefillBlockSize'),
     decode: side('decode-block-size', 'decodeBlockSize'),
   };
+}
+
+/**
+ * `--num-blocks` must hold one request of the children's max model length (up and soak set none: serve's
+ * default; bench serve's) at each role's block size; every child would refuse it, after all were started.
+ * BAD_CONFIG naming the command's own flags.
+ */
+export function checkNumBlocksHoldARequest(
+  preset: ModelPreset,
+  numBlocks: number,
+  blockSizes: { prefill: number | undefined; decode: number | undefined },
+  maxModelLen: number = DEFAULT_SCHEDULER_CONFIG.maxModelLen,
+): void {
+  for (const role of ['prefill', 'decode'] as const) {
+    const blockSize = blockSizes[role] ?? DEFAULT_INSTANCE_OPTIONS.blockSize;
+    const need = pagesForOneRequest(preset, maxModelLen, blockSize);
+    if (numBlocks < need)
+      throw new HandoffError(
+        'BAD_CONFIG',
+        `--num-blocks ${numBlocks} cannot hold one request of ${maxModelLen} tokens (the instances' max model ` +
+          `length) on ${role} at ${blockSize} tokens per page: needs >= ${need}`,
+      );
+  }
 }

@@ -36,6 +36,8 @@ export interface ConnectorContext {
   kvConfig: KVCacheConfig;
   env: Env;
   numLookaheadTokens: number;
+  /** The model's weight seed: part of what a peer must share (transfer/core/metadata.ts). */
+  weightSeed: number;
 }
 
 export interface OneSidedConnector {
@@ -65,13 +67,14 @@ export function oneSidedConnectorFactory(
   createTransfer: CreateTransferEngine = createTransferEngineOverViews,
   opts: { log?: Logger; onActivity?: () => void; allowedPeers?: PeerAllowList } = {},
 ): (ctx: ConnectorContext) => Promise<OneSidedConnector> {
-  return async ({ device, kvConfig, env, numLookaheadTokens }) => {
+  return async ({ device, kvConfig, env, numLookaheadTokens, weightSeed }) => {
     const transfer = await createTransfer({
       backend: endpoint.backend,
       env,
       engineId: endpoint.engineId,
       modelName: endpoint.modelName,
       preset: endpoint.preset,
+      weightSeed,
       // Geometry and page formats: a peer with other block sizes maps tokens through them (issue 14).
       ...layoutFromKvConfig(kvConfig),
       slabViews: device.slabs,

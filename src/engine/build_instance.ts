@@ -65,7 +65,8 @@ export async function buildInstance<D extends Device>(
       onActivity: () => activity.notify(),
       ...(connectorOpts.allowedPeers ? { allowedPeers: connectorOpts.allowedPeers } : {}),
     });
-    connector = await make({ device, kvConfig, env, numLookaheadTokens: schedulerConfigOf(config).numLookaheadTokens });
+    const numLookaheadTokens = schedulerConfigOf(config).numLookaheadTokens;
+    connector = await make({ device, kvConfig, env, numLookaheadTokens, weightSeed: config.modelSeed });
   }
   const engine = LLMEngine.fromParts(config, { kvConfig, device, connector, activity }, env, log);
   return { engine, device, kvConfig, connector, activity };

@@ -127,13 +127,20 @@ export interface Instance {
   drainAndClose(timeoutMs: number): Promise<boolean>;
 }
 
-function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
-  // One request of maxModelLen tokens must fit alone, as the engine counts it (request_validation.ts
-  // pagesNeeded): a page per blockSize tokens in every attention group, one state page per Mamba group.
-  const need = presetKVGroups(preset, blockSize).reduce(
+/**
+ * The pages (with the null block) one request of maxModelLen tokens needs alone, as the engine counts it
+ * (request_validation.ts pagesNeeded): a page per blockSize tokens in every attention group, one state
+ * page per Mamba group.
+ */
+export function pagesForOneRequest(preset: ModelPreset, maxModelLen: number, blockSize: number): number {
+  return presetKVGroups(preset, blockSize).reduce(
     (n, g) => n + (g.spec.type === 'mamba' ? 1 : Math.ceil(maxModelLen / g.spec.blockSize)),
     1,
   );
+}
+
+function checkCapacity(preset: ModelPreset, numBlocks: number, maxModelLen: number, blockSize: number): void {
+  const need = pagesForOneRequest(preset, maxModelLen, blockSize);
   if (numBlocks < need) {
     throw new HandoffError(
       'BAD_CONFIG',

@@ -1,7 +1,7 @@
 /**
  * Engine metadata exchanged at handshake, and the compatibility rule: two engines may move KV only when
- * the same tokens mean the same bytes on both sides (same model, preset, tensor parallel size, slab count
- * and cache specs).
+ * the same tokens mean the same bytes on both sides (same model, preset, weight seed, tensor parallel size,
+ * slab count and cache specs).
  * numBlocks may differ: each side checks offsets against its own.
  *
  * Geometry: with page formats (kv/token_map.ts; what every engine built from a KV config sends) the
@@ -35,6 +35,8 @@ export interface MetadataInput {
   /** Per group: the units its whole cache splits into over ranks (0: replicated); needs pageFormats. */
   tpSplits?: number[];
   cacheHash?: string;
+  /** The seed the model's weights are drawn from: KV computed by other weights means other tokens. */
+  weightSeed?: number;
 }
 
 /** A rank's page format at `tp` ranks as the whole (TP=1) format: a split group's bytes scale with its share. */
@@ -80,6 +82,7 @@ export function compatibilityHash(m: Omit<MetadataInput, 'engineId'>): string {
     wholeFormats(m),
     m.tpSplits ?? null,
     m.cacheHash ?? '',
+    ...(m.weightSeed === undefined ? [] : [`seed${m.weightSeed}`]),
     // Without splits a peer of another degree cannot be mapped: its degree stays part of what must agree.
     ...(m.tpSplits === undefined && tp !== 1 ? [`tp${tp}`] : []),
   ]);
@@ -114,6 +117,7 @@ export function buildMetadata(m: MetadataInput): EngineMetadata {
     engineId: m.engineId,
     modelName: m.modelName,
     preset: m.preset,
+    ...(m.weightSeed === undefined ? {} : { weightSeed: m.weightSeed }),
     layout: { ...layout, ...formats, ...splits },
     compatHash: compatibilityHash(m),
   };
@@ -214,6 +218,8 @@ export function compatibilityProblem(local: EngineMetadata, remote: EngineMetada
   if (remote.engineId === local.engineId) diffs.push(`same engine id ${local.engineId}`);
   if (remote.modelName !== local.modelName) diffs.push(`model ${remote.modelName} != ${local.modelName}`);
   if (remote.preset !== local.preset) diffs.push(`preset ${remote.preset} != ${local.preset}`);
+  if (remote.weightSeed !== local.weightSeed)
+    diffs.push(`weight seed ${remote.weightSeed ?? 'unknown'} != ${local.weightSeed ?? 'unknown'} (--seed)`);
   const [rs, ls] = [remote.layout.numSlabs / theirs, local.layout.numSlabs / ours];
   if (rs !== ls)
     diffs.push(

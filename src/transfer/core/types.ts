@@ -50,12 +50,14 @@ export interface EngineMetadata {
   engineId: string;
   modelName: string;
   preset: string;
+  /** The seed the model's weights are drawn from (absent for a bare engine): peers must hold the same weights. */
+  weightSeed?: number;
   /**
    * pageFormats: per group, absent for a bare engine (then pages are copied whole); tpSplits: per group,
    * the units its whole cache splits into over ranks (0: replicated), for peers of another degree.
    */
   layout: Required<SlabLayout> & { blockSizes: number[]; pageFormats?: PageFormat[]; tpSplits?: number[] };
-  /** sha256 over model, preset, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
+  /** sha256 over model, preset, weight seed, numSlabs, page formats, tensorParallelSize and the caller's cacheHash. */
   compatHash: string;
 }
 
@@ -184,6 +186,8 @@ export interface TransferEngineOptions {
   tpSplits?: number[];
   /** Extra compatibility input, e.g. a hash of the cache group specs. */
   cacheHash?: string;
+  /** The model's weight seed: a peer with other weights is refused (its KV would mean other tokens). */
+  weightSeed?: number;
   /** The registered regions: one SharedArrayBuffer per slab, numBlocks * pageBytes long. */
   slabs: SharedArrayBuffer[];
   /** tcp: interface to bind (default 127.0.0.1). */

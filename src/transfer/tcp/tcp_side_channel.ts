@@ -27,6 +27,7 @@ const metaSchema = z.object({
   engineId: name,
   modelName: z.string().max(256),
   preset: z.string().max(256),
+  weightSeed: z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER).optional(),
   layout: z.object({
     numSlabs: posInt,
     numBlocks: posInt,
