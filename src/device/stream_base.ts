@@ -8,6 +8,7 @@
  * Observers (`observe`) hear of every op enqueued and executed; with none the cost is one null check.
  */
 import { assert } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
 import { Deferred } from './deferred.ts';
 import { eventSource, makeDeviceEvent, type EventSource } from './device_event.ts';
 import { observed } from './observed_promise.ts';
@@ -44,6 +45,11 @@ export interface InnerOp {
 
 export abstract class StreamBase implements Stream {
   protected closed = false;
+  /**
+   * Why the executor is gone (its thread died), when it is: later items are refused with this operating error.
+   * A stream the host closed itself refuses them with an AssertionFailure (using a closed device is a bug).
+   */
+  private lostWith: HandoffError | null = null;
   /** Copy-on-write list; null when nobody observes. */
   private observers: readonly StreamObserver[] | null = null;
 
@@ -68,7 +74,7 @@ export abstract class StreamBase implements Stream {
    * observes its completion (enqueue wraps `result` in a ticket, a RankedStream joins its ranks' first).
    */
   enqueueInner(sub: OpSubmission, link?: OpLink): InnerOp {
-    assert(!this.closed, `enqueue on closed stream '${this.name}'`);
+    this.checkOpen('enqueue');
     const { geometry, checker } = this.ctx;
     validateOp(sub.op, geometry);
     const footprint = opFootprint(sub.op, sub.footprint, geometry);
@@ -86,14 +92,25 @@ export abstract class StreamBase implements Stream {
 
   /** The executor's view of an event recorded now (no checker event: the caller records one over its ranks). */
   recordInner(): EventSource {
-    assert(!this.closed, `recordEvent on closed stream '${this.name}'`);
+    this.checkOpen('recordEvent');
     return this.submitRecord();
   }
 
   /** Later items wait for `source` (no checker edge: the caller adds it). */
   waitInner(source: EventSource): void {
-    assert(!this.closed, `waitEvent on closed stream '${this.name}'`);
+    this.checkOpen('waitEvent');
     this.submitWait(source);
+  }
+
+  /** The executor died: fail everything pending with `err`, and refuse later items with it. */
+  lose(err: HandoffError): void {
+    this.lostWith = err;
+    this.fail(err);
+  }
+
+  private checkOpen(what: string): void {
+    if (this.lostWith !== null) throw new HandoffError(this.lostWith.code, this.lostWith.message);
+    assert(!this.closed, `${what} on closed stream '${this.name}'`);
   }
 
   observe(o: StreamObserver): () => void {
@@ -111,14 +128,14 @@ export abstract class StreamBase implements Stream {
   }
 
   recordEvent(): DeviceEvent {
-    assert(!this.closed, `recordEvent on closed stream '${this.name}'`);
+    this.checkOpen('recordEvent');
     const checker = this.ctx.checker;
     const checkerEventId = checker === null ? null : checker.recordEvent(this.name);
     return makeDeviceEvent(this.ctx.nextEventId(), this.submitRecord(), checker, checkerEventId);
   }
 
   waitEvent(ev: DeviceEvent): void {
-    assert(!this.closed, `waitEvent on closed stream '${this.name}'`);
+    this.checkOpen('waitEvent');
     const checker = this.ctx.checker;
     // An event the checker does not know (a foreign object) adds no edge: it can only cause a false
     // report, never hide a race.

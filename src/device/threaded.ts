@@ -16,6 +16,7 @@ import { Worker } from 'node:worker_threads';
 import { assert, AssertionFailure } from '../util/assert.ts';
 import { holdingLoopOpen } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
+import { Deferred } from './deferred.ts';
 import { checkGeometry, deviceRanks } from './page_ops.ts';
 import type { RaceChecker } from './race/race_checker.ts';
 import { RankedStream, rankStreamName } from './ranked_stream.ts';
@@ -124,6 +125,8 @@ class ThreadedDevice implements Device, DeviceTimeline {
   readonly raceChecker: RaceChecker | null;
   private readonly workers: Worker[];
   private closed = false;
+  private readonly lostReason = new Deferred<HandoffError>();
+  readonly lost = this.lostReason.promise;
 
   constructor(opts: ThreadedDeviceOptions, buffers: SharedArrayBuffer[], threads: RankThread[]) {
     this.numSlabs = opts.numSlabs;
@@ -193,7 +196,7 @@ class ThreadedDevice implements Device, DeviceTimeline {
   async close(): Promise<void> {
     if (this.terminated) return;
     this.terminated = true;
-    this.die('device closed');
+    this.die('device closed', false);
     // A thread that died already closed the device, not its other ranks' threads: every one is stopped here.
     // The idle thread is unref'd; a terminate awaited on it alone would let the event loop empty first
     // (the process then exits 13 with the caller's promise unsettled, e.g. before an error is printed).
@@ -202,9 +205,15 @@ class ThreadedDevice implements Device, DeviceTimeline {
 
   private terminated = false;
 
-  private die(reason: string): void {
+  /** `lost`: a thread died (an operating error for whoever uses the device next), not close(). */
+  private die(reason: string, lost = true): void {
     if (this.closed) return;
     this.closed = true;
-    for (const s of this.rankStreams) s.fail(new HandoffError('INTERNAL', reason));
+    const err = new HandoffError('INTERNAL', reason);
+    for (const s of this.rankStreams) {
+      if (lost) s.lose(err);
+      else s.fail(err);
+    }
+    if (lost) this.lostReason.resolve(err);
   }
 }

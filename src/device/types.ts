@@ -12,6 +12,7 @@
  * Implementations: `threaded` (slabs are SharedArrayBuffers, the stream is a worker thread) and `sim`
  * (the stream is a queue whose progress the simulator chooses). Host code is the same for both.
  */
+import type { HandoffError } from '../util/errors.ts';
 
 /** A byte range inside one page: [start, end) relative to the page start. */
 export interface PageAccess {
@@ -164,6 +165,11 @@ export interface Device {
   /** Host waits for everything enqueued so far on every stream. */
   synchronize(): Promise<void>;
   close(): Promise<void>;
+  /**
+   * Resolves with the reason when the device is lost on its own (a compute thread died; never after close()):
+   * every stream then fails what is pending and refuses new items with that error. Absent: it cannot be lost.
+   */
+  readonly lost?: Promise<HandoffError>;
 }
 
 /** The part of the race checker a NIC (src/transfer) talks to. */

@@ -11,7 +11,7 @@
 import { assert, rethrowIfAssertion } from '../util/assert.ts';
 import type { ActivitySignal } from '../util/activity.ts';
 import type { Env } from '../util/env.ts';
-import { HandoffError } from '../util/errors.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import type { ModelRunner, StepHandle } from '../worker/model_runner.ts';
 import type { SchedulerOutput } from '../worker/scheduler_output.ts';
@@ -24,6 +24,8 @@ export interface EngineCoreOptions {
   idlePollMs: number;
   /** Connector activity (transfer done, peer answered): wakes the loop. */
   activity?: ActivitySignal;
+  /** The device's loss (Device.lost): the loop stops with its reason, even when idle. */
+  deviceLost?: Promise<HandoffError>;
 }
 
 export type OutputListener = (out: EngineOutput) => void;
@@ -36,6 +38,7 @@ export class EngineCore {
   private stopped = false;
   private loopDone: Promise<void> = Promise.resolve();
   private fatal: Error | null = null;
+  private deviceLost: HandoffError | null = null;
   private unsubscribe: (() => void) | null = null;
   stats = { steps: 0, emptySteps: 0 };
 
@@ -76,7 +79,12 @@ export class EngineCore {
     if (this.running) return;
     this.running = true;
     this.unsubscribe = this.opts.activity?.subscribe(() => this.kick()) ?? null;
-    // catch-ok: reports the crash to every listener, then re-throws it (the rejection crashes the process)
+    void this.opts.deviceLost?.then((err) => {
+      this.deviceLost = err;
+      this.kick();
+    });
+    // catch-ok: reports the crash to every listener, then re-throws a bug (the rejection crashes the process); an
+    // operating error (the device lost) stops the loop alone: `crashed` says why (health 503) until the process stops
     this.loopDone = this.loop().catch((e: unknown) => {
       this.fatal = e instanceof Error ? e : new Error(String(e));
       this.log?.fatal({ err: this.fatal }, 'engine loop crashed');
@@ -84,7 +92,7 @@ export class EngineCore {
         l(this.errorOutput(id, new HandoffError('INTERNAL', `engine loop crashed: ${this.fatal.message}`)));
       }
       this.listeners.clear();
-      throw this.fatal;
+      if (!isHandoffError(e)) throw this.fatal;
     });
   }
 
@@ -123,6 +131,7 @@ export class EngineCore {
     const depth = this.opts.asyncScheduling ? 2 : 1;
     let lastWasEmpty = false;
     for (;;) {
+      if (this.deviceLost !== null) throw this.deviceLost;
       if (this.stopped && this.queue.length === 0) return;
       const canSchedule =
         !this.stopped &&

@@ -137,6 +137,7 @@ export class LLMEngine {
         asyncScheduling: config.asyncScheduling,
         idlePollMs: config.idlePollMs,
         ...(parts.activity ? { activity: parts.activity } : {}),
+        ...(device.lost ? { deviceLost: device.lost } : {}),
       },
       log,
     );
