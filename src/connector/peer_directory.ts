@@ -153,7 +153,8 @@ export class PeerDirectory {
   /**
    * The step path's view: the engine at host:port as known now, never starting or waiting for a
    * handshake (the scheduler side admitted the request only once it settled). A failed handshake to an
-   * engine this instance never reached means the params are wrong (400); to a known one, the peer is gone.
+   * engine this instance never reached means the params are wrong (400), unless it answered and refused as
+   * incompatible (409: the pairing is wrong); to a known one, the peer is gone.
    */
   readyEngine(host: string, port: number, expectedEngineId: string): string {
     const st = this.peek(host, port);
@@ -165,8 +166,10 @@ export class PeerDirectory {
           `${expectedEngineId} is gone: ${host}:${port} refused the handshake (${st.error.message})`,
         );
       if (this.knows(expectedEngineId)) throw st.error;
-      const refused = st.error.code === 'PEER_INCOMPATIBLE' || st.error.code === 'UNAUTHORIZED';
-      const how = refused ? 'refused the handshake' : 'does not answer';
+      // It answered and refused to pair (other model, --seed, layout): the deployment's fault, not the params'.
+      if (st.error.code === 'PEER_INCOMPATIBLE')
+        throw new HandoffError('PEER_INCOMPATIBLE', `${host}:${port} refused the handshake (${st.error.message})`);
+      const how = st.error.code === 'UNAUTHORIZED' ? 'refused the handshake' : 'does not answer';
       const why = `remote_engine_id ${expectedEngineId} is unknown here and ${host}:${port} ${how} (${st.error.message})`;
       throw new HandoffError('BAD_TRANSFER_PARAMS', why, { param: 'kv_transfer_params.remote_host' });
     }

@@ -298,6 +298,7 @@ function instanceInfo(
     max_model_len: maxModelLen,
     num_pages: opts.numBlocks - 1,
     block_size: opts.blockSize,
+    compat_hash: connector?.transfer.metadata.compatHash ?? null,
   };
 }
 

@@ -31,6 +31,7 @@ const INFO = z.object({
   block_size: z.number().refine(isBlockSize, 'a power of two in [1, 256]'),
   prefix_cache_groups: z.array(z.number().int().min(0).max(0xffff_ffff)).max(PREFIX_GROUPS_MAX),
   kv_events_epoch: z.string().min(1).max(128),
+  compat_hash: text.nullable().optional(),
 });
 
 /** The info from its body text, or BAD_REQUEST naming the first field that is wrong. */

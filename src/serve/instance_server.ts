@@ -75,6 +75,11 @@ export interface InstanceInfo {
   prefix_cache_groups: number[];
   /** This life of the instance in its KV events (a restart changes it). */
   kv_events_epoch: string;
+  /**
+   * The transfer handshake's compatibility hash (model, preset, weight seed, cache layout): a prefill and a
+   * decode whose hashes differ cannot pair. Null without a connector; absent from older or foreign servers.
+   */
+  compat_hash?: string | null;
 }
 
 export interface InstanceServerOptions {

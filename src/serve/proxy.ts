@@ -34,6 +34,7 @@ import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_po
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
+import { unpairedReason } from './pool_pairing.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { pdFlow, type TransferParams } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
@@ -171,10 +172,27 @@ export class Proxy {
       ...this.prefill.members.map((m) => ({ pool: this.prefill, m })),
       ...this.decode.members.map((m) => ({ pool: this.decode, m })),
     ];
-    await Promise.all(all.map(({ pool, m }) => this.checkOne(pool, m)));
+    const passed = new Map<PoolMember, InstanceInfo | null>();
+    await Promise.all(all.map(({ pool, m }) => this.checkOne(pool, m, passed)));
+    // Pairing is judged over what passed this round and what is still in (one slow check): no order.
+    const candidates = all
+      .filter(({ m }) => passed.has(m) || m.healthy)
+      .map(({ pool, m }) => ({ side: pool.side, info: passed.has(m) ? (passed.get(m) ?? null) : m.info }));
+    for (const { pool, m } of all.filter(({ m }) => passed.has(m))) {
+      const info = passed.get(m) ?? null;
+      const why = unpairedReason({ side: pool.side, info }, candidates);
+      if (why) this.down(pool, m, why);
+      else pool.markUp(m, info ?? undefined);
+      if (!why) this.slowChecks.delete(m);
+    }
   }
 
-  private async checkOne(pool: InstancePool, m: PoolMember): Promise<void> {
+  /** Checks one instance on its own: down now, or in `passed` with its info (null: it has none). */
+  private async checkOne(
+    pool: InstancePool,
+    m: PoolMember,
+    passed: Map<PoolMember, InstanceInfo | null>,
+  ): Promise<void> {
     // Bodies are read as text: vLLM's /health answers 200 with an empty one.
     const get = async (path: string): Promise<{ ok: boolean; status: number; body: string }> => {
       const u = await callUpstream(this.env, {
@@ -196,8 +214,7 @@ export class Proxy {
       const info = i.ok ? parseInstanceInfo(i.body) : null;
       const why = info ? this.incompatibility(pool, info) : null;
       if (why) return this.down(pool, m, why);
-      pool.markUp(m, info ?? undefined);
-      this.slowChecks.delete(m);
+      passed.set(m, info);
     } catch (e) {
       rethrowIfAssertion(e);
       // One slow answer from a healthy instance (a busy machine) is not death: two in a row are.
