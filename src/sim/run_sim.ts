@@ -14,6 +14,7 @@ import { SimThreads } from './sim_threads.ts';
 import { blockSizeOptions, buildScenario, type ScenarioName } from './scenarios.ts';
 import type { SimTrace } from './trace.ts';
 import { DEFAULT_MAX_STEPS, SimWorld, type Violation } from './world.ts';
+import type { CrashProbe } from './crash_watch.ts';
 
 export interface SimOptions {
   scenario: ScenarioName;
@@ -51,6 +52,8 @@ export interface SimOptions {
   jobs?: number;
   /** Stop starting seeds once this many seconds have passed (`seeds` is then a maximum). */
   budgetS?: number;
+  /** Test-only (crash_watch.ts): one seed's timer callback or floating promise asserts. */
+  crashProbe?: CrashProbe;
 }
 
 export interface SimViolation extends Violation {
@@ -157,6 +160,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,
+    ...(o.crashProbe ? { crashProbe: o.crashProbe } : {}),
   });
   await world.run();
   await judgeEnd(world);

@@ -10,7 +10,6 @@
  * the next timer when nothing is enabled. A run is a pure function of (scenario, preset, strategy,
  * seed, mutant): the replay of a failure is the same command.
  */
-import { AssertionFailure } from '../util/assert.ts';
 import { SimEnv } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
 import { formatRace, type RaceReport } from '../device/race/race_report.ts';
@@ -31,6 +30,7 @@ import { WorldEvents } from './world_events.ts';
 import { CancelPoints } from './cancel_points.ts';
 import { CancelOracles } from './cancel_oracles.ts';
 import { XpydRouting } from './xpyd.ts';
+import { advanceGuarded, guarded, plantCrashProbe, watchingRejections, type CrashProbe } from './crash_watch.ts';
 
 export type OracleName =
   'race' | 'lifecycle' | 'pd-equals-colocated' | 'liveness' | 'leak' | 'crash' | 'lease' | 'cancel' | 'router-index';
@@ -67,6 +67,7 @@ export interface WorldOptions {
   decodeTp?: number;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
+  crashProbe?: CrashProbe;
 }
 
 interface Choice extends ChoiceInfo {
@@ -170,6 +171,7 @@ export class SimWorld {
     w.events = new WorldEvents(w);
     w.coverage = new OrderCoverage(w);
     w.fabric.onEvent((ev) => w.events.handle(ev));
+    plantCrashProbe(w.env, opts.seed, opts.crashProbe);
     return w;
   }
 
@@ -191,6 +193,8 @@ export class SimWorld {
       ...(invariant ? { invariant } : {}),
     });
   }
+
+  private readonly crash = (message: string): void => this.violate('crash', message);
 
   private lifecycleViolation(instance: string, v: LifecycleViolation): void {
     const inst = this.instances.find((i) => i.name === instance);
@@ -381,8 +385,12 @@ export class SimWorld {
       this.violate('crash', `proxy flow: assertion failed: ${flowCrash.message}`);
   }
 
-  /** Run to the end (every request finished and both instances quiescent) or the first violation. */
-  async run(): Promise<void> {
+  /** Run to the end (all finished, instances quiescent) or the first violation: crash_watch.ts for the crashes. */
+  run(): Promise<void> {
+    return watchingRejections(() => this.explore(), this.crash);
+  }
+
+  private async explore(): Promise<void> {
     const maxSteps = this.opts.maxSteps ?? DEFAULT_MAX_STEPS;
     const maxVirtualMs = this.opts.maxVirtualMs ?? DEFAULT_MAX_VIRTUAL_MS;
     for (const r of this.proxy.requests) this.env.setTimer(r.spec.arrivalMs, () => this.proxy.arrive(r));
@@ -411,22 +419,13 @@ export class SimWorld {
           this.violate('liveness', `deadlock: nothing enabled and no timer pending; ${this.pendingSummary()}`);
           break;
         }
-        this.env.advanceTo(Math.max(now, Math.min(...next)));
+        advanceGuarded(this.env, this.crash, Math.max(now, Math.min(...next)));
         this.explorer.jumped?.();
         continue;
       }
       const c = choices[this.explorer.pick(choices)] as Choice;
       for (let i = 0; i < c.key.length; i++) this.hash = Math.imul(this.hash ^ c.key.charCodeAt(i), 0x01000193) >>> 0;
-      try {
-        c.apply();
-        // catch-ok: the simulator's crash oracle: a throw (an assertion above all) becomes a 'crash' violation that
-        // fails the run with its seed
-      } catch (e) {
-        this.violate(
-          'crash',
-          `applying ${c.key} threw: ${e instanceof AssertionFailure ? 'assertion failed: ' : ''}${(e as Error).message}`,
-        );
-      }
+      guarded(this.crash, `applying ${c.key}`, () => c.apply());
       this.trace?.span({
         key: c.key,
         process: c.process,
@@ -437,7 +436,7 @@ export class SimWorld {
         args: c.args,
       });
       this.step++;
-      const fired = this.env.advanceTo(now + c.costMs);
+      const fired = advanceGuarded(this.env, this.crash, now + c.costMs);
       this.explorer.stepped?.(fired);
     }
   }

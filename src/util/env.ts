@@ -200,3 +200,11 @@ export async function holdingLoopOpen<T>(p: Promise<T>): Promise<T> {
     clearInterval(hold);
   }
 }
+
+/**
+ * Resolves on the next turn of the event loop (after every tick and microtask queued so far, and after
+ * Node reported the rejections nobody handled: the simulator's crash oracle, sim/crash_watch.ts).
+ */
+export function nextMacrotask(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
