@@ -4,25 +4,13 @@
  * the operator's pairing is wrong, not the client's request. Before: 400 BAD_TRANSFER_PARAMS with param
  * kv_transfer_params.remote_host, blaming the client.
  */
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOptions } from './instance.ts';
+import { smallInstances } from './small_instances_testkit.ts';
 
 const env = new RealEnv(47);
-const started: Instance[] = [];
-after(async () => {
-  for (const i of started) await i.close();
-});
-
-async function start(o: Partial<InstanceOptions>): Promise<Instance> {
-  const i = await startInstance(
-    { ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 }, ...o },
-    env,
-  );
-  started.push(i);
-  return i;
-}
+const start = smallInstances(env);
 
 test('a prefill refusing the handshake as incompatible is a 409 PEER_INCOMPATIBLE, not a client 400', async () => {
   const decode = await start({ role: 'decode', modelSeed: 1 });

@@ -7,28 +7,16 @@
  * (param kv_transfer_params.remote_host), blaming the client for the operator's mismatch.
  * When no pair can be formed at all, the proxy's /health is 503 and a completion is a 503, not a 400.
  */
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOptions } from './instance.ts';
+import { smallInstances } from './small_instances_testkit.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy } from './proxy.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { unpairedReason } from './pool_pairing.ts';
 
 const env = new RealEnv(43);
-const started: Instance[] = [];
-after(async () => {
-  for (const i of started) await i.close();
-});
-
-async function start(o: Partial<InstanceOptions>): Promise<Instance> {
-  const i = await startInstance(
-    { ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 }, ...o },
-    env,
-  );
-  started.push(i);
-  return i;
-}
+const start = smallInstances(env);
 
 const body = JSON.stringify({ prompt: 'the quick brown fox jumps over the lazy dog', max_tokens: 4, temperature: 0 });
 

@@ -5,25 +5,14 @@
  * that neither model would produce (before: 200 with other tokens than colocated).
  * With equal seeds the same flow answers exactly what a colocated instance answers (greedy).
  */
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOptions } from './instance.ts';
+import type { Instance } from './instance.ts';
+import { smallInstances } from './small_instances_testkit.ts';
 
 const env = new RealEnv(41);
-const started: Instance[] = [];
-after(async () => {
-  for (const i of started) await i.close();
-});
-
-async function start(o: Partial<InstanceOptions>): Promise<Instance> {
-  const i = await startInstance(
-    { ...DEFAULT_INSTANCE_OPTIONS, port: 0, numBlocks: 64, scheduler: { maxModelLen: 256 }, ...o },
-    env,
-  );
-  started.push(i);
-  return i;
-}
+const start = smallInstances(env);
 
 const body = JSON.stringify({
   prompt: 'the quick brown fox jumps over the lazy dog, and then',
