@@ -9,7 +9,7 @@ import type { Env, TimerHandle } from '../util/env.ts';
 import { HandoffError, handoffErrorFromJSON, type ErrorCode } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { readJsonBody, sendJson } from './http_io.ts';
+import { pathOf, readJsonBody, sendJson } from './http_io.ts';
 import { forwardHeaders } from './proxy_flow.ts';
 
 /** An upstream failure answered with the upstream's own HTTP status. */
@@ -39,7 +39,7 @@ export async function passThrough(
   const body = req.method === 'POST' ? await readJsonBody(req) : undefined;
   const u = await callUpstream(env, {
     method: req.method === 'POST' ? 'POST' : 'GET',
-    url: `${baseUrl}${new URL(req.url ?? '/', 'http://x').pathname}`,
+    url: `${baseUrl}${pathOf(req)}`,
     headers: forwardHeaders(req, null),
     ...(body === undefined ? {} : { body }),
     timeoutMs,
