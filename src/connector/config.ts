@@ -21,6 +21,11 @@ export interface OneSidedConfig {
   transferTimeoutMs: number;
   /** Test-only fault switch forwarded to the transfer engine. */
   faults?: { readErrorRate?: number; readDelayMs?: number; dropNotificationRate?: number };
+  /**
+   * Simulator only (its split-transfer fault): ranges one work request carries at most, below the
+   * transport's DESCRIPTORS_MAX, so a short prompt's READ or WRITE goes as several work requests.
+   */
+  rangesPerWorkRequest?: number;
   /** Bug zoo only (src/util/mutants.ts). */
   mutant?: MutantName;
 }

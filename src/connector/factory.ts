@@ -14,6 +14,7 @@ import type { KVCacheConfig } from '../kv/spec.ts';
 import { createTransferEngine } from '../transfer/factory.ts';
 import { layoutFromKvConfig } from '../transfer/core/metadata.ts';
 import type { TransferBackend, TransferEngine, TransferEngineOptions } from '../transfer/core/types.ts';
+import { mutationsFor } from '../util/mutants.ts';
 import type { OneSidedConfig } from './config.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
 import { OneSidedConnectorWorker } from './one_sided_worker.ts';
@@ -82,6 +83,10 @@ export function oneSidedConnectorFactory(
       ...(endpoint.dataPort !== undefined ? { dataPort: endpoint.dataPort } : {}),
       ...(endpoint.sideChannelSecret !== undefined ? { sideChannelSecret: endpoint.sideChannelSecret } : {}),
       ...(config.faults ? { faults: config.faults } : {}),
+      // Mutant slot-leak-on-fail: the transfer engine core loses the slot of each failed work request.
+      ...(mutationsFor(config.mutant).freeSlotsOfFailedWork
+        ? {}
+        : { faults: { ...config.faults, leakFailedSlots: true } }),
     });
     transfer.attachRaceChecker(device.raceChecker);
     const addr = transfer.address();

@@ -136,7 +136,9 @@ export class ReadConsumer {
 
   private async settle(id: string, t: ReadTransfer, deadlineMs: number): Promise<void> {
     try {
-      await this.ctx.transfer.wait(t.handles, Math.max(0, deadlineMs - this.ctx.env.nowMs()));
+      // Mutant split-first-wr-only: the READ counted done once its first work request landed.
+      const handles = this.ctx.mutations.awaitEveryWorkRequest ? t.handles : t.handles.slice(0, 1);
+      await this.ctx.transfer.wait(handles, Math.max(0, deadlineMs - this.ctx.env.nowMs()));
       if (this.latenciesMs.length < 4096) this.latenciesMs.push(this.ctx.env.nowMs() - this.postedAtMs);
       this.reads.move(id, 'landed');
     } catch (e) {

@@ -120,8 +120,9 @@ export class WorkerContext {
 
   /**
    * rangesFor cut into work requests of at most DESCRIPTORS_MAX ranges each (what one work request may
-   * carry), each with the footprint of its own ranges. Between degrees a slot costs one range per region,
-   * rank pair and layer, so a long prompt needs several (a GQA model of two layers: past 8,192 tokens).
+   * carry; the simulator's split-transfer fault: fewer), each with the footprint of its own ranges. Between
+   * degrees a slot costs one range per region, rank pair and layer, so a long prompt needs several (a GQA
+   * model of two layers: past 8,192 tokens).
    */
   workRequestsFor(
     plan: TransferPlan,
@@ -129,9 +130,13 @@ export class WorkerContext {
     write: boolean,
   ): Array<{ ranges: TransferRange[]; footprint: PageAccess[] }> {
     const { ranges } = this.rangesFor(plan, peer, write);
+    const max = Math.min(this.config.rangesPerWorkRequest ?? DESCRIPTORS_MAX, DESCRIPTORS_MAX);
+    assert(Number.isInteger(max) && max > 0, 'rangesPerWorkRequest must be a positive integer');
     const out: Array<{ ranges: TransferRange[]; footprint: PageAccess[] }> = [];
-    for (let at = 0; at === 0 || at < ranges.length; at += DESCRIPTORS_MAX) {
-      const part = ranges.slice(at, at + DESCRIPTORS_MAX);
+    // Mutant split-tail-dropped: work requests counted as floor(ranges / max), a partial last one lost.
+    const end = this.mutations.postPartialWorkRequest ? ranges.length : Math.floor(ranges.length / max) * max;
+    for (let at = 0; at === 0 || at < end; at += max) {
+      const part = ranges.slice(at, at + max);
       const footprint = part.flatMap((r) => pagesOf(r.slab, r.localOffset, r.length, this.kvConfig.pageBytes, write));
       out.push({ ranges: part, footprint });
     }

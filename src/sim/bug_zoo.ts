@@ -46,7 +46,22 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   'tp-slice-off-by-one': { scenario: 'hetero-tp', expect: 'pd-equals-colocated', seedsBound: { random: 1, pct: 1 } },
   'abort-not-awaited': { scenario: '1p1d', expect: 'lifecycle:I5', seedsBound: { random: 5, pct: 5 } },
   'release-lost': { scenario: '1p1d', expect: 'lease', seedsBound: { random: 1, pct: 1 } },
-  'zero-after-loads': { scenario: '1p1d', expect: 'lifecycle:I1', seedsBound: { random: 1, pct: 1 } },
+  // Random seed 1 splits its READs since the split-transfer fault: more fabric items, so the shared per-item
+  // fault draws (kill-peer) land elsewhere and prefill dies before any READ; seed 2 catches it (session 12).
+  'zero-after-loads': { scenario: '1p1d', expect: 'lifecycle:I1', seedsBound: { random: 2, pct: 1 } },
   // Caught since the late-answer fault (session 11: decode's READ under way when the lease ends).
   'lease-no-drain': { scenario: '1p1d', expect: 'lifecycle:I4', seedsBound: { random: 6, pct: 6 } },
+  // Caught since the split-transfer fault (session 12: short prompts never split a transfer before).
+  'split-tail-dropped': {
+    scenario: '1p1d-write',
+    expect: 'lifecycle:I2|pd-equals-colocated',
+    seedsBound: { random: 1, pct: 1 },
+  },
+  // Caught since the leak oracle counts the NIC's completion-queue slots (session 12).
+  'slot-leak-on-fail': { scenario: '1p1d', expect: 'leak', seedsBound: { random: 2, pct: 2 } },
+  'split-first-wr-only': {
+    scenario: '1p1d',
+    expect: 'lifecycle:I3|lifecycle:I5|race',
+    seedsBound: { random: 1, pct: 1 },
+  },
 };

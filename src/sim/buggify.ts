@@ -16,6 +16,7 @@ export const FAULT_SITES = [
   'abort-mid-transfer',
   'preempt',
   'late-answer',
+  'split-transfer',
 ] as const;
 export type FaultSite = (typeof FAULT_SITES)[number];
 
@@ -23,8 +24,10 @@ export type FaultSite = (typeof FAULT_SITES)[number];
  * Sites added after the bug zoo's seed bounds were measured, each with a stream of its own: the sites
  * above draw exactly as before. `late-answer`: prefill's READ answer reaches the proxy late, close to the
  * end of its lease, so decode's READ may still be queued when the lease ends (session 11).
+ * `split-transfer`: for the whole run, each READ and WRITE goes as several work requests of 1-3 ranges
+ * (a long prompt's split, DESCRIPTORS_MAX, is otherwise never reached with the simulator's short prompts).
  */
-const OWN_STREAMS: Partial<Record<FaultSite, number>> = { 'late-answer': 11 };
+const OWN_STREAMS: Partial<Record<FaultSite, number>> = { 'late-answer': 11, 'split-transfer': 12 };
 
 export class Buggify {
   private readonly rng: SeededRng;
@@ -60,6 +63,15 @@ export class Buggify {
   /** A value drawn from the fault stream (how long a delay lasts, which page count); `site`: its own stream. */
   int(n: number, site?: FaultSite): number {
     return ((site === undefined ? undefined : this.own.get(site)) ?? this.rng).int(n);
+  }
+
+  /**
+   * An instance's side under the split-transfer fault: its connector posts work requests of 1-3 ranges
+   * (drawn once per instance). Off: the side unchanged. Not counted as fired: it may fail no request.
+   */
+  splitTransfers<S extends { connector: { rangesPerWorkRequest?: number } }>(side: S): S {
+    if (!this.isOn('split-transfer')) return side;
+    return { ...side, connector: { ...side.connector, rangesPerWorkRequest: 1 + this.int(3, 'split-transfer') } };
   }
 
   get enabledSites(): FaultSite[] {

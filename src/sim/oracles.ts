@@ -6,7 +6,9 @@
  *                        action, every request succeeds
  *   pd-equals-colocated  every successful request equals the colocated run of it alone, token for
  *                        token and logits hash for logits hash, with no NaN logits
- *   leak                 both live instances are quiescent with every page back in the pool
+ *   leak                 both live instances are quiescent with every page back in the pool and every
+ *                        NIC completion-queue slot free (a slot lost per failed work request ends in
+ *                        OVERLOADED for every transfer)
  *   lease, cancel        held prefill pages and cancellations (cancel_oracles.ts)
  *   router-index         xpyd: the router's index equals the pools after the last heartbeats (xpyd.ts)
  */
@@ -69,6 +71,8 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
         'leak',
         `${inst.name}: ${total - free} of ${total} pages not back in the pool (lifecycle: ${inst.lifecycle.allocatedCount()} allocated)`,
       );
+    const slots = inst.transfer.nicSlotsTaken;
+    if (slots !== 0) w.violate('leak', `${inst.name}: ${slots} NIC completion-queue slots still taken at the end`);
     if (!inst.engine.scheduler.isQuiescent())
       w.violate(
         'leak',

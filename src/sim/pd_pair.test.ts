@@ -116,7 +116,7 @@ test('lease: prefill frees held pages and revokes the grant when decode never re
     assert.equal(pair.prefill.kv.getNumFreeBlocks(), 127, 'freed when the lease ended');
     assert.equal(pair.prefillConnector.scheduler.stats.leasesExpired, 1);
     // A READ with the dead grant is refused, not served; the lease ended (grant_expires_ms is past), which is
-    // no fault of the client's: decode recomputes (kvLoadFailurePolicy 'recompute', review_lease.test.ts).
+    // no fault of the client's: decode recomputes (kvLoadFailurePolicy 'recompute', lease.test.ts).
     const late = await pair.decode.generate({
       ...(prompts[3] as GenerateRequest),
       kvTransferParams: r.kvTransferParams,

@@ -213,6 +213,9 @@ function scenarioConnector(
     'zero-after-loads': 'consumer',
     'head-layout-mismatch': mapper,
     'tp-slice-off-by-one': mapper,
+    'split-tail-dropped': mapper,
+    'split-first-wr-only': 'consumer',
+    'slot-leak-on-fail': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;

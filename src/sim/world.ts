@@ -149,7 +149,7 @@ export class SimWorld {
       notifyTimeoutMs: scenario.notifyTimeoutMs,
     };
     const build = (name: string, role: 'producer' | 'consumer'): Promise<SimInstance> => {
-      const side = role === 'producer' ? scenario.prefill : scenario.decode;
+      const side = w.buggify.splitTransfers(role === 'producer' ? scenario.prefill : scenario.decode);
       return SimInstance.create({ ...common, ...side, name, role }, w.env, w.fabric, observer, onViolation(name));
     };
     w.P = await build('P', 'producer');

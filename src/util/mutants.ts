@@ -32,6 +32,12 @@ export const MUTANTS = {
     'no READ destination excluded from zeroing, the zeroing queued once the step’s READs landed instead ("no race then"): it wipes them',
   'lease-no-drain':
     'a lease that ended frees prefill’s pages at once, while a READ admitted under its grant may still read them',
+  'split-tail-dropped':
+    'a transfer split into work requests counts them rounded down: its last, partial work request is never posted',
+  'split-first-wr-only':
+    'a READ split into work requests is done once its first work request landed, the later ones still in flight',
+  'slot-leak-on-fail':
+    'a failed or aborted work request never gives back its NIC completion-queue slot: once all are lost, every transfer is OVERLOADED',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -83,6 +89,12 @@ export interface Mutations {
   readonly zeroBeforeLoads: boolean;
   /** Producer: the pages of a lease that ended are reported only once the NIC drained its grant. */
   readonly drainEndedLeases: boolean;
+  /** READ consumer and WRITE producer: a transfer's last work request is posted also when it is not full. */
+  readonly postPartialWorkRequest: boolean;
+  /** READ consumer: a READ is awaited on every one of its work requests (not only its first). */
+  readonly awaitEveryWorkRequest: boolean;
+  /** Transfer engine (through the connector's options): a failed work request frees its completion-queue slot. */
+  readonly freeSlotsOfFailedWork: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -102,6 +114,9 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   releaseNamesTransfer: true,
   zeroBeforeLoads: true,
   drainEndedLeases: true,
+  postPartialWorkRequest: true,
+  awaitEveryWorkRequest: true,
+  freeSlotsOfFailedWork: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -127,6 +142,9 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'release-lost': { releaseNamesTransfer: false },
   'zero-after-loads': { zeroBeforeLoads: false }, // with zeroExclusion 'none' (connector config)
   'lease-no-drain': { drainEndedLeases: false },
+  'split-tail-dropped': { postPartialWorkRequest: false },
+  'split-first-wr-only': { awaitEveryWorkRequest: false },
+  'slot-leak-on-fail': { freeSlotsOfFailedWork: false },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {

@@ -119,6 +119,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
       readErrorRate: f.readErrorRate ?? 0,
       readDelayMs: f.readDelayMs ?? 0,
       dropNotificationRate: f.dropNotificationRate ?? 0,
+      leakFailedSlots: f.leakFailedSlots ?? false,
     };
     this.notifyTimeoutMs = opts.notifyTimeoutMs ?? 5000;
     this.handshakeTimeoutMs = opts.handshakeTimeoutMs ?? 5000;
@@ -289,7 +290,7 @@ export abstract class TransferEngineCore<N extends Nic = Nic> implements Transfe
 
   private finish(st: HandleState, code: ErrorCode | null, message: string): void {
     if (st.state !== 'pending') return;
-    if (st.slot !== null) this.nic.freeSlot(st.slot);
+    if (st.slot !== null && (code === null || !this.faults.leakFailedSlots)) this.nic.freeSlot(st.slot);
     st.slot = null;
     this.inflight.delete(st.handle.id);
     settleHandle(st, code, message, this.counters); // waiters run later (promise callbacks), after the log line

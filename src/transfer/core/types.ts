@@ -167,6 +167,8 @@ export interface TransferFaults {
   readDelayMs?: number;
   /** Probability that an outgoing notification is lost; notify() then rejects with TIMEOUT. */
   dropNotificationRate?: number;
+  /** Bug zoo only (mutant slot-leak-on-fail): a failed work request never frees its completion-queue slot. */
+  leakFailedSlots?: boolean;
 }
 
 export interface TransferEngineOptions {

@@ -68,6 +68,11 @@ export class SimTransferEngine extends TransferEngineCore<SimNic> {
     registry.set(this.engineId, this);
   }
 
+  /** The simulator's leak oracle: completion-queue slots still taken (0 once every work request settled). */
+  get nicSlotsTaken(): number {
+    return this.nic.slotsTaken;
+  }
+
   address(): PeerAddress {
     return { host: `${SCHEME}${this.engineId}`, port: 0 };
   }

@@ -84,6 +84,11 @@ export class SimNic implements Nic {
     this.table = new GrantTable(o.layout, GRANTS_MAX);
   }
 
+  /** Completion-queue slots taken (work requests posted and not finished): 0 when the NIC is idle. */
+  get slotsTaken(): number {
+    return this.slotsInUse;
+  }
+
   allocSlot(): number | null {
     if (this.slotsInUse >= this.slotsMax) return null;
     this.slotsInUse++;
