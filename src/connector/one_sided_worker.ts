@@ -97,7 +97,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
           grant: p['grant'],
         };
         this.saves.destination(n.transferId, dest);
-      } else if (n.type === 'write_done') this.recvs.writeDone(n.transferId);
+      } else if (n.type === 'write_done') this.recvs.writeDone(n.transferId, n.payload?.['grant']);
+      // Only with its grant's token (it ended the live grant): a peer cannot fail another's load.
+      else if (n.type === 'write_refused' && grantEnded) this.recvs.writeRefused(n.transferId);
       this.onActivity?.();
     });
   }

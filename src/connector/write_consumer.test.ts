@@ -18,13 +18,15 @@ import type { PeerDirectory } from './peer_directory.ts';
 import { WorkerContext } from './worker_context.ts';
 import { WriteConsumer } from './write_consumer.ts';
 
+const TOKEN = 'ab'.repeat(16);
+
 function rig() {
   const env = new SimEnv(1);
   const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   const calls: string[] = [];
   const drains = new Map<string, () => void>();
   const transfer = {
-    issueGrant: (g: { transferId: string }) => (calls.push(`grant ${g.transferId}`), { token: 'tok' }),
+    issueGrant: (g: { transferId: string }) => (calls.push(`grant ${g.transferId}`), { token: TOKEN }),
     revokeGrant: (t: string) => (calls.push(`revoke ${t}`), true),
     drainGrant: (t: string) => {
       calls.push(`drain ${t}`);
@@ -91,7 +93,7 @@ test('an aborted load is released once its drain settled, before the deadline an
   assert.deepEqual(recvs.collect().releasedAborted, [], 'not while a WRITE may still be landing');
   await settle('t1');
   assert.deepEqual(recvs.collect().releasedAborted, ['r1']);
-  recvs.writeDone('t1'); // a write_done after the release changes nothing
+  recvs.writeDone('t1', TOKEN); // a write_done after the release changes nothing
   assert.deepEqual(recvs.collect().releasedAborted, []);
 });
 
@@ -99,7 +101,7 @@ test('write_done before the drain settles releases the aborted load (the WRITE l
   const { recvs, notify, settle } = rig();
   notify('r1', 't1');
   recvs.aborted('t1', 'r1');
-  recvs.writeDone('t1');
+  recvs.writeDone('t1', TOKEN);
   assert.deepEqual(recvs.collect().releasedAborted, ['r1']);
   await settle('t1');
   assert.deepEqual(recvs.collect().releasedAborted, []);
@@ -109,7 +111,7 @@ test('write_done before the drain settles releases the aborted load (the WRITE l
 test('a WRITE done before its deadline is finished without a drain', () => {
   const { calls, recvs, notify } = rig();
   notify('r1', 't1');
-  recvs.writeDone('t1');
+  recvs.writeDone('t1', TOKEN);
   const c = recvs.collect();
   assert.deepEqual(c.finishedRecving, ['r1']);
   assert.deepEqual(c.loads.failedLoadReqIds, []);

@@ -2,7 +2,7 @@
  * WRITE consumer (decode, WRITE mode): one transfer per request waiting for the producer to push.
  *
  *   granted ──write_done──> done (finishedRecving)
- *      │  └──deadline──> expiring ──drained──> expired (the load failed: recompute or fail by policy)
+ *      │  └──deadline or write_refused──> expiring ──drained──> expired (load failed: recompute or fail by policy)
  *      │                      └──request aborted──┐
  *      └──request aborted──> aborted ──drained or write_done──> aborted-released (finishedSending)
  *
@@ -17,6 +17,7 @@
  * second zeroing site of vLLM PR 49612.
  */
 import { isHandoffError } from '../util/errors.ts';
+import { sameToken } from '../transfer/core/grant_table.ts';
 import type { KVConnectorOutput } from '../worker/scheduler_output.ts';
 import type { NotifyReqMeta } from '../worker/connector_metadata.ts';
 import type { PageSpan } from '../device/types.ts';
@@ -31,6 +32,10 @@ interface RecvTransfer {
   blockIds: number[];
   /** Bytes of the destination pages past the written tokens: zeroed once the WRITE is done. */
   tails: PageSpan[];
+  /** The grant's token (null until granted): proves a write_done once the grant itself is gone. */
+  grant: string | null;
+  /** Set when the producer refused to push (its save is gone): why the load failed. */
+  refused?: string;
 }
 
 const RECV_TRANSITIONS = {
@@ -81,6 +86,7 @@ export class WriteConsumer {
       deadlineMs: now + this.ctx.config.transferTimeoutMs,
       blockIds: writable.flat(),
       tails: this.tailsOf(local, skipBlocks, endToken),
+      grant: null,
     });
     let engineId: string;
     try {
@@ -97,6 +103,7 @@ export class WriteConsumer {
       blockIds: writable.flat(),
       ttlMs: this.ctx.config.leaseMs,
     });
+    t.grant = grant.token;
     const payload = { blockIds: local, skipBlocks, endToken, grant: grant.token };
     this.ctx.transfer.notify(engineId, { type: 'remote_blocks', transferId, payload }).catch((e: unknown) => {
       if (!isHandoffError(e)) throw e;
@@ -105,14 +112,19 @@ export class WriteConsumer {
       this.ctx.peers.forget(host, port);
       this.ctx.log?.warn(
         { requestId, transferId, err: e.message },
-        'could not tell the producer where to write; the load fails at its deadline',
+        'could not tell the producer where to write; the load fails now',
       );
+      // The producer may never learn where to write: fail the load at the next collect (its grant is revoked
+      // and drained first, so a notice that did get through pushes nothing over the recompute).
+      if (this.recvs.get(transferId) === t && t.state === 'granted') t.deadlineMs = this.ctx.env.nowMs();
+      this.onActivity();
     });
   }
 
   /**
    * The request finished (aborted) while the producer may still write: no WRITE lands in its pages once
-   * the grant's drain settled, and they are released then (or at write_done, if that comes first). A
+   * the grant's drain settled, and they are released then (or at a write_done carrying the grant's token, if
+   * that comes first). A
    * request whose producer was never told where to write (or whose load already ended) is released at
    * the next collect.
    */
@@ -148,10 +160,30 @@ export class WriteConsumer {
     });
   }
 
-  /** The producer's data is visible in our pages. */
-  writeDone(transferId: string): void {
+  /**
+   * The producer will never push (it gave the save up: its lease ended while the request waited here, or
+   * the push failed): the load fails now, once its grant's drain settled, rather than at the deadline.
+   */
+  writeRefused(transferId: string): void {
+    const t = this.recvs.get(transferId);
+    if (t?.state !== 'granted') return;
+    this.ctx.transfer.revokeGrant(transferId);
+    t.refused =
+      "the producer will not push the request's KV (its lease ended before it was told where, or the push failed)";
+    this.recvs.move(transferId, 'expiring');
+    this.afterDrain(transferId);
+  }
+
+  /**
+   * The producer's data is visible in our pages. A granted load's notice proved itself against the live
+   * grant; an aborted load's grant is gone (the transfer layer passes on anyone's write_done then), so it is
+   * released early only for the grant's token: a peer that learned the transfer id must not hand pages back
+   * to the pool while the producer's WRITE may still be landing in them.
+   */
+  writeDone(transferId: string, token: unknown): void {
     const t = this.recvs.get(transferId);
     if (t === undefined || (t.state !== 'granted' && t.state !== 'aborted')) return;
+    if (t.state === 'aborted' && (t.grant === null || !sameToken(t.grant, token))) return;
     this.ctx.transfer.revokeGrant(transferId);
     this.recvs.move(transferId, t.state === 'aborted' ? 'aborted-released' : 'done');
   }
@@ -214,10 +246,10 @@ export class WriteConsumer {
     for (const [, t] of this.recvs.take('expired')) {
       loads.failedLoadReqIds.push(t.requestId);
       loads.invalidBlockIds.push(...t.blockIds);
-      loads.loadErrors[t.requestId] = {
-        code: 'TIMEOUT',
-        message: `the producer did not write within ${this.ctx.config.transferTimeoutMs} ms`,
-      };
+      loads.loadErrors[t.requestId] =
+        t.refused === undefined
+          ? { code: 'TIMEOUT', message: `the producer did not write within ${this.ctx.config.transferTimeoutMs} ms` }
+          : { code: 'KV_LOAD_FAILED', message: t.refused };
     }
     return { finishedRecving: done, releasedAborted, loads, tailsZeroed };
   }

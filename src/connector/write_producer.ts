@@ -8,6 +8,8 @@
  * The save (our pages are final) comes in the step metadata; the destination (decode's pages and its
  * grant) in a `remote_blocks` notification; either may come first. A push waits for the WRITE to land
  * and then announces `write_done` (a failed push is logged: decode's deadline makes it recompute).
+ * A destination for a save this side already gave up (lease ended, released) is answered `write_refused`
+ * at once: no push will come, so decode recomputes now rather than at its deadline.
  * Decode's block size may differ from ours: the push moves tokens, not pages (alignment.ts, token_map.ts).
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
@@ -43,12 +45,16 @@ const SAVE_TRANSITIONS = {
 } as const;
 /** Destinations announced for saves we never had (a hostile or confused peer) kept at most. */
 export const ORPHAN_DESTINATIONS_MAX = 1024;
+/** Transfers whose save was given up, remembered (oldest forgotten first) to refuse a late destination. */
+export const ENDED_SAVES_MAX = 4096;
 
 export class WriteProducer {
   private readonly saves = new TransferTable<SaveState, SaveTransfer>('WRITE producer', SAVE_TRANSITIONS, 1 << 16);
   stats = { writesPosted: 0 };
   /** Requests of expired leases with no push under way (expire), reported by takeFinished. */
   private expired: string[] = [];
+  /** Transfers whose save was dropped unpushed (lease ended, released): a destination for one is refused. */
+  private readonly ended = new Set<string>();
 
   constructor(
     private readonly ctx: WorkerContext,
@@ -61,6 +67,7 @@ export class WriteProducer {
 
   /** Our pages of a finished request are final. */
   save(s: SaveReqMeta): void {
+    this.ended.delete(s.transferId);
     const t = this.saves.get(s.transferId);
     if (t?.state === 'awaiting-save') t.save = s;
     else if (t === undefined) this.saves.add(s.transferId, { state: 'awaiting-destination', save: s, dest: null });
@@ -73,7 +80,7 @@ export class WriteProducer {
    */
   prune(held: Record<string, string>): void {
     for (const [transferId] of this.saves.inState('awaiting-destination'))
-      if (held[transferId] === undefined) this.saves.drop(transferId);
+      if (held[transferId] === undefined) this.endSave(transferId);
   }
 
   /**
@@ -84,7 +91,7 @@ export class WriteProducer {
     for (const [transferId, requestId] of Object.entries(expiring)) {
       const state = this.saves.get(transferId)?.state;
       if (state === 'pushing' || state === 'pushed') continue;
-      if (state !== undefined) this.saves.drop(transferId);
+      this.endSave(transferId);
       this.expired.push(requestId);
     }
   }
@@ -96,7 +103,7 @@ export class WriteProducer {
    */
   released(transferId: string): 'pushing' | 'not-pushing' {
     const state = this.saves.get(transferId)?.state;
-    if (state === 'awaiting-destination') this.saves.drop(transferId);
+    if (state === 'awaiting-destination') this.endSave(transferId);
     return state === 'pushing' || state === 'pushed' ? 'pushing' : 'not-pushing';
   }
 
@@ -110,6 +117,7 @@ export class WriteProducer {
   destination(transferId: string, dest: RemoteBlocks): void {
     const t = this.saves.get(transferId);
     if (t?.state === 'awaiting-destination') t.dest = dest;
+    else if (t === undefined && this.ended.has(transferId)) this.refuse(transferId, dest);
     else if (t === undefined) {
       if (this.saves.inState('awaiting-save').length >= ORPHAN_DESTINATIONS_MAX) this.dropOrphans();
       this.saves.add(transferId, { state: 'awaiting-save', save: null, dest });
@@ -173,6 +181,9 @@ export class WriteProducer {
       // Timed out or failed: the NIC may still be sending from our pages. They are reported (and freed)
       // only once it acknowledged that it stopped.
       if (handles.length > 0) await transfer.abort(handles);
+      // Nothing more will be pushed: decode recomputes now rather than at its deadline (a refused grant
+      // means decode already gave the load up).
+      if (!isHandoffError(e) || e.code !== 'GRANT_DENIED') this.refuse(save.transferId, dest);
     }
   }
 
@@ -201,6 +212,27 @@ export class WriteProducer {
       remote: runs.map((r) => r.remote),
       runs: runs.map((r) => [r.start, r.end]),
     };
+  }
+
+  /** A save given up unpushed: its pages go back, and a destination that comes for it later is refused. */
+  private endSave(transferId: string): void {
+    const dest = this.saves.get(transferId)?.dest ?? null;
+    if (dest !== null) this.refuse(transferId, dest); // told where to write before the save was given up
+    if (this.saves.get(transferId) !== undefined) this.saves.drop(transferId);
+    this.ended.delete(transferId);
+    if (this.ended.size >= ENDED_SAVES_MAX) this.ended.delete(this.ended.values().next().value as string);
+    this.ended.add(transferId);
+  }
+
+  /** Tell decode at once that nothing will be pushed (its grant's token proves the notice is ours). */
+  private refuse(transferId: string, dest: RemoteBlocks): void {
+    this.ctx.log?.warn({ transferId, from: dest.fromEngineId }, 'destination for a save already given up: refused');
+    const refused = { type: 'write_refused' as const, transferId, payload: { grant: dest.grant } };
+    this.ctx.transfer.notify(dest.fromEngineId, refused).catch((e: unknown) => {
+      if (!isHandoffError(e)) throw e;
+      // The side channel to decode is gone: its deadline makes it recompute.
+      this.ctx.log?.warn({ transferId, err: e.message }, 'could not refuse the destination');
+    });
   }
 
   private dropOrphans(): void {

@@ -1,8 +1,9 @@
 /**
  * Prefill's WRITE-mode worker for the connector's tests: the real OneSidedConnectorWorker (producer, WRITE)
  * over a transfer engine that records the WRITEs posted (`h.posted`) and finishes one only when the test
- * calls `h.finishWrite()`. `step(n, fill)` builds a step's scheduler output with its metadata, `notify`
- * delivers a peer's notification, `destination()` is decode-0's remote_blocks for transfer T.
+ * calls `h.finishWrite()`, and the notifications it sends (`h.notified`). `step(n, fill)` builds a step's
+ * scheduler output with its metadata, `notify` delivers a peer's notification, `destination()` is decode-0's
+ * remote_blocks for transfer T.
  */
 import { SimEnv } from '../util/env.ts';
 import type { Device } from '../device/types.ts';
@@ -19,17 +20,18 @@ type Handler = (from: string, n: Notification, grantEnded: boolean) => void;
 
 export function writeProducerRig(kv: KVCacheConfig = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64)) {
   const env = new SimEnv(1);
-  const h: { handler: Handler | null; finishWrite: (() => void) | null; posted: string[] } = {
-    handler: null,
-    finishWrite: null,
-    posted: [],
-  };
+  const h: {
+    handler: Handler | null;
+    finishWrite: (() => void) | null;
+    posted: string[];
+    notified: Array<{ to: string } & Notification>;
+  } = { handler: null, finishWrite: null, posted: [], notified: [] };
   const transfer = {
     onNotification: (f: Handler) => ((h.handler = f), () => undefined),
     issueGrant: () => ({ token: 'ab'.repeat(16), expiresAtMs: 1e9 }),
     revokeGrant: () => true,
     drainGrant: () => Promise.resolve(),
-    notify: () => Promise.resolve(),
+    notify: (to: string, n: Notification) => (h.notified.push({ to, ...n }), Promise.resolve()),
     peerMetadata: () => ({
       engineId: 'decode-0',
       layout: {

@@ -137,9 +137,10 @@ export function settleHandle(
 }
 
 /**
- * Hand an arrived notification to the engine's handlers. A release / write_done that cannot prove its
- * grant (wrong peer or token for a live grant) ends nothing and reaches no handler: otherwise anyone who
- * learned a transfer id could free another request's pages. Returns false when it was refused.
+ * Hand an arrived notification to the engine's handlers. A release / write_done / write_refused that cannot
+ * prove its grant (wrong peer or token for a live grant) ends nothing and reaches no handler: otherwise anyone
+ * who learned a transfer id could free another request's pages (or fail its load). Returns false when it was
+ * refused.
  */
 export function dispatchNotification(
   grants: { releasedBy(transferId: string, peerEngineId: string, token: unknown): ReleaseOutcome },
@@ -149,7 +150,7 @@ export function dispatchNotification(
   n: Notification,
 ): boolean {
   const outcome =
-    n.type === 'release' || n.type === 'write_done'
+    n.type === 'release' || n.type === 'write_done' || n.type === 'write_refused'
       ? grants.releasedBy(n.transferId, fromEngineId, n.payload?.['grant'])
       : 'no-grant';
   if (outcome === 'refused') return false;

@@ -117,7 +117,8 @@ export interface TransferHandle {
 
 export type PollResult = { state: 'pending' } | { state: 'done' } | { state: 'failed'; error: HandoffError };
 
-export const NOTIFICATION_TYPES = ['release', 'write_done', 'remote_blocks'] as const;
+/** write_refused: prefill will never push a transfer decode said where to write (its save is gone). */
+export const NOTIFICATION_TYPES = ['release', 'write_done', 'remote_blocks', 'write_refused'] as const;
 export type NotificationType = (typeof NOTIFICATION_TYPES)[number];
 
 export interface Notification {
@@ -128,8 +129,9 @@ export interface Notification {
 }
 
 /**
- * `grantEnded`: for a release / write_done, whether it ended a live grant of this engine (false: no grant
- * was live under its transfer id, e.g. a duplicate, a late or a made-up one; a wrong token never gets here).
+ * `grantEnded`: for a release / write_done / write_refused, whether it ended a live grant of this engine (false:
+ * no grant was live under its transfer id, e.g. a duplicate, a late or a made-up one; a wrong token never gets
+ * here).
  */
 export type NotificationHandler = (fromEngineId: string, notification: Notification, grantEnded: boolean) => void;
 
