@@ -7,9 +7,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { FabricItem } from '../transfer/sim/sim_fabric.ts';
-import { LEASE_SLACK_MS } from './cancel_oracles.ts';
+import { LEASE_HOLD_MS } from './cancel_oracles.ts';
 import { judgeEnd } from './oracles.ts';
-import { CANCEL_POINTS, SIM_LEASE_MS, type CancelPoint } from './scenarios.ts';
+import { CANCEL_POINTS, type CancelPoint } from './scenarios.ts';
 import { SimWorld, type Violation } from './world.ts';
 
 for (const scenario of ['cancel-everywhere', 'cancel-everywhere-write'] as const) {
@@ -32,7 +32,7 @@ for (const scenario of ['cancel-everywhere', 'cancel-everywhere-write'] as const
   });
 }
 
-test('lease oracle: a prefill page lent to decode and still allocated after lease + slack is reported, naming page and request', async () => {
+test("lease oracle: a prefill page lent to decode and still allocated after lease + an in-flight transfer's timeout + slack is reported, naming page and request", async () => {
   const w = await SimWorld.create({ scenario: 'cancel-everywhere', preset: 'dsv4-mini', seed: 1, strategy: 'random' });
   const pool = w.P.engine.kv.blockPool;
   const kept = pool.getNewBlocks(2);
@@ -41,12 +41,12 @@ test('lease oracle: a prefill page lent to decode and still allocated after leas
   w.proxy.requests[0]!.prefillAnswer = { params: { remote_block_ids: [ids(kept)] }, atMs: 0 };
   w.proxy.requests[1]!.prefillAnswer = { params: { remote_block_ids: [ids(freedInTime)] }, atMs: 0 };
   w.cancelOracles.afterStep();
-  w.env.advanceTo(SIM_LEASE_MS + LEASE_SLACK_MS);
+  w.env.advanceTo(LEASE_HOLD_MS);
   pool.freeBlocks(freedInTime);
   w.cancelOracles.afterStep();
   const found = (): Violation[] => w.violations;
   assert.deepEqual(found(), [], 'within lease + slack nothing is stranded');
-  w.env.advanceTo(SIM_LEASE_MS + LEASE_SLACK_MS + 1);
+  w.env.advanceTo(LEASE_HOLD_MS + 1);
   w.cancelOracles.afterStep();
   assert.deepEqual(
     found().map((v) => v.oracle),

@@ -2,7 +2,10 @@
  * Oracles of cancellation and held pages (dynamo #13855, vLLM #50425, sglang #28651 and #33507), in
  * every scenario:
  *   lease   no page prefill held for a request outlives its lease: each page of a prefill answer is back
- *           in the pool (or allocated anew) by answer + lease + LEASE_SLACK_MS; checked after every step
+ *           in the pool (or allocated anew) by answer + lease + transfer timeout + LEASE_SLACK_MS (a READ
+ *           or WRITE that began just before the lease ended holds the pages until it lands or its timeout
+ *           aborts it; the NIC's pages are not ours to free while it may still send from them); checked
+ *           after every step
  *   cancel  a client that went away after prefill answered (at whatever point) gets prefill's pages released
  *           by decode (its READ's release, pdFlow's releaseUnused, its abort; WRITE: its push), never left
  *           to the lease: freed within CANCEL_RELEASE_MS of the cancel, unless a fault dropped a
@@ -14,11 +17,16 @@
  */
 import type { FabricEvent } from '../transfer/sim/sim_fabric.ts';
 import type { CancelPoints } from './cancel_points.ts';
-import { SIM_LEASE_MS, type CancelPoint } from './scenarios.ts';
+import { SIM_LEASE_MS, SIM_TRANSFER_TIMEOUT_MS, type CancelPoint } from './scenarios.ts';
 import type { SimWorld } from './world.ts';
 
-/** Engine steps between the lease's end and the sweep that frees the pages (idle polls, a forward). */
+/**
+ * After the lease (and after the timeout of a transfer still under way when it ended): the NIC's abort
+ * acknowledgement and the engine steps until the sweep frees the pages (idle polls, a forward).
+ */
 export const LEASE_SLACK_MS = 100;
+/** How long past answer + lease a page may stay held at most: an in-flight transfer's timeout, then slack. */
+export const LEASE_HOLD_MS = SIM_LEASE_MS + SIM_TRANSFER_TIMEOUT_MS + LEASE_SLACK_MS;
 /** Release after a cancel: proxy → decode → empty READ → release notification → prefill frees. */
 export const CANCEL_RELEASE_MS = SIM_LEASE_MS / 2;
 
@@ -108,7 +116,7 @@ export class CancelOracles {
       for (const b of this.pagesOf(a.params)) {
         const allocation = lc.allocation(b);
         if (allocation !== null)
-          this.held.set(b, { index: r.spec.index, allocation, deadlineMs: a.atMs + SIM_LEASE_MS + LEASE_SLACK_MS });
+          this.held.set(b, { index: r.spec.index, allocation, deadlineMs: a.atMs + LEASE_HOLD_MS });
       }
     }
     for (const [b, h] of this.held) {
@@ -117,7 +125,7 @@ export class CancelOracles {
         this.held.delete(b);
         w.violate(
           'lease',
-          `P block ${b}, held for request ${h.index}, still not back in the pool ${Math.round(now - h.deadlineMs + SIM_LEASE_MS + LEASE_SLACK_MS)} ms after prefill answered (lease ${SIM_LEASE_MS} ms + ${LEASE_SLACK_MS} ms slack) [history: ${lc.history(b)}]`,
+          `P block ${b}, held for request ${h.index}, still not back in the pool ${Math.round(now - h.deadlineMs + LEASE_HOLD_MS)} ms after prefill answered (lease ${SIM_LEASE_MS} ms + an in-flight transfer's timeout ${SIM_TRANSFER_TIMEOUT_MS} ms + ${LEASE_SLACK_MS} ms slack) [history: ${lc.history(b)}]`,
         );
       }
     }

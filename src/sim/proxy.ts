@@ -192,8 +192,8 @@ export class SimProxy {
   /** An assertion that failed inside a request's flow (the world turns it into a 'crash' violation). */
   crashed: AssertionFailure | null = null;
   private readonly clients = new Map<number, AbortController>();
-  /** Prefill legs in flight: a prefill that dies fails them like a dropped connection. */
-  private readonly prefillLegs = new Map<string, { inst: SimInstance; fail: (e: LegFailure) => void }>();
+  /** Legs in flight (either side): an instance that dies fails them like a dropped connection. */
+  private readonly legs = new Map<string, { inst: SimInstance; fail: (e: LegFailure) => void }>();
 
   /** One side of the flow: submit to `inst`; resolves on success, rejects with the failure's outcome. */
   private leg(
@@ -213,14 +213,19 @@ export class SimProxy {
     const settle = (outcome: RequestOutcome, kvTransferParams: Record<string, unknown> | null): void => {
       if (!pending) return;
       pending = false;
-      this.prefillLegs.delete(requestId);
+      this.legs.delete(requestId);
       if (!outcome.ok) return reject(new LegFailure(outcome));
       const isPrefill = inst.spec.role === 'producer';
       if (isPrefill) r.prefillAnswer = { params: kvTransferParams, atMs: this.nowMs() };
       if (isPrefill && this.answerHop !== null) return this.answerHop(r, () => resolve({ outcome, kvTransferParams }));
       resolve({ outcome, kvTransferParams });
     };
-    if (inst.spec.role === 'producer') this.prefillLegs.set(requestId, { inst, fail: (e) => settle(e.outcome, null) });
+    // Sent to an instance that died after routing chose it (an xpyd restart): the connection is refused.
+    if (!inst.alive) {
+      settle(failure('PEER_UNAVAILABLE', `${inst.name} is down`), null);
+      return p;
+    }
+    this.legs.set(requestId, { inst, fail: (e) => settle(e.outcome, null) });
     // As the HTTP proxy does: a READ prefill leg is cancelled in band (its answer, if it finished, still
     // comes and is released through decode); any other leg is aborted (an answer never sent ends its hold).
     const inBand = this.mode === 'read' && inst.spec.role === 'producer';
@@ -302,10 +307,13 @@ export class SimProxy {
     this.clients.get(r.spec.index)?.abort();
   }
 
-  /** A prefill instance died: requests waiting on it fail like a dropped connection. */
-  prefillDied(dead: SimInstance): void {
-    const err = new HandoffError('PEER_UNAVAILABLE', 'prefill instance died');
-    for (const leg of [...this.prefillLegs.values()])
+  /** An instance died (a prefill's death, a decode's restart): its requests fail like a dropped connection. */
+  instanceDied(dead: SimInstance): void {
+    const err = new HandoffError(
+      'PEER_UNAVAILABLE',
+      `${dead.spec.role === 'producer' ? 'prefill' : 'decode'} instance died`,
+    );
+    for (const leg of [...this.legs.values()])
       if (leg.inst === dead) leg.fail(new LegFailure(failure(err.code, err.message)));
   }
 }

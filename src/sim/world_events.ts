@@ -287,7 +287,7 @@ export class WorldEvents {
         enabled: () => inFlight() && peer.alive,
         run: () => {
           peer.kill();
-          w.proxy.prefillDied(peer);
+          w.proxy.instanceDied(peer);
         },
       });
     }

@@ -25,7 +25,7 @@ test('WRITE: a load asked for after prefill dropped the save at its lease end re
       decode: { mode: 'write', transferTimeoutMs },
       prefill: { leaseMs },
       raceCheck: false,
-      name: 'review-write-lease',
+      name: 'write-lease',
     },
     env,
   );

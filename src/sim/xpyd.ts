@@ -254,6 +254,7 @@ export class XpydRouting {
     this.stats.restarts++;
     this.restarting = m.url;
     old.kill();
+    this.w.proxy.instanceDied(old); // a request routed to it meanwhile fails over (pdFlow) or fails typed
     this.w.addAction({
       key: 'act:restart-wait',
       name: `${old.name} starting again`,
