@@ -17,6 +17,8 @@ export interface ConnectorRequest {
   readonly numPromptTokens: number;
   readonly numTokens: number;
   readonly status: string;
+  /** When this instance received the request (env.nowMs()); absent for requests built outside the engine. */
+  readonly arrivalMs?: number;
   kvTransferParams: KVTransferParams | null;
 }
 

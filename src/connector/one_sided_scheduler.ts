@@ -257,12 +257,15 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     this.zeroExcluded.set(req.requestId, this.mutations.zeroExcludedPages(aligned.localBlockIds, local));
     this.stats.readRequests++;
     const grantExpiresMs = p.grant_expires_ms ?? null;
+    const ttl = p.grant_ttl_ms;
+    const grantLapsesAtMs = typeof ttl === 'number' && req.arrivalMs !== undefined ? req.arrivalMs + ttl : null;
     this.reqsNeedRecv.set(req.requestId, {
       ...base,
       ...aligned,
       remoteBlockSize,
       grant: String(p.grant),
       grantExpiresMs,
+      grantLapsesAtMs,
     });
   }
 
@@ -378,6 +381,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       params['grant'] = grant.token;
       // Wall-clock milliseconds, meaningful to another process (the grant itself runs on this engine's clock).
       params['grant_expires_ms'] = Math.round(this.env.wallMs() + (grant.expiresAtMs - this.env.nowMs()));
+      // Relative, so decode can judge the lease's end on its own clock when the two wall clocks disagree.
+      params['grant_ttl_ms'] = Math.max(0, Math.round(grant.expiresAtMs - this.env.nowMs()));
     } else {
       this.reqsNeedSave.set(req.requestId, { requestId: req.requestId, transferId, localBlockIds: groups });
     }

@@ -36,6 +36,8 @@ export const kvTransferParamsSchema = z
       .nullable()
       .optional(),
     grant_expires_ms: z.number().nonnegative().nullable().optional(),
+    /** The grant's lifetime when prefill issued it (ms): decode bounds its end on its own clock (read_consumer). */
+    grant_ttl_ms: z.number().nonnegative().max(86_400_000).nullable().optional(),
     /** Tokens the prefill side computed (so decode can check the payload covers what it loads). */
     remote_num_tokens: z.number().int().nonnegative().nullable().optional(),
     /** prefill's tokens per page: remote_block_ids are in these units (absent: decode's own block size). */

@@ -39,7 +39,8 @@ const READ_TRANSITIONS = { posted: ['landed', 'failed', 'late'], late: ['landed'
 export const READS_MAX = 4096;
 /**
  * grant_expires_ms is prefill's wall clock, rounded, and its lease ends on its monotonic clock: a grant
- * refused this close to that time (or after it) is taken as ended by the lease.
+ * refused this close to that time (or after it) is taken as ended by the lease. The same slack applies to
+ * grantLapsesAtMs (decode's clock; the grant was issued a little before the request arrived here).
  */
 const GRANT_EXPIRY_SLACK_MS = 1000;
 
@@ -169,12 +170,21 @@ export class ReadConsumer {
    * request waited here (decode busy, pool full) longer than prefill holds pages. That is no fault of the
    * client's params: a transient load failure, left to kvLoadFailurePolicy, not a 403. A grant refused
    * before that time (forged, never issued, pages not granted) stays GRANT_DENIED.
+   *
+   * grant_expires_ms is prefill's wall clock: with this host's clock seconds behind, a lease that ended
+   * while the request waited here looked live (a 403 for good params). So the end is also judged on this
+   * engine's monotonic clock, from the request's arrival and grant_ttl_ms (grantLapsesAtMs).
    */
   private lapsedGrant(r: RecvReqMeta, error: HandoffError): HandoffError {
+    if (error.code !== 'GRANT_DENIED') return error;
     const expiresMs = r.grantExpiresMs ?? null;
-    const lapsed = expiresMs !== null && this.ctx.env.wallMs() >= expiresMs - GRANT_EXPIRY_SLACK_MS;
-    if (error.code !== 'GRANT_DENIED' || !lapsed) return error;
-    const waited = `prefill's lease ended (grant_expires_ms ${expiresMs}) before this READ`;
+    const lapsesAtMs = r.grantLapsesAtMs ?? null;
+    const byWall = expiresMs !== null && this.ctx.env.wallMs() >= expiresMs - GRANT_EXPIRY_SLACK_MS;
+    const byWait = lapsesAtMs !== null && this.ctx.env.nowMs() >= lapsesAtMs - GRANT_EXPIRY_SLACK_MS;
+    if (!byWall && !byWait) return error;
+    const waited = byWall
+      ? `prefill's lease ended (grant_expires_ms ${expiresMs}) before this READ`
+      : `prefill's lease ended (the request waited here past grant_ttl_ms) before this READ`;
     return new HandoffError('KV_LOAD_FAILED', `${waited}: ${error.message}`);
   }
 

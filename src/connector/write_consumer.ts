@@ -101,7 +101,9 @@ export class WriteConsumer {
       transferId,
       peerEngineId: engineId,
       blockIds: writable.flat(),
-      ttlMs: this.ctx.config.leaseMs,
+      // The grant outlives the wait for the push (revoked at the deadline): with lease_ms (the producer's
+      // hold) below transfer_timeout_ms, a push inside the timeout was refused and the load waited it out.
+      ttlMs: Math.max(this.ctx.config.leaseMs, this.ctx.config.transferTimeoutMs),
     });
     t.grant = grant.token;
     const payload = { blockIds: local, skipBlocks, endToken, grant: grant.token };

@@ -38,6 +38,8 @@ export interface PdPairOptions {
   /** Tokens per KV page of each instance (default 16); they may differ (issue 14). */
   prefillBlockSize?: number;
   decodeBlockSize?: number;
+  /** Decode's own Env (another host's clock, e.g. a skewed wall clock); default: the pair's. */
+  decodeEnv?: Env;
 }
 
 function sideBlockSize(o: PdPairOptions, role: 'producer' | 'consumer'): { blockSize?: number } {
@@ -71,7 +73,7 @@ export class PdPair {
             endpoint: { backend: 'inproc', engineId: `${o.name}-${role}`, modelName: o.preset, preset: o.preset },
           },
         },
-        env,
+        role === 'consumer' ? (o.decodeEnv ?? env) : env,
       );
     const prefill = await build('producer', { mode: o.decode.mode ?? 'read', ...o.prefill }, false);
     const decode = await build('consumer', o.decode, o.raceCheck);

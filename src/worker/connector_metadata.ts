@@ -25,6 +25,11 @@ export interface RecvReqMeta {
   grant: string;
   /** When prefill's lease (and grant) ends, wall-clock ms (kv_transfer_params.grant_expires_ms); null: unknown. */
   grantExpiresMs?: number | null;
+  /**
+   * This engine's monotonic ms (env.nowMs()) by which prefill's lease has surely ended: the request's
+   * arrival here plus grant_ttl_ms (it was issued before it arrived). Free of clock skew between hosts.
+   */
+  grantLapsesAtMs?: number | null;
 }
 
 /** WRITE producer: this finished request's pages are final and may be pushed once decode's pages are known. */
