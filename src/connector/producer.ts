@@ -21,6 +21,8 @@ type ProducerState = 'held' | 'released-early' | 'draining' | 'released';
 interface HeldTransfer {
   state: ProducerState;
   requestId: string | null;
+  /** released-early: when the release came (forgotten after the longer of the lease and the transfer timeout). */
+  releasedAtMs?: number;
 }
 
 const PRODUCER_TRANSITIONS = {
@@ -29,7 +31,7 @@ const PRODUCER_TRANSITIONS = {
   draining: ['released'],
   released: [],
 } as const;
-/** Releases of unknown transfers kept at most (stale releases of expired transfers are dropped first). */
+/** Releases of unknown transfers kept at most (stale ones are forgotten first, then the oldest). */
 export const EARLY_RELEASES_MAX = 1024;
 
 export class Producer {
@@ -74,6 +76,7 @@ export class Producer {
     for (const [transferId, t] of [...this.transfers.entries()]) {
       if (t.state === 'held' && sendTransfers[transferId] === undefined) this.transfers.drop(transferId);
     }
+    this.forgetStaleReleases();
     for (const [transferId, requestId] of Object.entries(sendTransfers)) {
       const t = this.transfers.get(transferId);
       if (t !== undefined && t.state === 'released-early' && contradicted(transferId)) {
@@ -91,6 +94,11 @@ export class Producer {
     }
   }
 
+  /** Releases kept for transfers not held here (yet). */
+  get numReleasedEarly(): number {
+    return this.transfers.inState('released-early').length;
+  }
+
   /** Whether `transferId` is held for its peer (not released: its pages are not being reported free). */
   isHeld(transferId: string): boolean {
     return this.transfers.get(transferId)?.state === 'held';
@@ -102,9 +110,23 @@ export class Producer {
     const t = this.transfers.get(transferId);
     if (t?.state === 'held') return this.drain(transferId, t);
     if (t !== undefined) return; // a duplicate release
-    const early = this.transfers.inState('released-early');
-    if (early.length >= EARLY_RELEASES_MAX) for (const [id] of early) this.transfers.drop(id);
-    this.transfers.add(transferId, { state: 'released-early', requestId: null });
+    this.forgetStaleReleases();
+    // The oldest first: dropping them all held the pages of transfers released early to their lease.
+    const oldest = this.transfers.inState('released-early')[0];
+    if (this.numReleasedEarly >= EARLY_RELEASES_MAX && oldest !== undefined) this.transfers.drop(oldest[0]);
+    this.transfers.add(transferId, { state: 'released-early', requestId: null, releasedAtMs: this.ctx.env.nowMs() });
+  }
+
+  /**
+   * A release whose transfer was not held here within the longer of the lease and the transfer timeout
+   * belongs to a request that never finished here (aborted, refused, never came): it is forgotten, so it
+   * neither stays for the life of the process nor frees a later transfer under the same id.
+   */
+  private forgetStaleReleases(): void {
+    const { leaseMs, transferTimeoutMs } = this.ctx.config;
+    const before = this.ctx.env.nowMs() - Math.max(leaseMs, transferTimeoutMs);
+    for (const [id, t] of this.transfers.inState('released-early'))
+      if ((t.releasedAtMs ?? 0) < before) this.transfers.drop(id);
   }
 
   /** Released: once the NIC no longer reads the pages (the grant is revoked), they may be reported. */

@@ -35,6 +35,8 @@ interface SaveTransfer {
   state: SaveState;
   save: SaveReqMeta | null;
   dest: RemoteBlocks | null;
+  /** When the destination came, for one still awaiting its save (forgotten after the lease and the timeout). */
+  destAtMs: number;
 }
 
 const SAVE_TRANSITIONS = {
@@ -43,7 +45,10 @@ const SAVE_TRANSITIONS = {
   pushing: ['pushed'],
   pushed: [],
 } as const;
-/** Destinations announced for saves we never had (a hostile or confused peer) kept at most. */
+/**
+ * Destinations announced for saves we do not have (yet) kept at most, the oldest dropped first. Most never
+ * get one: prefill's request was aborted or refused, or its leg never came (the client left).
+ */
 export const ORPHAN_DESTINATIONS_MAX = 1024;
 /** Transfers whose save was given up, remembered (oldest forgotten first) to refuse a late destination. */
 export const ENDED_SAVES_MAX = 4096;
@@ -65,12 +70,18 @@ export class WriteProducer {
     return this.saves.size - this.saves.inState('awaiting-save').length;
   }
 
+  /** Destinations decode announced for transfers this side has no save of (yet). */
+  get numDestinationsWithoutSave(): number {
+    return this.saves.inState('awaiting-save').length;
+  }
+
   /** Our pages of a finished request are final. */
   save(s: SaveReqMeta): void {
     this.ended.delete(s.transferId);
     const t = this.saves.get(s.transferId);
     if (t?.state === 'awaiting-save') t.save = s;
-    else if (t === undefined) this.saves.add(s.transferId, { state: 'awaiting-destination', save: s, dest: null });
+    else if (t === undefined)
+      this.saves.add(s.transferId, { state: 'awaiting-destination', save: s, dest: null, destAtMs: 0 });
   }
 
   /**
@@ -81,6 +92,20 @@ export class WriteProducer {
   prune(held: Record<string, string>): void {
     for (const [transferId] of this.saves.inState('awaiting-destination'))
       if (held[transferId] === undefined) this.endSave(transferId);
+    this.forgetStaleDestinations();
+  }
+
+  /**
+   * A destination whose save has not come within the longer of the lease and the transfer timeout never
+   * gets one that decode still waits for (prefill's request was aborted or refused, or never came): it
+   * is given up like a save (decode, if still waiting, is told nothing will come). Before, each stayed
+   * for the life of the process.
+   */
+  private forgetStaleDestinations(): void {
+    const { leaseMs, transferTimeoutMs } = this.ctx.config;
+    const before = this.ctx.env.nowMs() - Math.max(leaseMs, transferTimeoutMs);
+    for (const [transferId, t] of this.saves.inState('awaiting-save'))
+      if (t.destAtMs < before) this.endSave(transferId);
   }
 
   /**
@@ -119,8 +144,12 @@ export class WriteProducer {
     if (t?.state === 'awaiting-destination') t.dest = dest;
     else if (t === undefined && this.ended.has(transferId)) this.refuse(transferId, dest);
     else if (t === undefined) {
-      if (this.saves.inState('awaiting-save').length >= ORPHAN_DESTINATIONS_MAX) this.dropOrphans();
-      this.saves.add(transferId, { state: 'awaiting-save', save: null, dest });
+      this.forgetStaleDestinations();
+      // The oldest first: dropping them all lost the destinations of requests still being computed here.
+      const oldest = this.saves.inState('awaiting-save')[0];
+      if (this.numDestinationsWithoutSave >= ORPHAN_DESTINATIONS_MAX && oldest !== undefined)
+        this.saves.drop(oldest[0]);
+      this.saves.add(transferId, { state: 'awaiting-save', save: null, dest, destAtMs: this.ctx.env.nowMs() });
     }
   }
 
@@ -233,9 +262,5 @@ export class WriteProducer {
       // The side channel to decode is gone: its deadline makes it recompute.
       this.ctx.log?.warn({ transferId, err: e.message }, 'could not refuse the destination');
     });
-  }
-
-  private dropOrphans(): void {
-    for (const [id] of this.saves.inState('awaiting-save')) this.saves.drop(id);
   }
 }
