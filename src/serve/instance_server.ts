@@ -48,7 +48,7 @@ import {
 import type { ResponseContext } from './openai_response.ts';
 import { ANSWER_STALL_MS, jsonSink, onResponseGone, streamSink, withStallBound } from './response_sinks.ts';
 import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_event_stream.ts';
-import { PREFILLER_HEADER, prefillerOf, runSidecar } from './sidecar.ts';
+import { PREFILLER_HEADER, prefillerOf, runSidecar, type Prefiller } from './sidecar.ts';
 import { detokenizeAnswer, HANDOFF_VERSION, tokenizeAnswer } from './tokenize_api.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
@@ -134,7 +134,7 @@ export class InstanceServer {
   private readonly kvStreams: KvEventStreams;
   private closing = false;
   private draining = false;
-  /** Completions accepted and not yet in `live` (body, tokenizing, an llm-d prefiller): drain waits for them. */
+  /** Completions read and not yet in `live` (tokenizing, an llm-d prefiller): drain waits for them. */
   private starting = 0;
 
   constructor(
@@ -224,10 +224,8 @@ export class InstanceServer {
       if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
         return sendJson(res, 200, { reset: this.engine.resetPrefixCache() });
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());
-      if (req.method === 'POST' && path === '/v1/completions')
-        return await this.starts(this.generate('completion', req, res));
-      if (req.method === 'POST' && path === '/v1/chat/completions')
-        return await this.starts(this.generate('chat', req, res));
+      if (req.method === 'POST' && path === '/v1/completions') return await this.generate('completion', req, res);
+      if (req.method === 'POST' && path === '/v1/chat/completions') return await this.generate('chat', req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const kind: ApiKind = path === '/v1/chat/completions' ? 'chat' : 'completion';
@@ -325,7 +323,7 @@ export class InstanceServer {
     }
   }
 
-  /** Count a completion as starting until it is under way (in `live`) or refused. */
+  /** Count a completion (its body in) as starting until it is under way (in `live`) or refused. */
   private async starts(p: Promise<void>): Promise<void> {
     this.starting++;
     try {
@@ -341,6 +339,18 @@ export class InstanceServer {
     res.setHeader('x-request-id', requestId);
     const prefiller = prefillerOf(req, this.opts.prefillerPeers);
     const body = await readJsonBody(req);
+    // Starting from here, not from its first byte: a body still coming when a drain began is refused once
+    // in (prepare, and below), so a client trickling its body held every drain for nothing.
+    return this.starts(this.generateWith(kind, req, res, { body, requestId, prefiller, arrivedMs }));
+  }
+
+  private async generateWith(
+    kind: ApiKind,
+    req: IncomingMessage,
+    res: ServerResponse,
+    r: { body: Record<string, unknown>; requestId: string; prefiller: Prefiller | null; arrivedMs: number },
+  ): Promise<void> {
+    const { body, requestId, prefiller, arrivedMs } = r;
     if (prefiller === null) return this.generateFrom(kind, body, requestId, res);
     const { kv_role: kvRole, transfer_mode: mode } = this.opts.info;
     if (kvRole !== 'kv_consumer' || mode !== 'read')
@@ -351,7 +361,8 @@ export class InstanceServer {
     validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
     if (this.closing || this.draining) throw new HandoffError('OVERLOADED', 'the server is draining');
     const client = new AbortController();
-    res.on('close', () => {
+    // Not res 'close' alone: a response pipelined behind another never gets it when the connection closes.
+    onResponseGone(res, () => {
       if (!res.writableFinished) client.abort();
     });
     const auth = req.headers['authorization'];
@@ -399,7 +410,9 @@ export class InstanceServer {
     }
     this.checkTransferRole(v.kvTransferParams);
     const promptTokenIds = 'ids' in v.prompt ? v.prompt.ids : await this.tokenizer.encode(v.prompt.text);
-    if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
+    // The connection too: a response queued behind another is not destroyed when its connection closes.
+    if (res.destroyed || res.req.socket.destroyed)
+      throw new HandoffError('REQUEST_ABORTED', 'the client went away while its prompt was tokenized');
     if (this.closing || (this.draining && !admitted))
       throw new HandoffError('OVERLOADED', this.draining ? 'the server is draining' : 'the server is shutting down');
     return tokenizedApiRequest(v, promptTokenIds, { maxModelLen: this.opts.maxModelLen });

@@ -36,14 +36,16 @@ import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
 import { unpairedReason } from './pool_pairing.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
-import { pdFlow, type TransferParams } from './pd_flow.ts';
+import { pdFlow } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, legsApart, type KvRouterOptions } from './kv_router.ts';
 import type { RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
 import { checkLimits, decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
+import type { Call, Failed } from './proxy_flow.ts'; // one client request, one failed attempt
 import { CompletionGate } from './proxy_drain.ts';
-import { cutMidStream, relay } from './proxy_relay.ts';
+import { CLIENT_STALL_MS, cutMidStream, relay } from './proxy_relay.ts';
+import { dropIfUnsent, onResponseGone } from './response_sinks.ts';
 import {
   callUpstream,
   inBandCancel,
@@ -67,6 +69,8 @@ export interface ProxyOptions {
   healthTimeoutMs: number;
   /** Bound on one upstream request, queueing and streaming included. */
   upstreamTimeoutMs: number;
+  /** A client that takes no byte of its answer for this long is dropped (default CLIENT_STALL_MS). */
+  clientStallMs?: number;
 }
 
 export const DEFAULT_PROXY_OPTIONS: Omit<ProxyOptions, 'prefillUrls' | 'decodeUrls'> = {
@@ -262,7 +266,7 @@ export class Proxy {
       if (path.startsWith('/v1/') || (passed && path !== '/version')) checkBearer(req, this.opts.apiKey);
       if (passed)
         return await passThrough(this.env, this.pick(this.decode).url, req, res, this.opts.healthTimeoutMs * 5);
-      if (isCompletion) return await this.gate.run(() => this.complete(path, req, res));
+      if (isCompletion) return await this.complete(path, req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
       const err = toHandoffError(e, this.log);
@@ -273,6 +277,9 @@ export class Proxy {
           ? (err.details['upstreamStatus'] as number)
           : err.httpStatus;
       sendJson(res, status, err.toJSON());
+    } finally {
+      // An answer written whole (up to UPSTREAM_BODY_MAX_BYTES) to a client that never reads stayed queued here.
+      if (res.writableEnded) dropIfUnsent(res, this.opts.clientStallMs ?? CLIENT_STALL_MS, this.env);
     }
   }
 
@@ -282,12 +289,24 @@ export class Proxy {
     return m;
   }
 
+  /** A completion, counted by the drain once its body is in (one still trickling in is refused then, not awaited). */
   private async complete(path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    if (this.gate.isDraining) throw new HandoffError('OVERLOADED', 'the proxy is draining');
     const requestId = requestIdOf(req, this.env);
     res.setHeader('x-request-id', requestId);
     const body = await readJsonBody(req);
+    await this.gate.run(() => this.completeBody(path, req, res, { requestId, body }));
+  }
+
+  private async completeBody(
+    path: string,
+    req: IncomingMessage,
+    res: ServerResponse,
+    { requestId, body }: { requestId: string; body: Body },
+  ): Promise<void> {
     const client = new AbortController();
-    res.on('close', () => {
+    // Not res 'close' alone: a response pipelined behind another never gets it when the connection closes.
+    onResponseGone(res, () => {
       if (!res.writableFinished) client.abort();
     });
     const checked = await this.promptTokens(path, body);
@@ -356,7 +375,7 @@ export class Proxy {
     const { path, body, headers, res, client } = call;
     const d = route.decode;
     const relayTo = (signal: AbortSignal) => (r: Response, upstream: AbortSignal) =>
-      relay(r, res, AbortSignal.any([signal, upstream]), this.env);
+      relay(r, res, AbortSignal.any([signal, upstream]), this.env, this.opts.clientStallMs);
     if (route.prefill === null) {
       this.metrics.routed('decode-only');
       const plain = { ...body };
@@ -476,21 +495,4 @@ export class Proxy {
       failed,
     );
   }
-}
-
-/** One client request as the legs need it. */
-interface Call {
-  path: string;
-  body: Body;
-  headers: Record<string, string>;
-  res: ServerResponse;
-  /** The client went away. */
-  client: AbortSignal;
-}
-
-/** The instance whose failure made an attempt fail in a way another instance may not (dead, draining). */
-interface Failed {
-  m: PoolMember | null;
-  /** The params of pages prefill holds for this attempt's decode (READ), once prefill answered. */
-  held: TransferParams | null;
 }

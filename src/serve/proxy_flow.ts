@@ -4,7 +4,7 @@
  * servers the same way (reference spec §6.2). Prefill answers once (stream off, 1 token); decode gets
  * the ORIGINAL body plus the params pdFlow built.
  */
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { HandoffError } from '../util/errors.ts';
 import type { PoolMember } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
@@ -78,4 +78,21 @@ function fits(v: ValidatedRequest, ids: number[], maxModelLen: number): boolean 
     if (!(e instanceof HandoffError)) throw e;
     return false;
   }
+}
+
+/** One client request as the legs need it. */
+export interface Call {
+  path: string;
+  body: Body;
+  headers: Record<string, string>;
+  res: ServerResponse;
+  /** The client went away. */
+  client: AbortSignal;
+}
+
+/** The instance whose failure made an attempt fail in a way another instance may not (dead, draining). */
+export interface Failed {
+  m: PoolMember | null;
+  /** The params of pages prefill holds for this attempt's decode (READ), once prefill answered. */
+  held: TransferParams | null;
 }

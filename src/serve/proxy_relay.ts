@@ -9,6 +9,7 @@ import type { ServerResponse } from 'node:http';
 import { rethrowIfAssertion } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
+import { parseJsonText } from './http_io.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
 import { readBoundedText, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
 
@@ -29,6 +30,19 @@ function hasErrorEvent(events: Uint8Array): boolean {
   return b.includes('"error"') && /^data: ?\{\s*"error"\s*:/m.test(b.toString('utf8'));
 }
 
+const DONE_AT_END_RE = /(?:^|\n)data: ?\[DONE\]\r?\n\r?\n$/;
+
+/** Whole events whose last one is `data: [DONE]`. */
+function endsWithDone(events: Uint8Array): boolean {
+  const tail = events.subarray(Math.max(0, events.length - 32));
+  return DONE_AT_END_RE.test(Buffer.from(tail.buffer, tail.byteOffset, tail.byteLength).toString('latin1'));
+}
+
+/** The bytes left after the last blank line are a `[DONE]` event whose blank line never came. */
+function isDone(open: Uint8Array): boolean {
+  return open.length <= 32 && /^\s*data: ?\[DONE\]\s*$/.test(Buffer.from(open).toString('latin1'));
+}
+
 /** Index just past the last blank line of `b` (an SSE event boundary: LF LF or LF CR LF), or 0. */
 export function lastEventEnd(b: Uint8Array): number {
   for (let i = b.length - 1; i >= 1; i--) {
@@ -39,11 +53,11 @@ export function lastEventEnd(b: Uint8Array): number {
   return 0;
 }
 
-/** Wait for the client to take what was written: false if it took nothing for `CLIENT_STALL_MS`. */
-async function drained(res: ServerResponse, signal: AbortSignal, env: Env): Promise<boolean> {
+/** Wait for the client to take what was written: false if it took nothing for `stallMs`. */
+async function drained(res: ServerResponse, signal: AbortSignal, env: Env, stallMs: number): Promise<boolean> {
   const ac = new AbortController();
   let stalled = false;
-  const timer = env.setTimer(CLIENT_STALL_MS, () => {
+  const timer = env.setTimer(stallMs, () => {
     stalled = true;
     ac.abort();
   });
@@ -63,7 +77,13 @@ async function drained(res: ServerResponse, signal: AbortSignal, env: Env): Prom
 }
 
 /** Stream the decode response back unchanged (status, content type, bytes). */
-export async function relay(r: Response, res: ServerResponse, signal: AbortSignal, env: Env): Promise<void> {
+export async function relay(
+  r: Response,
+  res: ServerResponse,
+  signal: AbortSignal,
+  env: Env,
+  stallMs = CLIENT_STALL_MS,
+): Promise<void> {
   const contentType = r.headers.get('content-type') ?? 'application/json';
   if (!contentType.startsWith('text/event-stream') && r.body) {
     // A JSON answer is read whole before anything is sent: a decode that dies mid-answer (a broken
@@ -77,6 +97,9 @@ export async function relay(r: Response, res: ServerResponse, signal: AbortSigna
       if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
       throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
     }
+    // A close-delimited body cut by a dying decode ends cleanly: only its parse tells it is not whole.
+    if (contentType.startsWith('application/json'))
+      parseJsonText(text, () => new HandoffError('PEER_UNAVAILABLE', 'decode instance answered JSON cut short'));
     res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
     res.end(text);
     return;
@@ -86,21 +109,25 @@ export async function relay(r: Response, res: ServerResponse, signal: AbortSigna
     res.end();
     return;
   }
-  await relayEvents(r.body, res, signal, env);
+  await relayEvents(r.body, res, signal, env, stallMs);
 }
 
 /**
  * Relay an event stream whole events at a time (an event cut by a dying decode is never half sent, so
  * the error event that ends the stream parses); a client that stops reading is dropped after
- * CLIENT_STALL_MS; a leg cancelled by the flow (not by the client) still ends with an error event.
+ * `stallMs`; a leg cancelled by the flow (not by the client), or a stream that ends before its
+ * `data: [DONE]`, still ends with an error event.
  */
 async function relayEvents(
   body: ReadableStream<Uint8Array>,
   res: ServerResponse,
   signal: AbortSignal,
   env: Env,
+  stallMs: number,
 ): Promise<void> {
   let open: Uint8Array = new Uint8Array(0);
+  /** The last whole event relayed was `data: [DONE]`. */
+  let done = false;
   try {
     for await (const chunk of body) {
       const bytes = open.length === 0 ? chunk : Buffer.concat([open, chunk]);
@@ -108,12 +135,17 @@ async function relayEvents(
       open = bytes.subarray(end);
       if (end === 0) continue;
       if (hasErrorEvent(bytes.subarray(0, end))) cutMidStream.add(res);
-      if (!res.write(bytes.subarray(0, end)) && !(await drained(res, signal, env))) {
+      done = endsWithDone(bytes.subarray(0, end));
+      if (!res.write(bytes.subarray(0, end)) && !(await drained(res, signal, env, stallMs))) {
         res.destroy();
-        throw new HandoffError('REQUEST_ABORTED', `the client took nothing for ${CLIENT_STALL_MS / 1000} s`);
+        throw new HandoffError('REQUEST_ABORTED', `the client took nothing for ${stallMs / 1000} s`);
       }
     }
-    res.end(open);
+    if (done || isDone(open)) return void res.end(open);
+    // A clean end of body before [DONE] (a close-delimited stream whose decode died): not a whole answer.
+    const err = new HandoffError('PEER_UNAVAILABLE', 'decode instance ended its stream before [DONE]');
+    cutMidStream.add(res);
+    res.end(sseEvent(err.toJSON()) + SSE_DONE);
   } catch (e) {
     rethrowIfAssertion(e);
     if (e instanceof HandoffError) throw e;

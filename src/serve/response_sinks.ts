@@ -90,12 +90,15 @@ export function streamSink(
 export const ANSWER_STALL_MS = 30_000;
 
 /**
- * Call `gone` once, when the response closes or its connection does. A response pipelined behind another
- * on a keep-alive connection gets the socket only once that one ended: if the connection closes first,
- * the response's own 'close' never comes.
+ * Call `gone` once, when the response closes or its connection does (at once if either already did). A
+ * response pipelined behind another on a keep-alive connection gets the socket only once that one ended:
+ * if the connection closes first, the response's own 'close' never comes.
  */
 export function onResponseGone(res: ServerResponse, gone: () => void): void {
   const conn = res.req.socket;
+  // Closed before anyone listened (a pipelined request whose client left while it was prepared): no
+  // event will come.
+  if (res.closed || conn.destroyed) return gone();
   let ended = false;
   const end = (): void => {
     if (ended) return;
@@ -107,24 +110,31 @@ export function onResponseGone(res: ServerResponse, gone: () => void): void {
   conn.once('close', end);
 }
 
+/**
+ * Once `res` was ended: drop its connection if its client takes no byte of what is still queued for
+ * `stallMs` (a response that never flushes held its connection and its bytes for good).
+ */
+export function dropIfUnsent(res: ServerResponse, stallMs: number, env: Env): void {
+  let left = res.writableLength;
+  let timer: TimerHandle | null = null;
+  const check = (): void => {
+    const conn = res.req.socket;
+    if (res.writableFinished || res.destroyed || conn.destroyed) return;
+    if (res.writableLength < left) {
+      left = res.writableLength; // it took some: wait again
+      timer = env.setTimer(stallMs, check);
+      return;
+    }
+    conn.destroy(); // not res.destroy(): a response still queued on the connection has no socket to end
+  };
+  if (res.writableFinished || res.destroyed) return;
+  timer = env.setTimer(stallMs, check);
+  onResponseGone(res, () => timer?.cancel());
+}
+
 /** `sink`, and once it wrote the end of the answer: drop the answer if its client takes none of it for `stallMs`. */
 export function withStallBound(sink: GenerationSink, res: ServerResponse, stallMs: number, env: Env): GenerationSink {
-  const answered = (): void => {
-    let left = res.writableLength;
-    let timer: TimerHandle | null = null;
-    const check = (): void => {
-      const conn = res.req.socket;
-      if (res.writableFinished || res.destroyed || conn.destroyed) return;
-      if (res.writableLength < left) {
-        left = res.writableLength; // it took some: wait again
-        timer = env.setTimer(stallMs, check);
-        return;
-      }
-      conn.destroy(); // not res.destroy(): a response still queued on the connection has no socket to end
-    };
-    timer = env.setTimer(stallMs, check);
-    onResponseGone(res, () => timer?.cancel());
-  };
+  const answered = (): void => dropIfUnsent(res, stallMs, env);
   return {
     onPiece: (p) => sink.onPiece(p),
     onFinish: (f) => {
