@@ -44,6 +44,8 @@ export interface ConnectorScheduler {
   readonly name: string;
   /** The prompt this instance computes for a request (a hybrid producer computes N-1 tokens). */
   prefillPromptTokens(promptTokenIds: readonly number[], params: KVTransferParams | null): number[];
+  /** The tokens this instance samples for a request (a producer's prefill half: one, whatever was asked). */
+  prefillMaxTokens(maxTokens: number, params: KVTransferParams | null): number;
   /** Check a request's transfer params before admission; throws a HandoffError, allocates nothing. */
   validateRequest(req: ConnectorRequest): void;
   /** A request refused or finished before it could load: give the producer its pages back; true if queued. */
@@ -77,6 +79,9 @@ export class NullConnector implements ConnectorScheduler {
   readonly name = 'null';
   prefillPromptTokens(promptTokenIds: readonly number[]): number[] {
     return [...promptTokenIds];
+  }
+  prefillMaxTokens(maxTokens: number): number {
+    return maxTokens;
   }
   validateRequest(): void {}
   releaseUnused(): boolean {

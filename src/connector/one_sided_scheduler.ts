@@ -132,6 +132,16 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     return [...promptTokenIds];
   }
 
+  /**
+   * A prefill half (do_remote_decode) samples one token, whatever its client asked: each further token
+   * would be computed into the pages it lends, so their list outgrew the prompt (decode refused it with a
+   * 400), and a hybrid's Mamba state page moved past the h(N-1) decode takes it for (a wrong answer).
+   */
+  prefillMaxTokens(maxTokens: number, params: KVTransferParams | null): number {
+    // Math.min: a bad value stays bad for the engine's own check (max_tokens 0 is refused, not made 1).
+    return this.isProducer && params?.do_remote_decode ? Math.min(maxTokens, 1) : maxTokens;
+  }
+
   /** Check a request's params before it is admitted; throws BAD_TRANSFER_PARAMS and allocates nothing. */
   validateRequest(req: ConnectorRequest): void {
     const p = req.kvTransferParams;
@@ -163,6 +173,14 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       throw new HandoffError(
         'BAD_TRANSFER_PARAMS',
         `prefill computed ${p.remote_num_tokens} tokens, decode needs ${n - 1}`,
+      );
+    }
+    // More is fine for attention (a prefix's KV is the same), not for a Mamba state: it is h(remote_num_tokens).
+    if (this.hasMamba && n > 1 && typeof p.remote_num_tokens === 'number' && p.remote_num_tokens !== n - 1) {
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `prefill computed the Mamba state of ${p.remote_num_tokens} tokens, decode goes on from ${n - 1}`,
+        { param: 'kv_transfer_params.remote_num_tokens' },
       );
     }
   }

@@ -152,8 +152,9 @@ export class LLMEngine {
     // the model's assertions (or the Request constructor's) unchecked.
     validatePromptTokenIds(g.promptTokenIds, vocabSizeOf(this.config.preset));
     const prompt = this.connector?.scheduler.prefillPromptTokens(g.promptTokenIds, params) ?? g.promptTokenIds;
+    const maxTokens = this.connector?.scheduler.prefillMaxTokens(g.sampling.maxTokens, params) ?? g.sampling.maxTokens;
     const sampling = {
-      maxTokens: g.sampling.maxTokens,
+      maxTokens,
       temperature: g.sampling.temperature ?? 0,
       topP: g.sampling.topP,
       topK: g.sampling.topK,

@@ -29,7 +29,11 @@ export interface RaceCheckerOptions {
   racesMax?: number;
   /** Op, event and work-request clocks kept while the host has not observed them. */
   inFlightMax?: number;
-  /** NIC work requests in flight and unobserved at once. */
+  /**
+   * NIC work requests in flight and unobserved at once; as many as the work-request clock table keeps
+   * (inFlightMax): a step's READs may be cut into thousands (the simulator's split-transfer fault at one
+   * token per prefill page: 4,000-5,000 for six requests at TP 2), and a lower bound failed correct runs.
+   */
   nicLanesMax?: number;
 }
 
@@ -70,7 +74,7 @@ export class RaceChecker implements RaceCheckerLike {
   constructor(opts: RaceCheckerOptions = {}) {
     const inFlightMax = opts.inFlightMax ?? 65_536;
     this.racesMax = opts.racesMax ?? 10_000;
-    this.nicLanesMax = opts.nicLanesMax ?? 4096;
+    this.nicLanesMax = opts.nicLanesMax ?? inFlightMax;
     assert(this.racesMax > 0 && this.nicLanesMax > 0, 'race checker bounds must be positive');
     this.ops = new ClockTable('op', inFlightMax);
     this.events = new ClockTable('event', inFlightMax);
