@@ -25,6 +25,13 @@ import { MEDIUM_GPU, type BlockStored, type KvEventSink } from './kv_events.ts';
 export class KVCacheBlock {
   refCnt = 0;
   blockHash: BlockHash | null = null;
+  /**
+   * While cached: the page before it in the chain of the request that computed it (its KV was computed
+   * attending over that page's), and the cached pages computed over this one. Withdrawing a page withdraws
+   * its `kids` (uncache); reusing it only unlinks them (the KV they hold was computed over valid KV).
+   */
+  parent: KVCacheBlock | null = null;
+  kids: Set<KVCacheBlock> | null = null;
   /** Intrusive links of the free queue (null when not queued). */
   prevFree: KVCacheBlock | null = null;
   nextFree: KVCacheBlock | null = null;
@@ -240,7 +247,7 @@ export class BlockPool {
    * Publish a full, owned block under `hash`. Two blocks may share a hash (both computed it). Returns
    * true when the hash was not cached before (the caller then publishes a BlockStored for it).
    */
-  cacheBlock(block: KVCacheBlock, hash: BlockHash): boolean {
+  cacheBlock(block: KVCacheBlock, hash: BlockHash, parent: KVCacheBlock | null = null): boolean {
     assert(this.enableCaching, 'cacheBlock with prefix caching off');
     assert(
       !block.isNull && block.refCnt > 0,
@@ -248,6 +255,10 @@ export class BlockPool {
     );
     assert(block.blockHash === null, () => `block ${block.blockId} already cached as ${block.blockHash}`);
     block.blockHash = hash;
+    if (parent !== null && parent.blockHash !== null) {
+      block.parent = parent;
+      (parent.kids ??= new Set()).add(block);
+    }
     let entry = this.cached.get(hash);
     const added = entry === undefined;
     if (entry === undefined) {
@@ -258,13 +269,26 @@ export class BlockPool {
     return added;
   }
 
-  /** Withdraw an owned block from the prefix cache (its KV turned out not to be valid). */
-  uncache(block: KVCacheBlock): void {
+  /**
+   * Withdraw an owned block from the prefix cache (its KV turned out not to be valid), and with it every
+   * cached page computed over it, owned or free (`kids`, transitively): requests that may have left long
+   * ago computed them attending over this KV, so theirs is not valid either. Returns the withdrawn ids.
+   */
+  uncache(block: KVCacheBlock): number[] {
     assert(
       !block.isNull && block.refCnt > 0,
       () => `only owned blocks are withdrawn (block ${block.blockId}, refCnt ${block.refCnt})`,
     );
-    this.evict(block);
+    const withdrawn: number[] = [];
+    const stack = [block];
+    // Bounded: each step withdraws one cached page; a withdrawn page has no kids and is skipped.
+    for (let b = stack.pop(); b !== undefined; b = stack.pop()) {
+      if (b.blockHash === null) continue;
+      if (b.kids !== null) stack.push(...b.kids);
+      this.evict(b);
+      withdrawn.push(b.blockId);
+    }
+    return withdrawn;
   }
 
   numCachedBlocks(): number {
@@ -281,7 +305,11 @@ export class BlockPool {
   /** Forget every cached hash. Like vLLM, refused (false) while any page is in use. */
   resetPrefixCache(): boolean {
     if (this.freeQueue.length !== this.numBlocks - 1) return false;
-    for (const b of this.blocks) b.blockHash = null;
+    for (const b of this.blocks) {
+      b.blockHash = null;
+      b.parent = null;
+      b.kids = null;
+    }
     this.cached.clear();
     this.events?.emit({ type: 'AllBlocksCleared' });
     return true;
@@ -309,6 +337,11 @@ export class BlockPool {
         );
       if (b.blockHash !== null)
         assert(this.cached.get(b.blockHash)?.get(b.blockId) === b, () => `block ${b.blockId} hash not in the map`);
+      else assert(b.parent === null && b.kids === null, () => `uncached block ${b.blockId} keeps chain links`);
+      if (b.parent !== null)
+        assert(b.parent.kids?.has(b) === true, () => `block ${b.blockId} missing from its parent's kids`);
+      for (const k of b.kids ?? [])
+        assert(k.parent === b, () => `block ${k.blockId} is a kid of ${b.blockId}, unlinked`);
     }
     for (const [hash, entry] of this.cached) {
       assert(entry.size > 0, 'empty prefix-cache entry');
@@ -327,5 +360,9 @@ export class BlockPool {
       this.events?.emit({ type: 'BlockRemoved', block_hashes: [block.blockHash], medium: MEDIUM_GPU });
     }
     block.blockHash = null;
+    block.parent?.kids?.delete(block);
+    block.parent = null;
+    for (const k of block.kids ?? []) k.parent = null;
+    block.kids = null;
   }
 }

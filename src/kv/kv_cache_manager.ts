@@ -189,11 +189,12 @@ export class KVCacheManager {
    * requests that hit any of them.
    */
   uncacheBlockIds(blockIds: readonly number[]): string[] {
+    const withdrawn = new Set(blockIds);
     for (const id of blockIds) {
       const block = this.pool.block(id);
-      if (block.blockHash !== null) this.pool.uncache(block);
+      if (block.blockHash !== null) for (const w of this.pool.uncache(block)) withdrawn.add(w);
     }
-    return this.holdersOf(new Set(blockIds), null);
+    return this.holdersOf(withdrawn, null);
   }
 
   private holdersOf(withdrawn: ReadonlySet<number>, requestId: string | null): string[] {

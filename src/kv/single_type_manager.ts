@@ -152,7 +152,8 @@ export class SingleTypeManager {
       const block = state.blocks[i] as KVCacheBlock;
       const hash = state.hashes[i] as BlockHash;
       let added = false;
-      if (block.blockHash === null) added = this.pool.cacheBlock(block, hash);
+      const parent = i === 0 ? null : (state.blocks[i - 1] as KVCacheBlock);
+      if (block.blockHash === null) added = this.pool.cacheBlock(block, hash, parent);
       else
         assert(
           block.blockHash === hash,
@@ -180,15 +181,19 @@ export class SingleTypeManager {
     });
   }
 
-  /** Withdraw the request's pages from token `startToken` on from the prefix cache; returns their ids. */
+  /**
+   * Withdraw the request's pages from token `startToken` on from the prefix cache; returns their ids and
+   * those of the cached pages computed over them that were withdrawn with them (BlockPool.uncache).
+   */
   uncacheFrom(requestId: string, startToken: number): number[] {
     const state = this.requests.get(requestId);
     if (state === undefined || this.isMamba) return [];
     const from = Math.floor(startToken / this.blockSize);
     const blocks = state.blocks.slice(from);
-    for (const b of blocks) if (b.blockHash !== null) this.pool.uncache(b);
+    const withdrawn = blocks.map((b) => b.blockId);
+    for (const b of blocks) if (b.blockHash !== null) withdrawn.push(...this.pool.uncache(b));
     state.numCachedBlocks = Math.min(state.numCachedBlocks, from);
-    return blocks.map((b) => b.blockId);
+    return withdrawn;
   }
 
   /**
