@@ -27,6 +27,8 @@ export interface SpawnOptions {
   env?: Record<string, string>;
   /** A command the child runs under, e.g. `['ip', 'netns', 'exec', 'ns1']` (it must exec node in place). */
   prefix?: string[];
+  /** Aborted: give up waiting for the ready line and stop the child (a sibling failed to start). */
+  signal?: AbortSignal;
 }
 
 /** Start `handoff <args> --json --exit-with-parent` and wait for its ready line. */
@@ -63,6 +65,11 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
       timer.cancel();
       fail(e.message);
     });
+    const unsubscribe = onAborted(opts.signal, () => {
+      timer.cancel();
+      child.off('exit', onExit);
+      fail('startup cancelled');
+    });
     child.stdout?.setEncoding('utf8');
     const onData = (s: string): void => {
       out += s;
@@ -70,6 +77,7 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
       if (nl < 0) return;
       timer.cancel();
       child.off('exit', onExit);
+      unsubscribe();
       child.stdout?.off('data', onData);
       child.stdout?.resume(); // keep draining whatever else it prints
       let ready: Record<string, unknown>;
@@ -93,4 +101,14 @@ export function spawnHandoff(args: string[], env: Env, opts: SpawnOptions = {}):
     };
     child.stdout?.on('data', onData);
   });
+}
+
+/** Call `onAbort` once `signal` aborts (at once if it already has); returns the unsubscribe. */
+function onAborted(signal: AbortSignal | undefined, onAbort: () => void): () => void {
+  if (signal?.aborted) {
+    onAbort();
+    return () => {};
+  }
+  signal?.addEventListener('abort', onAbort, { once: true });
+  return () => signal?.removeEventListener('abort', onAbort);
 }

@@ -79,10 +79,11 @@ export function serveArgs(
   return args;
 }
 
-/** Poll until the proxy sees every instance healthy (bounded). */
-async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number): Promise<void> {
+/** Poll until the proxy sees every instance healthy (bounded; `checkChildren` throws once one died). */
+async function waitHealthy(proxy: Proxy, env: Env, timeoutMs: number, checkChildren: () => void): Promise<void> {
   const deadline = env.nowMs() + timeoutMs;
   for (;;) {
+    checkChildren();
     await proxy.checkHealth();
     if (
       proxy.prefill.numHealthy === proxy.prefill.members.length &&
@@ -122,21 +123,26 @@ export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<Lo
     ...Array.from({ length: numPrefill }, () => 'prefill' as const),
     ...Array.from({ length: numDecode }, () => 'decode' as const),
   ];
+  const startup = new StartupWatch();
   const spawned = await Promise.allSettled(
     roles.map((role) =>
-      spawnHandoff(serveArgs(role, o), env, {
-        readyTimeoutMs: timeout,
-        ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}),
-      }),
+      startup.watch(
+        role,
+        spawnHandoff(serveArgs(role, o), env, {
+          readyTimeoutMs: timeout,
+          signal: startup.signal,
+          ...(o.childLogLevel ? { env: { HANDOFF_LOG_LEVEL: o.childLogLevel } } : {}),
+        }),
+      ),
     ),
   );
   const started = spawned.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   try {
-    const failure = spawned.find((r) => r.status === 'rejected');
-    if (failure) throw failure.reason;
+    startup.check();
     const prefills = started.slice(0, numPrefill);
     const decodes = started.slice(numPrefill);
-    const { proxy, proxyUrl } = await startProxy(o, prefills, decodes, env, timeout);
+    const { proxy, proxyUrl } = await startProxy(o, prefills, decodes, env, timeout, () => startup.check());
+    startup.done();
     return {
       proxyUrl,
       prefill: prefills[0] as ChildServer,
@@ -150,8 +156,58 @@ export async function startLocalCluster(o: ClusterOptions, env: Env): Promise<Lo
       },
     };
   } catch (e) {
+    startup.done();
     await Promise.all(started.map((c) => c.stop(1000)));
     throw e;
+  }
+}
+
+/**
+ * The children from their spawn until the cluster is up: the first one that fails to start, or exits
+ * after its ready line, fails the startup at once (its siblings still starting are cancelled), so a dead
+ * instance is neither waited for until the health bound nor handed over to the caller as if alive.
+ */
+class StartupWatch {
+  private readonly abort = new AbortController();
+  private failure: unknown = null;
+  private watching = true;
+
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  watch(role: string, spawning: Promise<ChildServer>): Promise<ChildServer> {
+    return spawning.then(
+      (c) => {
+        const onExit = (): void => {
+          if (!this.watching) return;
+          const why = `exited during startup (code ${c.child.exitCode}, signal ${c.child.signalCode})`;
+          this.fail(new HandoffError('PEER_UNAVAILABLE', `${role} ${c.url} (pid ${c.pid}) ${why}`));
+        };
+        if (c.exited) onExit();
+        else c.child.once('exit', onExit);
+        return c;
+      },
+      (e: unknown) => {
+        this.fail(e);
+        throw e;
+      },
+    );
+  }
+
+  /** Throws the first failure, if any. */
+  check(): void {
+    if (this.failure !== null) throw this.failure;
+  }
+
+  /** The cluster is up (or given up): exits are the caller's to watch from now on. */
+  done(): void {
+    this.watching = false;
+  }
+
+  private fail(e: unknown): void {
+    this.failure ??= e;
+    this.abort.abort();
   }
 }
 
@@ -162,6 +218,7 @@ async function startProxy(
   decodes: ChildServer[],
   env: Env,
   timeout: number,
+  checkChildren: () => void,
 ): Promise<{ proxy: Proxy; proxyUrl: string }> {
   const proxy = new Proxy(
     {
@@ -182,8 +239,9 @@ async function startProxy(
   });
   const proxyUrl = `http://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`;
   try {
-    await waitHealthy(proxy, env, timeout);
+    await waitHealthy(proxy, env, timeout, checkChildren);
     await proxy.start();
+    checkChildren();
   } catch (e) {
     await proxy.close();
     throw e;

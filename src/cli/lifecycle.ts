@@ -1,7 +1,8 @@
 /**
  * Process lifecycle for long-running commands: run `stop` once on SIGINT/SIGTERM (or when the parent's
  * stdin pipe closes, for children of `handoff up` and the tests: a dead parent never leaves servers
- * behind), then exit 0. A second signal, or a stop that hangs, exits at once.
+ * behind), then exit 0. A second signal, or a stop that hangs, exits at once. A managed child
+ * (`exitWithParent`) ignores SIGINT: its parent stops it.
  */
 import type { Env } from '../util/env.ts';
 
@@ -34,13 +35,19 @@ export function onShutdown(stop: () => Promise<void>, opts: ShutdownOptions): vo
       },
     );
   };
-  process.on('SIGINT', () => run('SIGINT'));
   process.on('SIGTERM', () => run('SIGTERM'));
-  if (opts.exitWithParent) {
-    process.stdin.on('end', () => run('parent gone'));
-    process.stdin.on('error', () => run('parent gone'));
-    // Our stdout is the parent's pipe: a write into it once the parent is gone (EPIPE) means the same.
-    process.stdout.on('error', () => run('parent gone'));
-    process.stdin.resume();
+  if (!opts.exitWithParent) {
+    process.on('SIGINT', () => run('SIGINT'));
+    return;
   }
+  // A managed child leaves its shutdown to its parent (SIGTERM, or the parent gone). Ctrl-C in a terminal
+  // reaches the whole process group: a child draining by itself at once refused the decode legs of the
+  // completions its parent's proxy was still draining (503s), and the parent's SIGTERM was then a second
+  // signal that cut the child's drain short.
+  process.on('SIGINT', () => opts.log?.('SIGINT: left to the parent'));
+  process.stdin.on('end', () => run('parent gone'));
+  process.stdin.on('error', () => run('parent gone'));
+  // Our stdout is the parent's pipe: a write into it once the parent is gone (EPIPE) means the same.
+  process.stdout.on('error', () => run('parent gone'));
+  process.stdin.resume();
 }

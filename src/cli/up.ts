@@ -143,13 +143,16 @@ function superviseChildren(cluster: LocalCluster, env: RealEnv, out: (s: string)
     ['decode', cluster.decodes],
   ] as const) {
     for (const c of group) {
-      c.child.once('exit', (code, signal) => {
+      const onExit = (code: number | null, signal: string | null): void => {
         if (stopping) return;
         const left = group.filter((x) => !x.exited).length;
         const tail = left > 0 ? `; ${left} ${role} left, routing around it` : '; stopping everything';
         out(`handoff up: ${role} (pid ${c.pid}) exited (code ${code}, signal ${signal})${tail}`);
         if (left === 0) void stop().finally(() => process.exit(1));
-      });
+      };
+      // One already gone fired its exit before we listened.
+      if (c.exited) onExit(c.child.exitCode, c.child.signalCode);
+      else c.child.once('exit', onExit);
     }
   }
 }
