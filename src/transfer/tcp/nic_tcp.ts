@@ -28,6 +28,8 @@ export class TcpPlane {
   private readonly peers = new Map<string, TcpPeer>();
   /** Connections to each peer: lane 0 carries everything but the other parts of laned READs. */
   private readonly clients = new Map<string, ClientConn[]>();
+  /** Connections that carry no new request (ClientConn.retire): they finish theirs, then close. */
+  private readonly retired = new Set<ClientConn>();
   /** Laned READs in flight: parts still to complete, and whether one failed (the rest being aborted). */
   private readonly laned = new Map<number, { left: number; failing: boolean }>();
   private readonly serverConns = new Set<ServerConn>();
@@ -93,14 +95,16 @@ export class TcpPlane {
     const old = this.peers.get(peerEngineId);
     this.peers.set(peerEngineId, peer);
     if (old && (old.host !== peer.host || old.port !== peer.port)) {
-      for (const c of this.clients.get(peerEngineId) ?? [])
-        c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
+      for (const c of [...(this.clients.get(peerEngineId) ?? []), ...this.retired])
+        if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
     }
   }
 
   /** The peer is gone (its last side channel closed): its connections both ways go with it. */
   removePeer(peerEngineId: string): void {
     this.peers.delete(peerEngineId);
+    for (const c of [...this.retired])
+      if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
     for (const c of this.clients.get(peerEngineId) ?? []) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
     for (const c of this.serverConns)
       if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
@@ -129,6 +133,7 @@ export class TcpPlane {
         peerEngineId,
         peer,
         (c) => {
+          this.retired.delete(c);
           const now = this.clients.get(peerEngineId);
           const i = now?.indexOf(c) ?? -1;
           if (now !== undefined && i >= 0) now.splice(i, 1);
@@ -172,22 +177,36 @@ export class TcpPlane {
       this.laned.delete(wrId);
       ack();
     };
-    for (const [peerEngineId, list] of [...this.clients]) {
-      for (const c of [...list]) {
-        const state = c.abort(wrId);
-        if (state === 'armed') {
-          waiting++;
-          c.whenDisarmed(settle);
-        } else if (state === 'stalled') {
-          list.splice(list.indexOf(c), 1);
-          c.destroy(
-            'PEER_UNAVAILABLE',
-            `no data from ${peerEngineId} since READ ${wrId} was posted: connection dropped`,
-          );
-        }
+    for (const c of [...[...this.clients.values()].flat(), ...this.retired]) {
+      const state = c.abort(wrId);
+      if (state === 'stalled') {
+        this.unlist(c);
+        c.destroy(
+          'PEER_UNAVAILABLE',
+          `no data from ${c.peerEngineId} since READ ${wrId} was posted: connection dropped`,
+        );
+        continue;
+      }
+      // Later requests go on a fresh connection, not behind the rest of this one's aborted work.
+      if (c.retiring && !this.retired.has(c)) {
+        this.unlist(c);
+        this.retired.add(c);
+      }
+      if (state === 'armed') {
+        waiting++;
+        c.whenDisarmed(settle);
       }
     }
     settle();
+  }
+
+  /** `c` carries no new request any more. */
+  private unlist(c: ClientConn): void {
+    const list = this.clients.get(c.peerEngineId);
+    const i = list?.indexOf(c) ?? -1;
+    if (list === undefined || i < 0) return;
+    list.splice(i, 1);
+    if (list.length === 0) this.clients.delete(c.peerEngineId);
   }
 
   /** `transferId`'s grant was revoked: WRITEs of it under way on any connection land nothing more. */
@@ -202,7 +221,7 @@ export class TcpPlane {
    * it landing here stopped at the revoke that came before (revoked): nothing to wait for.
    */
   async drain(transferId: string, timeoutMs = DRAIN_TIMEOUT_MS): Promise<void> {
-    const conns = [...this.serverConns, ...[...this.clients.values()].flat()];
+    const conns = [...this.serverConns, ...[...this.clients.values()].flat(), ...this.retired];
     await Promise.all(
       conns.map(async (c) => {
         let timer: ReturnType<typeof setTimeout> | undefined;
@@ -215,8 +234,8 @@ export class TcpPlane {
   }
 
   async close(): Promise<void> {
-    for (const list of this.clients.values())
-      for (const c of list) c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
+    for (const c of [...[...this.clients.values()].flat(), ...this.retired])
+      c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
     for (const c of this.serverConns) c.socket.destroy();
     await Promise.all([new Promise<void>((resolve) => this.server.close(() => resolve())), this.raw.close()]);
   }

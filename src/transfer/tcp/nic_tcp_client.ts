@@ -31,6 +31,14 @@ import type { ErrorCode } from '../../util/errors.ts';
 const RECV_BUFFER_BYTES = 1 << 20;
 /** An abort of a READ whose slab view is armed waits at most this long for the next read, then drops the connection. */
 const ARMED_ABORT_MS = 200;
+/**
+ * After a request in flight here was aborted, a connection that still carries work and moves not one byte
+ * either way for this long is dropped: a stalled link (TCP in backoff after a cut) would hold every later
+ * request to the peer behind what it still owes.
+ */
+const ABORT_STALL_MS = 1000;
+/** An abort finding the connection still this long (no byte in or out) retires it (ClientConn.retire). */
+const STILL_MS = 250;
 
 export class ClientConn extends Conn {
   private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
@@ -45,6 +53,13 @@ export class ClientConn extends Conn {
   private disarmWaiters: Array<() => void> = [];
   /** Segments at least this long are read in place by the socket itself (1 with scatter receive). */
   private readonly directMin: number;
+  /**
+   * A request in flight here was aborted while nothing had moved on this connection for STILL_MS (a stalled
+   * link, likely): the plane posts no new request here; it finishes what it carries and closes once idle.
+   */
+  retiring = false;
+  /** A stall watch runs (watchStall). */
+  private watching = false;
 
   private constructor(
     socket: net.Socket,
@@ -135,6 +150,13 @@ export class ClientConn extends Conn {
     if (r === undefined || !r.stream.complete) return;
     this.reads.delete(reqId);
     this.done(reqId, null, '');
+    this.closeIfRetired();
+  }
+
+  /** Bytes from the socket; a retired connection closes once they finished what it carried. */
+  override onChunk(chunk: Uint8Array): void {
+    super.onChunk(chunk);
+    this.closeIfRetired();
   }
 
   private flushDisarmWaiters(): void {
@@ -154,6 +176,7 @@ export class ClientConn extends Conn {
       grantToken: wr.grantToken,
       ranges: toWire(sideOf(ranges, 'remote')),
     };
+    this.lastMoveMs = performance.now();
     if (wr.kind === 'read') {
       this.reads.set(wr.wrId, { stream: new RangeStream(sideOf(ranges, 'local')), bytesInAtPost: this.bytesIn });
       this.send({ type: 'read', ...frame });
@@ -176,9 +199,49 @@ export class ClientConn extends Conn {
       this.reads.delete(wrId);
       this.discard.set(wrId, r.stream);
     }
-    if (this.writes.delete(wrId)) this.cancelWrite(wrId);
+    const wasWrite = this.writes.delete(wrId);
+    if (wasWrite) this.cancelWrite(wrId);
     if (r !== undefined && this.bytesIn === r.bytesInAtPost) return 'stalled';
+    if (r !== undefined || wasWrite) {
+      this.watchStall();
+      if (performance.now() - this.lastMoveMs >= STILL_MS) this.retiring = true;
+    }
+    this.closeIfRetired();
     return this.armed === wrId ? 'armed' : 'done';
+  }
+
+  /** A retired connection with nothing left to carry closes. */
+  private closeIfRetired(): void {
+    if (!this.retiring || this.closedWith !== null || !this.idle || this.discard.size > 0) return;
+    this.destroy('PEER_UNAVAILABLE', 'retired after an abort');
+  }
+
+  /** Bytes moved so far: received, and sent (taken from Node's queue). */
+  private get progress(): number {
+    return this.bytesIn + (this.socket.bytesWritten - this.socket.writableLength);
+  }
+
+  /**
+   * A request in flight here was aborted (its timeout): it may have stopped on a stalled link (a cut, TCP in
+   * backoff), and the rest of its reply or payload, and every later request, would wait behind it. Watch the
+   * connection: while it still has work (the rest of an aborted reply, queued bytes, later requests) and
+   * not one byte moves either way for ABORT_STALL_MS, drop it (its requests fail now, not at their own
+   * timeouts); the next work request opens a fresh one. One watch at a time; it ends when the connection
+   * is idle.
+   */
+  private watchStall(): void {
+    if (this.watching) return;
+    this.watching = true;
+    const before = this.progress;
+    const timer = setTimeout(() => {
+      this.watching = false;
+      if (this.closedWith !== null) return;
+      const busy = !this.idle || this.discard.size > 0 || this.socket.writableLength > 0;
+      if (!busy) return;
+      if (this.progress !== before) return this.watchStall();
+      this.destroy('PEER_UNAVAILABLE', `no data moved to or from ${this.peerEngineId} after an abort`);
+    }, ABORT_STALL_MS);
+    timer.unref();
   }
 
   /** `fn` runs once the armed slab view is replaced; a connection silent for ARMED_ABORT_MS is dropped first. */

@@ -35,6 +35,8 @@ export abstract class Conn implements FrameSink {
   protected closedWith: { code: ErrorCode; message: string } | null = null;
   /** Bytes received so far (a READ that saw none arrive since it was posted means a stalled connection). */
   protected bytesIn = 0;
+  /** When bytes last moved on this connection (in, or out to the kernel), or a request was last sent. */
+  protected lastMoveMs = performance.now();
   /** Payload bytes the kernel wrote straight into their destination pages (never copied in JS). */
   bytesInPlace = 0;
   /** readv calls that moved bytes (scatter receive). */
@@ -46,7 +48,7 @@ export abstract class Conn implements FrameSink {
     readonly socket: net.Socket,
     protected readonly ctx: NicContext,
   ) {
-    this.sender = new Sender(socket, ctx.slabs, ctx.dataFrameBytes);
+    this.sender = new Sender(socket, ctx.slabs, ctx.dataFrameBytes, () => (this.lastMoveMs = performance.now()));
     this.scatter = ctx.scatterRecv ? scatterNative() : null;
     this.segs = new Float64Array(this.scatter === null ? 0 : 3 * SCATTER_SEGS_MAX);
     socket.setNoDelay(true);
@@ -62,6 +64,7 @@ export abstract class Conn implements FrameSink {
   onChunk(chunk: Uint8Array): void {
     if (this.closedWith !== null) return;
     this.bytesIn += chunk.length;
+    this.lastMoveMs = performance.now();
     try {
       this.decoder.push(chunk);
     } catch (e) {

@@ -42,6 +42,8 @@ export class Sender {
     private readonly socket: net.Socket,
     private readonly slabs: readonly Uint8Array[],
     private readonly frameBytes: number,
+    /** Runs each time the kernel took a frame's first bytes (the connection moves). */
+    private readonly onMoved: () => void = () => {},
   ) {
     socket.once('close', () => {
       this.unflushed.clear();
@@ -110,7 +112,7 @@ export class Sender {
       const { stream } = item;
       const len = Math.min(this.frameBytes, stream.total - stream.expected);
       socket.cork();
-      socket.write(encodeDataHeader(item.reqId, stream.expected, len));
+      socket.write(encodeDataHeader(item.reqId, stream.expected, len), this.onMoved);
       stream.advance(len, (slab, offset, _piece, seg) => {
         const s = this.slabs[slab] as Uint8Array;
         socket.write(new Uint8Array(s.buffer, s.byteOffset + offset, seg));
