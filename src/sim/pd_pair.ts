@@ -4,6 +4,7 @@
  * servers' composition root), the requests driven by pdFlow (the proxy's flow) with two in-process legs.
  */
 import { assert } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
 import type { Env } from '../util/env.ts';
 import { hexId } from '../util/ids.ts';
 import type { ModelPreset } from '../kv/presets.ts';
@@ -106,14 +107,20 @@ export class PdPair {
     onToken?: (atMs: number) => void,
   ): Promise<GenerateResult & { prefillParams: KVTransferParams }> {
     const legs: PdLegs<GenerateResult & { prefillParams: KVTransferParams }> = {
-      prefill: (ask) =>
-        this.prefill.generate({
-          promptTokenIds: g.promptTokenIds,
-          sampling: { ...g.sampling, maxTokens: ask.maxTokens },
-          kvTransferParams: ask.kvTransferParams,
-        }),
-      decode: async (params) => ({
-        ...(await this.decode.generate({ ...g, kvTransferParams: params }, onToken)),
+      // Each leg ends when the flow aborts it (WRITE: the other leg failed), as the proxy's legs do.
+      prefill: (ask, signal) =>
+        abortable(this.prefill, `pd-prefill-${hexId(this.env, 8)}`, signal, (requestId) =>
+          this.prefill.generate({
+            requestId,
+            promptTokenIds: g.promptTokenIds,
+            sampling: { ...g.sampling, maxTokens: ask.maxTokens },
+            kvTransferParams: ask.kvTransferParams,
+          }),
+        ),
+      decode: async (params, signal) => ({
+        ...(await abortable(this.decode, g.requestId ?? `pd-decode-${hexId(this.env, 8)}`, signal, (requestId) =>
+          this.decode.generate({ ...g, requestId, kvTransferParams: params }, onToken),
+        )),
         prefillParams: params as KVTransferParams,
       }),
     };
@@ -141,6 +148,27 @@ export class PdPair {
   async close(): Promise<void> {
     await this.decode.close();
     await this.prefill.close();
+  }
+}
+
+/**
+ * Run one leg under `requestId`; the flow's abort of the leg aborts the request (its pages are freed, a
+ * prefill hold ends) and the leg rejects with REQUEST_ABORTED.
+ */
+async function abortable<T>(
+  engine: LLMEngine,
+  requestId: string,
+  signal: AbortSignal,
+  run: (requestId: string) => Promise<T>,
+): Promise<T> {
+  const stop = (): void => engine.abort(requestId);
+  signal.addEventListener('abort', stop, { once: true });
+  try {
+    const result = await run(requestId);
+    if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the flow aborted this leg');
+    return result;
+  } finally {
+    signal.removeEventListener('abort', stop);
   }
 }
 
