@@ -73,10 +73,12 @@ export class Producer {
    * (WRITE: a decode said where to write): it is dropped and the transfer stays held.
    */
   bind(sendTransfers: Record<string, string>, contradicted: (transferId: string) => boolean = () => false): void {
+    // One pass: holds that ended, and early releases of transfers not held here within staleBeforeMs.
+    const stale = this.ctx.staleBeforeMs();
     for (const [transferId, t] of [...this.transfers.entries()]) {
       if (t.state === 'held' && sendTransfers[transferId] === undefined) this.transfers.drop(transferId);
+      else if (t.state === 'released-early' && (t.releasedAtMs ?? 0) < stale) this.transfers.drop(transferId);
     }
-    this.forgetStaleReleases();
     for (const [transferId, requestId] of Object.entries(sendTransfers)) {
       const t = this.transfers.get(transferId);
       if (t !== undefined && t.state === 'released-early' && contradicted(transferId)) {
@@ -111,22 +113,22 @@ export class Producer {
     if (t?.state === 'held') return this.drain(transferId, t);
     if (t !== undefined) return; // a duplicate release
     this.forgetStaleReleases();
-    // The oldest first: dropping them all held the pages of transfers released early to their lease.
-    const oldest = this.transfers.inState('released-early')[0];
-    if (this.numReleasedEarly >= EARLY_RELEASES_MAX && oldest !== undefined) this.transfers.drop(oldest[0]);
+    // At the bound the oldest goes first: dropping them all held the pages of transfers released early to
+    // their lease.
+    const oldest = this.transfers.oldestIn('released-early');
+    if (oldest !== undefined && this.numReleasedEarly >= EARLY_RELEASES_MAX) this.transfers.drop(oldest[0]);
     this.transfers.add(transferId, { state: 'released-early', requestId: null, releasedAtMs: this.ctx.env.nowMs() });
   }
 
   /**
-   * A release whose transfer was not held here within the longer of the lease and the transfer timeout
-   * belongs to a request that never finished here (aborted, refused, never came): it is forgotten, so it
-   * neither stays for the life of the process nor frees a later transfer under the same id.
+   * A release whose transfer was not held here by staleBeforeMs belongs to a request that never finished
+   * here (aborted, refused, never came): it is forgotten, so it neither stays for the life of the process
+   * nor frees a later transfer under the same id (bind does the same in its pass at each step).
    */
   private forgetStaleReleases(): void {
-    const { leaseMs, transferTimeoutMs } = this.ctx.config;
-    const before = this.ctx.env.nowMs() - Math.max(leaseMs, transferTimeoutMs);
+    const stale = this.ctx.staleBeforeMs();
     for (const [id, t] of this.transfers.inState('released-early'))
-      if ((t.releasedAtMs ?? 0) < before) this.transfers.drop(id);
+      if ((t.releasedAtMs ?? 0) < stale) this.transfers.drop(id);
   }
 
   /** Released: once the NIC no longer reads the pages (the grant is revoked), they may be reported. */

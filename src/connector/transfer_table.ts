@@ -83,6 +83,12 @@ export class TransferTable<S extends string, T extends { state: S }> {
     return out;
   }
 
+  /** The first (oldest) transfer in state `s`, without collecting the rest. */
+  oldestIn(s: S): [string, T] | undefined {
+    for (const e of this.items) if (e[1].state === s) return e;
+    return undefined;
+  }
+
   entries(): IterableIterator<[string, T]> {
     return this.items.entries();
   }

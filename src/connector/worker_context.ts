@@ -39,6 +39,15 @@ export class WorkerContext {
     this.numAttnGroups = n < 0 ? transferGroupIds.length : n;
   }
 
+  /**
+   * Entries about a transfer this side has no save or hold of (a destination, an early release) that came
+   * before this time are forgotten: its request will not finish here within the longer of the lease and the
+   * transfer timeout (it was aborted, refused, or never came).
+   */
+  staleBeforeMs(): number {
+    return this.env.nowMs() - Math.max(this.config.leaseMs, this.config.transferTimeoutMs);
+  }
+
   /** Our tokens per page in a transfer group. */
   blockSizeOf(transferGroup: number): number {
     return this.groupOf(transferGroup).spec.blockSize;

@@ -90,9 +90,11 @@ export class WriteProducer {
    * destination must never be pushed from them (it becomes an orphan, bounded below).
    */
   prune(held: Record<string, string>): void {
-    for (const [transferId] of this.saves.inState('awaiting-destination'))
-      if (held[transferId] === undefined) this.endSave(transferId);
-    this.forgetStaleDestinations();
+    // One pass: saves whose hold ended, and destinations whose save did not come by staleBeforeMs.
+    const stale = this.ctx.staleBeforeMs();
+    for (const [transferId, t] of [...this.saves.entries()])
+      if (t.state === 'awaiting-destination' ? held[transferId] === undefined : isStale(t, stale))
+        this.endSave(transferId);
   }
 
   /**
@@ -102,10 +104,8 @@ export class WriteProducer {
    * for the life of the process.
    */
   private forgetStaleDestinations(): void {
-    const { leaseMs, transferTimeoutMs } = this.ctx.config;
-    const before = this.ctx.env.nowMs() - Math.max(leaseMs, transferTimeoutMs);
-    for (const [transferId, t] of this.saves.inState('awaiting-save'))
-      if (t.destAtMs < before) this.endSave(transferId);
+    const stale = this.ctx.staleBeforeMs();
+    for (const [transferId, t] of this.saves.inState('awaiting-save')) if (isStale(t, stale)) this.endSave(transferId);
   }
 
   /**
@@ -146,8 +146,8 @@ export class WriteProducer {
     else if (t === undefined) {
       this.forgetStaleDestinations();
       // The oldest first: dropping them all lost the destinations of requests still being computed here.
-      const oldest = this.saves.inState('awaiting-save')[0];
-      if (this.numDestinationsWithoutSave >= ORPHAN_DESTINATIONS_MAX && oldest !== undefined)
+      const oldest = this.saves.oldestIn('awaiting-save');
+      if (oldest !== undefined && this.numDestinationsWithoutSave >= ORPHAN_DESTINATIONS_MAX)
         this.saves.drop(oldest[0]);
       this.saves.add(transferId, { state: 'awaiting-save', save: null, dest, destAtMs: this.ctx.env.nowMs() });
     }
@@ -263,4 +263,9 @@ export class WriteProducer {
       this.ctx.log?.warn({ transferId, err: e.message }, 'could not refuse the destination');
     });
   }
+}
+
+/** A destination still waiting for its save that came before `staleBeforeMs` (WorkerContext.staleBeforeMs). */
+function isStale(t: SaveTransfer, staleBeforeMs: number): boolean {
+  return t.state === 'awaiting-save' && t.destAtMs < staleBeforeMs;
 }
