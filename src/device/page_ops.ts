@@ -5,6 +5,7 @@
  */
 import { assert, unreachable } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
+import { zeroBytes } from '../util/zero_bytes.ts';
 import type { DeviceOptions, PageAccess, PageSpan, StreamOp } from './types.ts';
 
 export interface SlabGeometry {
@@ -131,7 +132,7 @@ export function zeroPages(
   for (const s of slabIds) {
     const slab = slabs[s];
     assert(slab !== undefined, `slab ${s} missing`);
-    for (const b of blockIds) slab.fill(0, b * pageBytes, (b + 1) * pageBytes);
+    for (const b of blockIds) zeroBytes(slab, b * pageBytes, (b + 1) * pageBytes);
   }
 }
 
@@ -139,7 +140,7 @@ export function zeroSpans(slabs: readonly Uint8Array[], pageBytes: number, spans
   for (const s of spans) {
     const slab = slabs[s.slab];
     assert(slab !== undefined, `slab ${s.slab} missing`);
-    slab.fill(0, s.block * pageBytes + s.start, s.block * pageBytes + s.end);
+    zeroBytes(slab, s.block * pageBytes + s.start, s.block * pageBytes + s.end);
   }
 }
 

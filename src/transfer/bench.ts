@@ -13,6 +13,7 @@
 import { assert } from '../util/assert.ts';
 import type { Env } from '../util/env.ts';
 import { hexId } from '../util/ids.ts';
+import { zeroBytes } from '../util/zero_bytes.ts';
 import { createTransferEngine } from './factory.ts';
 import { coalesceRanges } from './core/ranges.ts';
 import { TcpTransferEngine } from './tcp/tcp.ts';
@@ -348,7 +349,7 @@ export class BenchRig {
 
   /** Zero the pages the READ writes (what verify() checks), nothing more: a whole-slab fill would flush caches. */
   private zeroDestinations(ranges: TransferRange[]): void {
-    for (const r of ranges) (this.D.slabs[r.slab] as Uint8Array).fill(0, r.localOffset, r.localOffset + r.length);
+    for (const r of ranges) zeroBytes(this.D.slabs[r.slab] as Uint8Array, r.localOffset, r.localOffset + r.length);
   }
 
   /** The bytes the raw stream writes: the first `bytes` of the consumer's slabs, in order. */
@@ -356,7 +357,7 @@ export class BenchRig {
     let left = bytes;
     for (const d of this.D.slabs) {
       const n = Math.min(left, d.length);
-      d.fill(0, 0, n);
+      zeroBytes(d, 0, n);
       left -= n;
     }
   }
