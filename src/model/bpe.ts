@@ -70,7 +70,7 @@ export class BytePairEncoder {
     for (const [text, rank] of Object.entries(spec.special_tokens)) this.specialBytes.set(rank, this.utf8.encode(text));
     this.maxTokenBytes = maxLen;
     this.vocabSize = Math.max(this.bytesOf.length, ...[...this.specialBytes.keys()].map((r) => r + 1));
-    this.pattern = new RegExp(spec.pat_str, 'gu');
+    this.pattern = new RegExp(whiteSpaceAsUnicode(spec.pat_str), 'gu');
   }
 
   /** Token ids of `text`; special-token text is ordinary text (js-tiktoken's encode(text, [], [])). */
@@ -217,6 +217,15 @@ function grow(a: Float64Array, size: number): Float64Array<ArrayBuffer> {
   const b = new Float64Array(size);
   b.set(a);
   return b;
+}
+
+/**
+ * The pattern with `\s` / `\S` as Unicode White_Space, as the regex engines of GPT-2's encoder.py
+ * (Python `regex`), tiktoken and HF tokenizers read them. JavaScript's `\s` also matches U+FEFF and
+ * misses U+0085, so text with either was split into other pieces, hence other ids, than GPT-2's.
+ */
+function whiteSpaceAsUnicode(pattern: string): string {
+  return pattern.replaceAll('\\s', '\\p{White_Space}').replaceAll('\\S', '\\P{White_Space}');
 }
 
 function isAscii(s: string): boolean {

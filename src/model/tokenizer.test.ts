@@ -13,8 +13,14 @@ import gpt2 from 'js-tiktoken/ranks/gpt2';
 import { RealEnv } from '../util/env.ts';
 import { decode, encode, EOS_TOKEN_ID, IncrementalDecoder, MAX_TOKEN_BYTES } from './tokenizer.ts';
 
-/** The reference: js-tiktoken's own (quadratic) merge, on inputs short enough for it. */
-const reference = new Tiktoken(gpt2);
+/**
+ * The reference: js-tiktoken's own (quadratic) merge, on inputs short enough for it, over GPT-2's pieces
+ * (its pattern's `\s` read as Unicode White_Space, as GPT-2's Python `regex` does, not as JavaScript's).
+ */
+const reference = new Tiktoken({
+  ...gpt2,
+  pat_str: gpt2.pat_str.replaceAll('\\s', '\\p{White_Space}').replaceAll('\\S', '\\P{White_Space}'),
+});
 const refEncode = (text: string): number[] => reference.encode(text, [], []);
 
 test('GPT-2 ids: known encodings, EOS is 50256, special-token text is plain text', () => {

@@ -1,8 +1,9 @@
 /**
  * The GPT-2 byte-level BPE tokenizer (js-tiktoken's offline ranks, our O(n log n) merge in bpe.ts:
- * the same ids as js-tiktoken, without its quadratic time on long words), and an incremental
- * detokenizer for streaming: a token can end in the middle of a UTF-8 character, so text that ends in
- * U+FFFD is held back until the next token completes it.
+ * the same merges as js-tiktoken, without its quadratic time on long words, over GPT-2's pieces: its
+ * pattern's `\s` is Unicode White_Space, not JavaScript's), and an incremental
+ * detokenizer for streaming: a token can end in the middle of a UTF-8 character, whose bytes are held
+ * back until the next token completes it.
  */
 import gpt2 from 'js-tiktoken/ranks/gpt2';
 import { assert } from '../util/assert.ts';
@@ -63,26 +64,20 @@ export function tokenBytes(id: number): Uint8Array {
   return b;
 }
 
-/** A held-back tail longer than this is emitted anyway (bytes that never form a character). */
-const MAX_PENDING_TOKENS = 8;
-const REPLACEMENT = '\uFFFD';
-
 export class IncrementalDecoder {
-  private pending: number[] = [];
+  // A streaming UTF-8 decoder: the bytes of a character not yet complete wait in it for the next token,
+  // and bytes that can no longer form one become U+FFFD at once, so the pieces are exactly the decode of
+  // all the tokens. (Holding back token runs whose text ended in U+FFFD, and giving up after a few,
+  // cut a character in two after a run of generated "�".) ignoreBOM: a generated U+FEFF is text.
+  private readonly utf8 = new TextDecoder('utf-8', { ignoreBOM: true });
 
   /** The text that token `id` completes: '' while a character is still incomplete. */
   push(id: number): string {
-    this.pending.push(id);
-    const text = decode(this.pending);
-    if (text.endsWith(REPLACEMENT) && this.pending.length < MAX_PENDING_TOKENS) return '';
-    this.pending = [];
-    return text;
+    return this.utf8.decode(tokenBytes(id), { stream: true });
   }
 
   /** Whatever is held back (at the end of a stream). */
   flush(): string {
-    const text = this.pending.length > 0 ? decode(this.pending) : '';
-    this.pending = [];
-    return text;
+    return this.utf8.decode();
   }
 }
