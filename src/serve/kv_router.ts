@@ -21,6 +21,7 @@ import { hashBlockTokens, type BlockHash } from '../kv/block_hash.ts';
 import { isBlockSize } from '../kv/presets.ts';
 import type { InstancePool, PoolMember } from './instance_pool.ts';
 import type { RouterIndex } from './router_index.ts';
+import { pairedOnly } from './pool_pairing.ts';
 
 export interface KvRouterOptions {
   /** What a full-prompt hit is worth, in requests of load. */
@@ -123,7 +124,7 @@ export class KvRouter {
       this.stats.skippedPrefill++;
       return { decode: d.m, prefill: null, decodeHitTokens: d.hit, prefillHitTokens: 0 };
     }
-    const p = this.best(pools.prefill, chains, exclude);
+    const p = this.best(pools.prefill, chains, pairedOnly(pools.prefill, d.m, exclude));
     if (p === null) return null;
     return { decode: d.m, prefill: p.m, decodeHitTokens: d.hit, prefillHitTokens: p.hit };
   }
@@ -168,6 +169,6 @@ export function legsApart(
 ): RouteDecision {
   if (route.prefill === null || !sameInstance(route.prefill, route.decode)) return route;
   const self = prefill.members.filter((m) => sameInstance(m, route.decode));
-  const other = prefill.pick(new Set([...exclude, ...self]));
+  const other = prefill.pick(new Set([...pairedOnly(prefill, route.decode, exclude), ...self]));
   return { ...route, prefill: other, prefillHitTokens: 0 };
 }

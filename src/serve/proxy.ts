@@ -34,11 +34,11 @@ import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_po
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
-import { unpairedReason } from './pool_pairing.ts';
+import { pairedOnly, unpairedReason, withoutLoneDecodes } from './pool_pairing.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { pdFlow } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
-import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, legsApart, type KvRouterOptions } from './kv_router.ts';
+import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, legsApart, sameInstance, type KvRouterOptions } from './kv_router.ts';
 import type { RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
 import { checkLimits, decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
@@ -338,9 +338,17 @@ export class Proxy {
 
   /** A decode that failed after prefill answered will never read: have another decode release the pages. */
   private releaseHeld(failed: Failed, exclude: Set<PoolMember>, headers: Record<string, string>): void {
-    if (failed.m !== null) exclude.add(failed.m);
+    // A kv_both instance listed in both pools: the retry must not reach it through its other member either.
+    if (failed.m !== null) for (const s of this.membersOf(failed.m)) exclude.add(s.m);
     const other = failed.held === null || failed.m === null ? null : this.decode.pick(exclude);
     if (other !== null && failed.held !== null) void this.releaseUnused(other, failed.held, headers);
+  }
+
+  /** `m` and every member of either pool that is the same instance (kv_router.ts sameInstance). */
+  private membersOf(m: PoolMember): Array<{ pool: InstancePool; m: PoolMember }> {
+    return [this.prefill, this.decode].flatMap((pool) =>
+      pool.members.filter((o) => sameInstance(o, m)).map((o) => ({ pool, m: o })),
+    );
   }
 
   /** The prompt's token ids (kv-aware routing) and the instances that would refuse it (proxy_flow.ts). */
@@ -362,12 +370,14 @@ export class Proxy {
 
   /** Decode and prefill for this request (prefill null: decode computes the prompt itself). */
   private routeOf(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>): RouteDecision {
+    // Only pairs whose handshake can succeed (pool_pairing.ts): a decode with a prefill it pairs with, and that prefill.
+    exclude = withoutLoneDecodes({ prefill: this.prefill, decode: this.decode }, exclude);
     if (this.opts.policy === 'kv-aware' && tokenIds !== null) {
       const r = this.router.route({ prefill: this.prefill, decode: this.decode }, tokenIds, exclude);
       if (r !== null) return legsApart(r, this.prefill, exclude);
     }
     const decode = this.pick(this.decode, exclude);
-    const prefill = this.pick(this.prefill, exclude);
+    const prefill = this.pick(this.prefill, pairedOnly(this.prefill, decode, exclude));
     return legsApart({ decode, prefill, decodeHitTokens: 0, prefillHitTokens: 0 }, this.prefill, exclude);
   }
 
@@ -449,7 +459,7 @@ export class Proxy {
       return await fn();
     } catch (e) {
       const dead = e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined;
-      if (dead) this.down(pool, m, e.message);
+      if (dead) for (const s of this.membersOf(m)) this.down(s.pool, s.m, e.message);
       if (failed && (dead || (e instanceof HandoffError && e.details?.['upstreamStatus'] === 503))) failed.m = m;
       throw e;
     } finally {

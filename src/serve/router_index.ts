@@ -17,17 +17,26 @@
 import { assert } from '../util/assert.ts';
 import { mutationsFor, type MutantName } from '../util/mutants.ts';
 import type { BlockHash } from '../kv/block_hash.ts';
-import { epochStartMs, type KvCacheEvent, type KvEventBatch, type KvEventDump } from '../kv/kv_events.ts';
+import { epochStartMs, type KvEventBatch, type KvEventDump } from '../kv/kv_events.ts';
 
 export type ApplyResult = 'applied' | 'duplicate' | 'buffered' | 'needs-dump';
+
+/** What the index applies of an event (a batch waiting for a gap keeps no more: not a BlockStored's tokens). */
+type HashEvent =
+  { type: 'AllBlocksCleared' } | { type: 'BlockStored' | 'BlockRemoved'; block_hashes: readonly BlockHash[] };
+
+interface PendingBatch {
+  seq: number;
+  events: HashEvent[];
+}
 
 interface InstanceState {
   epoch: string | null;
   /** Every batch up to this seq is applied. */
   seq: number;
   hashes: Set<BlockHash>;
-  pending: Map<number, KvEventBatch>;
-  /** Block hashes named by the pending batches (bounded like the set itself). */
+  pending: Map<number, PendingBatch>;
+  /** Events and block hashes of the pending batches (bounded like the set itself). */
   pendingHashes: number;
   /** Batches were lost (a heartbeat ahead of us) or the feed broke a bound: only a dump helps. */
   forced: boolean;
@@ -39,10 +48,18 @@ const RETIRED_EPOCHS_MAX = 16;
 /** Out-of-order batches held per instance at most (whatever maxPending asks for). */
 const PENDING_MAX = 1024;
 
-function hashCount(events: readonly KvCacheEvent[]): number {
-  let n = 0;
+/** What a pending batch costs against the bound: each event, and each hash it names. */
+function hashCount(events: readonly HashEvent[]): number {
+  let n = events.length;
   for (const e of events) if (e.type !== 'AllBlocksCleared') n += e.block_hashes.length;
   return n;
+}
+
+function pendingOf(batch: KvEventBatch): PendingBatch {
+  const events = batch.events.map((e): HashEvent =>
+    e.type === 'AllBlocksCleared' ? { type: e.type } : { type: e.type, block_hashes: e.block_hashes },
+  );
+  return { seq: batch.seq, events };
 }
 
 export interface RouterIndexOptions {
@@ -97,7 +114,7 @@ export class RouterIndex {
         st.forced = true;
         return 'needs-dump';
       }
-      st.pending.set(batch.seq, batch);
+      st.pending.set(batch.seq, pendingOf(batch));
       st.pendingHashes += hashes;
       this.stats.buffered++;
       return this.needsDump(key) ? 'needs-dump' : 'buffered';
@@ -225,7 +242,7 @@ export class RouterIndex {
     st.forced = false;
   }
 
-  private dropPending(st: InstanceState, seq: number, b: KvEventBatch): void {
+  private dropPending(st: InstanceState, seq: number, b: PendingBatch): void {
     st.pending.delete(seq);
     st.pendingHashes -= hashCount(b.events);
   }
@@ -243,7 +260,7 @@ export class RouterIndex {
     }
   }
 
-  private applyEvents(key: string, st: InstanceState, events: readonly KvCacheEvent[]): void {
+  private applyEvents(key: string, st: InstanceState, events: readonly HashEvent[]): void {
     for (const ev of events) {
       if (ev.type === 'AllBlocksCleared') this.clearHashes(key, st);
       else if (ev.type === 'BlockStored') for (const h of ev.block_hashes) this.add(key, st, h);
