@@ -11,7 +11,7 @@ import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { parseJsonText } from './http_io.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
-import { readBoundedText, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
+import { abortedBecause, readBoundedText, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
 
 /** A client that takes no byte for this long while the proxy has some for it is dropped. */
 export const CLIENT_STALL_MS = 30_000;
@@ -94,7 +94,7 @@ export async function relay(
     } catch (e) {
       rethrowIfAssertion(e);
       if (e instanceof HandoffError) throw e;
-      if (signal.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
+      if (signal.aborted) throw abortedBecause(signal);
       throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
     }
     // A close-delimited body cut by a dying decode ends cleanly: only its parse tells it is not whole.
@@ -148,16 +148,24 @@ async function relayEvents(
     res.end(sseEvent(err.toJSON()) + SSE_DONE);
   } catch (e) {
     rethrowIfAssertion(e);
-    if (e instanceof HandoffError) throw e;
+    // (The upstream timeout's reason is a HandoffError too: it is told to the client below.)
+    if (e instanceof HandoffError && e !== signal.reason) throw e;
     if (res.destroyed) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
     if (res.writableNeedDrain) {
       // Cut while waiting for a client that stopped reading (the upstream timed out meanwhile).
       res.destroy();
       throw new HandoffError('REQUEST_ABORTED', 'the client stopped reading');
     }
-    // The decode instance died mid-response, or the flow cancelled it: say so in the stream's own format.
-    const why = signal.aborted ? 'the request was cancelled mid-response' : `decode instance failed mid-response`;
-    const err = new HandoffError('PEER_UNAVAILABLE', `${why}: ${(e as Error).message}`);
+    // The decode instance died mid-response, its answer outlived the upstream timeout, or the flow
+    // cancelled it: say so in the stream's own format.
+    const timeout = signal.aborted ? abortedBecause(signal) : null;
+    const err =
+      timeout?.code === 'TIMEOUT'
+        ? timeout
+        : new HandoffError(
+            'PEER_UNAVAILABLE',
+            `${signal.aborted ? 'the request was cancelled mid-response' : 'decode instance failed mid-response'}: ${(e as Error).message}`,
+          );
     cutMidStream.add(res);
     res.end(sseEvent(err.toJSON()) + SSE_DONE);
   }

@@ -78,9 +78,12 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
   if (call.signal?.aborted) throw new HandoffError('REQUEST_ABORTED', 'the client went away');
   const ac = new AbortController();
   let timedOut = false;
+  let headersIn = false;
+  // The reason tells a relay reading the body that this was the timeout, not a client that left.
   const timer = env.setTimer(call.timeoutMs, () => {
     timedOut = true;
-    ac.abort();
+    const what = headersIn ? 'did not finish its answer' : 'did not answer';
+    ac.abort(new HandoffError('TIMEOUT', `${call.url} ${what} within ${call.timeoutMs} ms`));
   });
   const onAbort = (): void => ac.abort();
   call.signal?.addEventListener('abort', onAbort, { once: true });
@@ -95,6 +98,7 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
       ...(call.body !== undefined ? { body: JSON.stringify(call.body) } : {}),
       signal: ac.signal,
     });
+    headersIn = true;
     if (call.signalUntilHeaders) call.signal?.removeEventListener('abort', onAbort);
     return {
       response,
@@ -116,6 +120,15 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
       `cannot reach ${call.url}: ${cause?.code ?? cause?.message ?? (e as Error).message}`,
     );
   }
+}
+
+/**
+ * Why a relay's signal aborted: the upstream's timeout (its reason, a HandoffError `TIMEOUT`) or a
+ * client that went away (any other reason).
+ */
+export function abortedBecause(signal: AbortSignal): HandoffError {
+  const r: unknown = signal.reason;
+  return r instanceof HandoffError ? r : new HandoffError('REQUEST_ABORTED', 'the client went away');
 }
 
 /**
