@@ -51,6 +51,7 @@ import { KvEventStreams, type InstanceLoad, type KvEventSource } from './kv_even
 import { PREFILLER_HEADER, prefillerOf, runSidecar, type Prefiller } from './sidecar.ts';
 import { detokenizeAnswer, HANDOFF_VERSION, tokenizeAnswer } from './tokenize_api.ts';
 import type { PeerAllowList } from '../connector/peer_directory.ts';
+import { parseKvTransferParams } from '../connector/params.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads, type TokenizerThreadsOptions } from './tokenizer_threads.ts';
 import type { GenerationObserver, GenerationSink } from './generation.ts';
 
@@ -418,6 +419,19 @@ export class InstanceServer {
     return tokenizedApiRequest(v, promptTokenIds, { maxModelLen: this.opts.maxModelLen });
   }
 
+  /** A READ request refused before its engine saw it: prefill's pages for it are released (params checked first). */
+  private releaseRefused(raw: unknown): void {
+    let params: ReturnType<typeof parseKvTransferParams>;
+    try {
+      params = parseKvTransferParams(raw);
+      // catch-ok: params that do not parse name no transfer to release; the request's own refusal is the answer
+    } catch (e) {
+      if (!(e instanceof HandoffError)) throw e;
+      return;
+    }
+    if (params?.do_remote_prefill === true) this.engine.releaseUnused(params);
+  }
+
   /** Validate, tokenize and run one completion here; resolves once it is under way (or refused). */
   private async generateFrom(
     kind: ApiKind,
@@ -428,13 +442,13 @@ export class InstanceServer {
     arrivedAtMs: number | null = null,
   ): Promise<void> {
     const headers = { 'x-request-id': requestId };
-    const v = validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen });
     let api: ApiRequest;
     try {
-      api = await this.prepare(v, res, admitted);
+      api = await this.prepare(validateApiRequest(kind, body, { maxModelLen: this.opts.maxModelLen }), res, admitted);
     } catch (e) {
       // It will never reach the engine: prefill's held pages go back now, not at its lease (vLLM #50425).
-      if (v.kvTransferParams?.do_remote_prefill === true) this.engine.releaseUnused(v.kvTransferParams);
+      // Also when a field was refused: a vLLM-style proxy asked prefill for max_tokens 1, stream off.
+      this.releaseRefused(body['kv_transfer_params']);
       throw e;
     }
     const ctx: ResponseContext = {

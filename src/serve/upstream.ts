@@ -72,6 +72,30 @@ export interface UpstreamResponse {
   done(): void;
 }
 
+const UNDICI_GLOBAL_DISPATCHER = Symbol.for('undici.globalDispatcher.1');
+let unbounded: object | null = null;
+
+/**
+ * The dispatcher of every upstream call: Node's fetch (its bundled undici) with its own bounds off.
+ * undici waits at most 300 s for a response's headers and between two body chunks, beneath `timeoutMs`:
+ * an instance sends a JSON answer's headers with the whole answer (a stream's with its first token), so
+ * a completion longer than 300 s failed as "cannot reach" (502, the instance marked down) although the
+ * proxy waits upstreamTimeoutMs (600 s). Node 20 does not export undici's Agent: this one is built like
+ * the global dispatcher (which exists once fetch was called; a `data:` URL makes it without I/O).
+ * Undefined (undici's defaults) if the global dispatcher was replaced by another kind.
+ */
+function upstreamDispatcher(): object | undefined {
+  if (unbounded !== null) return unbounded;
+  const slot = globalThis as unknown as Record<symbol, unknown>;
+  // catch-ok: nothing is read from a data: URL; the call only has Node load undici and its dispatcher
+  if (slot[UNDICI_GLOBAL_DISPATCHER] === undefined) void fetch('data:,').catch(() => undefined);
+  const global = slot[UNDICI_GLOBAL_DISPATCHER];
+  if (typeof global !== 'object' || global === null || global.constructor.name !== 'Agent') return undefined;
+  const Agent = global.constructor as new (o: { headersTimeout: number; bodyTimeout: number }) => object;
+  unbounded = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+  return unbounded;
+}
+
 /** Send a request; resolves once the headers are in. The timeout also covers reading the body until done(). */
 export async function callUpstream(env: Env, call: UpstreamCall): Promise<UpstreamResponse> {
   // A signal aborted already (the client left while the proxy waited) sends nothing: no work for nobody.
@@ -97,7 +121,8 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
       headers: { ...(call.body !== undefined ? { 'content-type': 'application/json' } : {}), ...call.headers },
       ...(call.body !== undefined ? { body: JSON.stringify(call.body) } : {}),
       signal: ac.signal,
-    });
+      dispatcher: upstreamDispatcher(),
+    } as RequestInit);
     headersIn = true;
     if (call.signalUntilHeaders) call.signal?.removeEventListener('abort', onAbort);
     return {
