@@ -366,7 +366,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       // Finished before its pages were allocated (aborted): the producer's pages are released anyway.
       return { delayFree: false, kvTransferParams: null };
     }
-    const okStatus = req.status === 'FINISHED_LENGTH_CAPPED' || req.status === 'FINISHED_STOPPED';
+    const stopped = req.status === 'FINISHED_STOPPED' && this.mutations.handoffOnStop; // mutant stop-no-handoff
+    const okStatus = req.status === 'FINISHED_LENGTH_CAPPED' || stopped;
     if (!this.isProducer || !p?.do_remote_decode || !okStatus) return { delayFree: false, kvTransferParams: null };
     const transferId = p.transfer_id ?? `xfer-${req.requestId}`;
     const groups = this.toTransferGroups(blockIds);

@@ -64,4 +64,17 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
     expect: 'lifecycle:I3|lifecycle:I5|race',
     seedsBound: { random: 1, pct: 1 },
   },
+  // stop-no-handoff (review, session 14) escaped every scenario before stop-token (no request ever stopped on
+  // anything but max_tokens: ignore_eos everywhere, no stop tokens); it fails 14/14 of seeds 1-40
+  // (random/pct): READ seeds as TRANSFER_FAILED, WRITE seeds as a load that timed out and was recomputed
+  // (the liveness oracle's undisturbed-loads check, without which seeds 1-10 passed).
+  'stop-no-handoff': { scenario: 'stop-token', expect: 'liveness', seedsBound: { random: 1, pct: 1 } },
+  // hit-start-rounded-up (review, session 14) escaped every scenario before hetero-hit: their shared prefixes
+  // were 32 tokens, a multiple of every page size, so decode's hit never ended inside a prefill page. It fails
+  // 10/8 of seeds 1-40 (random/pct) on hetero-hit (READ seeds only: the mutant is in the READ mapping).
+  'hit-start-rounded-up': {
+    scenario: 'hetero-hit',
+    expect: 'pd-equals-colocated|liveness|crash',
+    seedsBound: { random: 4, pct: 4 },
+  },
 };

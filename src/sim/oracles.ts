@@ -3,7 +3,9 @@
  * judge during the run):
  *   liveness             every request finished; a failure carries a typed error code (never
  *                        untyped, never INTERNAL = a crash); without any injected fault or scenario
- *                        action, every request succeeds
+ *                        action, every request succeeds and no load fails (none recomputed locally
+ *                        after its transfer's timeout: a WRITE prefill never pushed, a READ that never
+ *                        came, hid behind the recompute fallback)
  *   pd-equals-colocated  every successful request equals the colocated run of it alone, token for
  *                        token and logits hash for logits hash, with no NaN logits
  *   leak                 both live instances are quiescent with every page back in the pool and every
@@ -42,6 +44,8 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
       );
   }
 
+  if (!disturbed) judgeUndisturbedLoads(w);
+
   const refs = colocatedReference(
     w.scenario.preset,
     w.scenario.modelSeed,
@@ -77,6 +81,18 @@ export async function judgeEnd(w: SimWorld): Promise<void> {
       w.violate(
         'leak',
         `${inst.name}: scheduler not quiescent at the end (requests, held pages or pending frees remain)`,
+      );
+  }
+}
+
+/** Without a fault or scenario action every load lands: one recomputed after its timeout hid a lost handoff. */
+function judgeUndisturbedLoads(w: SimWorld): void {
+  for (const inst of w.instances) {
+    const failures = inst.engine.scheduler.stats.loadFailures;
+    if (failures > 0)
+      w.violate(
+        'liveness',
+        `${inst.name}: ${failures} KV load(s) failed (recomputed locally) although no fault was injected`,
       );
   }
 }

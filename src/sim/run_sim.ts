@@ -128,8 +128,9 @@ export function replayCommand(
   if (o.faults === false) parts.push('--no-faults');
   if (o.maxSteps !== undefined && o.maxSteps !== DEFAULT_MAX_STEPS) parts.push(`--max-steps ${o.maxSteps}`);
   if (o.requests !== undefined) parts.push(`--requests ${o.requests}`);
-  // hetero-block and hetero-tp draw their sizes from the seed unless told: there even the default must be named.
-  const drawsSizes = o.scenario === 'hetero-block' || o.scenario === 'hetero-tp';
+  // hetero-block, hetero-tp and hetero-hit draw their sizes from the seed unless told: there even the default
+  // must be named.
+  const drawsSizes = o.scenario === 'hetero-block' || o.scenario === 'hetero-tp' || o.scenario === 'hetero-hit';
   if (o.blockSize !== undefined && (o.blockSize !== BLOCK_SIZE || drawsSizes))
     parts.push(`--block-size ${o.blockSize}`);
   if (o.prefillBlockSize !== undefined) parts.push(`--prefill-block-size ${o.prefillBlockSize}`);

@@ -34,6 +34,13 @@
  *
  * Block sizes: `blockSize` sets both sides, `prefillBlockSize` / `decodeBlockSize` one each (they win);
  * the pools keep their capacity in tokens (pagesFor).
+ *   stop-token       1p1d's requests, READ or WRITE drawn from the seed (READ for Mamba models), each with
+ *                    EOS honoured and a stop token: the one its colocated run samples at an output index
+ *                    drawn from the seed (the first request: 0), so requests stop early, some on prefill's
+ *                    one token (whose answer must still hand decode its KV)
+ *   hetero-hit       hetero-block with prefill's pages the larger (a pairing of {8, 16, 32} drawn from the
+ *                    seed) and a shared prefix of 40, 48 or 56 tokens in every request: decode's prefix hit
+ *                    ends inside a prefill page, so its READ (or prefill's WRITE) starts mid-page there
  *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
  *                    follows every instance's KV events through a channel that loses, duplicates and
  *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
@@ -48,6 +55,7 @@ import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/conf
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
 import { streamSeed } from './explorer.ts';
 import type { SimRequestSpec } from './proxy.ts';
+import { colocatedReference, type ReferenceResult } from './reference.ts';
 
 export const SCENARIOS = [
   '1p1d',
@@ -64,6 +72,8 @@ export const SCENARIOS = [
   'hetero-block',
   'xpyd',
   'hetero-tp',
+  'stop-token',
+  'hetero-hit',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -131,6 +141,9 @@ function cancelPoints(name: ScenarioName, rng: SeededRng, n: number): Array<Canc
   return Array.from({ length: n }, () => CANCEL_POINTS[rng.int(CANCEL_POINTS.length + 1)] ?? null);
 }
 
+/** The weights' seed of every scenario's model. */
+const SIM_MODEL_SEED = 1;
+
 /** Virtual-time limits shared by every scenario (short, so leases and timeouts fire within a run). */
 export const SIM_LEASE_MS = 300;
 export const SIM_TRANSFER_TIMEOUT_MS = 100;
@@ -144,9 +157,10 @@ function prompt(rng: SeededRng, n: number, vocabSize: number): number[] {
 /** The scenario's requests, drawn from `rng` (prompt lengths, tokens, arrival times). */
 function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: number): SimRequestSpec[] {
   const maxTokens = name === 'preempt' ? 10 : 3;
-  const hetero = name === 'hetero-block' || name === 'hetero-tp';
+  const hetero = name === 'hetero-block' || name === 'hetero-tp' || name === 'hetero-hit';
   const shared = name === 'prefix-hit' || hetero;
-  const prefix = shared ? prompt(rng, 32, vocab) : [];
+  // hetero-hit: a prefix that ends inside a 32-token page (decode's hit is not aligned to prefill's pages).
+  const prefix = shared ? prompt(rng, name === 'hetero-hit' ? 32 + 8 * (1 + rng.int(3)) : 32, vocab) : [];
   const xpydPrefixes = name === 'xpyd' ? [prompt(rng, 32, vocab), prompt(rng, 32, vocab)] : [];
   let arrivalMs = 0;
   return Array.from({ length: n }, (_, index) => {
@@ -163,7 +177,7 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
     const tokens =
       name === 'prefix-hit'
         ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
-        : hetero && index > 0
+        : hetero && (index > 0 || name === 'hetero-hit')
           ? [...prefix, ...prompt(rng, heteroSuffix, vocab)]
           : name === 'xpyd'
             ? [...(xpydPrefixes[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]
@@ -175,6 +189,20 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
       sampling: { maxTokens, temperature: index % 2 === 1 ? 0.8 : 0, seed: 100 + index, ignoreEos: true },
       arrivalMs,
     };
+  });
+}
+
+/**
+ * stop-token: every request honours EOS and stops on the token its colocated run samples at an output
+ * index drawn from the seed (so it stops there, or earlier where that token came before); the first
+ * request on its first token, prefill's, whose answer must still hand decode its KV.
+ */
+function drawStops(requests: SimRequestSpec[], rng: SeededRng, preset: ModelPreset, modelSeed: number): void {
+  const runs = colocatedReference(preset, modelSeed, requests);
+  requests.forEach((r, i) => {
+    const tokens = (runs[i] as ReferenceResult).tokenIds;
+    const at = tokens[i === 0 ? 0 : rng.int(tokens.length)] as number;
+    r.sampling = { ...r.sampling, ignoreEos: false, stopTokenIds: [at] };
   });
 }
 
@@ -216,6 +244,8 @@ function scenarioConnector(
     'split-tail-dropped': mapper,
     'split-first-wr-only': 'consumer',
     'slot-leak-on-fail': 'consumer',
+    'stop-no-handoff': 'producer',
+    'hit-start-rounded-up': 'consumer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
@@ -252,6 +282,13 @@ export const TP_BLOCK_PAIRINGS: ReadonlyArray<readonly [number, number]> = [8, 1
   [8, 16, 32].map((d) => [p, d] as const),
 );
 
+/** hetero-hit's [prefill, decode] block sizes: prefill's pages the larger. */
+export const HETERO_HIT_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
+  [16, 8],
+  [32, 8],
+  [32, 16],
+];
+
 /** The [prefill, decode] tensor parallel degrees hetero-tp draws from. */
 export const HETERO_TP_PAIRINGS: ReadonlyArray<readonly [number, number]> = [
   [2, 1],
@@ -263,9 +300,11 @@ function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions)
   const drawn =
     name === 'hetero-block'
       ? HETERO_PAIRINGS[rng.int(HETERO_PAIRINGS.length)]
-      : name === 'hetero-tp'
-        ? TP_BLOCK_PAIRINGS[rng.int(TP_BLOCK_PAIRINGS.length)]
-        : undefined;
+      : name === 'hetero-hit'
+        ? HETERO_HIT_PAIRINGS[rng.int(HETERO_HIT_PAIRINGS.length)]
+        : name === 'hetero-tp'
+          ? TP_BLOCK_PAIRINGS[rng.int(TP_BLOCK_PAIRINGS.length)]
+          : undefined;
   const both = o.blockSize;
   return [
     o.prefillBlockSize ?? both ?? drawn?.[0] ?? BLOCK_SIZE,
@@ -273,9 +312,9 @@ function sideBlockSizes(name: ScenarioName, rng: SeededRng, o: BlockSizeOptions)
   ];
 }
 
-/** READ or WRITE: by name; hetero-block and hetero-tp draw it (READ on Mamba models: WRITE needs none). */
+/** READ or WRITE: by name; hetero-block, hetero-tp and stop-token draw it (READ on Mamba models: WRITE needs none). */
 function scenarioMode(name: ScenarioName, preset: ModelPreset, rng: SeededRng): 'read' | 'write' {
-  if (name === 'hetero-block' || name === 'hetero-tp') {
+  if (name === 'hetero-block' || name === 'hetero-tp' || name === 'hetero-hit' || name === 'stop-token') {
     const write = rng.int(2) === 1;
     return write && kvTwin(preset) !== 'hybrid-mini' ? 'write' : 'read';
   }
@@ -293,6 +332,7 @@ const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
   'prefix-hit': 4,
   'hetero-block': 4,
   'hetero-tp': 4,
+  'hetero-hit': 4,
   'tight-write': 8,
   xpyd: 6,
 };
@@ -334,6 +374,7 @@ export function buildScenario(
   const chunk = name === 'chunked-prefill' ? 32 : 256;
   // Cancel scenarios: decode's policy for a cut transfer, from the seed (fail: an error; recompute: exact output).
   const failurePolicy = isCancelScenario(name) ? (rng.int(2) === 0 ? 'fail' : 'recompute') : null;
+  if (name === 'stop-token') drawStops(requests, rng, preset, SIM_MODEL_SEED);
   const sched = (role: 'producer' | 'consumer'): Partial<SchedulerConfig> => ({
     maxNumSeqs: 8,
     maxNumBatchedTokens: chunk,
@@ -345,7 +386,7 @@ export function buildScenario(
   return {
     name,
     preset,
-    modelSeed: 1,
+    modelSeed: SIM_MODEL_SEED,
     mode,
     requests,
     prefill: {

@@ -38,6 +38,10 @@ export const MUTANTS = {
     'a READ split into work requests is done once its first work request landed, the later ones still in flight',
   'slot-leak-on-fail':
     'a failed or aborted work request never gives back its NIC completion-queue slot: once all are lost, every transfer is OVERLOADED',
+  'hit-start-rounded-up':
+    'READ mapping rounds decode’s prefix hit up to prefill’s page: a hit ending mid-page on prefill’s side (its pages the larger) starts the remote run one page late',
+  'stop-no-handoff':
+    'prefill hands its KV to decode only when it stopped on max_tokens: a prefill whose one token is a stop token (or EOS) answers without kv_transfer_params',
 } as const;
 
 export type MutantName = keyof typeof MUTANTS;
@@ -95,6 +99,8 @@ export interface Mutations {
   readonly awaitEveryWorkRequest: boolean;
   /** Transfer engine (through the connector's options): a failed work request frees its completion-queue slot. */
   readonly freeSlotsOfFailedWork: boolean;
+  /** Producer: a prefill that stopped on a stop token or EOS (not only on max_tokens) hands its KV to decode. */
+  readonly handoffOnStop: boolean;
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -117,6 +123,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   postPartialWorkRequest: true,
   awaitEveryWorkRequest: true,
   freeSlotsOfFailedWork: true,
+  handoffOnStop: true,
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -145,6 +152,14 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'split-tail-dropped': { postPartialWorkRequest: false },
   'split-first-wr-only': { awaitEveryWorkRequest: false },
   'slot-leak-on-fail': { freeSlotsOfFailedWork: false },
+  'stop-no-handoff': { handoffOnStop: false },
+  // Remote pages from ceil(hit / bs) instead of floor: the page holding the hit's end is skipped.
+  'hit-start-rounded-up': {
+    readSources: (remote, hitTokens, bs) =>
+      hitTokens % bs === 0
+        ? remote
+        : [...remote.slice(0, Math.floor(hitTokens / bs)), ...remote.slice(Math.floor(hitTokens / bs) + 1)],
+  },
 };
 
 export function mutationsFor(mutant: MutantName | undefined): Mutations {
