@@ -315,24 +315,31 @@ export class Proxy {
     if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
     const exclude = new Set<PoolMember>(checked?.unfit);
     let first: unknown = null;
-    for (let attempt = 1; ; attempt++) {
-      const upstreamId = upstreamRequestId(requestId, this.env, attempt);
-      const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
-      // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
-      const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);
-      if (first !== null) this.metrics.retried(); // counted once another instance takes it
-      const failed: Failed = { m: null, held: null };
-      try {
-        await this.serveRoute(route, call, failed);
-        this.metrics.count(cutMidStream.has(res) ? 'error' : 'ok');
-        return;
-      } catch (e) {
-        rethrowIfAssertion(e);
-        this.releaseHeld(failed, exclude, call.headers); // retried or not (the retry's decode may die too)
-        if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
-        first = e;
-        this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
+    // Counted once, by the route of its last attempt: a retried request is not two requests.
+    let tried: RouteDecision | null = null;
+    try {
+      for (let attempt = 1; ; attempt++) {
+        const upstreamId = upstreamRequestId(requestId, this.env, attempt);
+        const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
+        // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
+        const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);
+        if (first !== null) this.metrics.retried(); // counted once another instance takes it
+        const failed: Failed = { m: null, held: null };
+        tried = route;
+        try {
+          await this.serveRoute(route, call, failed);
+          this.metrics.count(cutMidStream.has(res) ? 'error' : 'ok');
+          return;
+        } catch (e) {
+          rethrowIfAssertion(e);
+          this.releaseHeld(failed, exclude, call.headers); // retried or not (the retry's decode may die too)
+          if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
+          first = e;
+          this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
+        }
       }
+    } finally {
+      if (tried !== null) this.metrics.routed(tried.prefill === null ? 'decode-only' : 'pd');
     }
   }
 
@@ -387,13 +394,11 @@ export class Proxy {
     const relayTo = (signal: AbortSignal) => (r: Response, upstream: AbortSignal) =>
       relay(r, res, AbortSignal.any([signal, upstream]), this.env, this.opts.clientStallMs);
     if (route.prefill === null) {
-      this.metrics.routed('decode-only');
       const plain = { ...body };
       delete plain['kv_transfer_params'];
       return this.post('decode', d, { path, body: plain, headers, signal: client }, relayTo(client), failed);
     }
     const p = route.prefill;
-    this.metrics.routed('pd');
     const transferId = `xfer-${hexId(this.env, 16)}`;
     const unreserve = this.decode.reserve(d); // loaded from now, while prefill runs: a burst sees it busy
     await pdFlow<void>(
