@@ -26,11 +26,12 @@ export class KVCacheBlock {
   refCnt = 0;
   blockHash: BlockHash | null = null;
   /**
-   * While cached: the page before it in the chain of the request that computed it (its KV was computed
-   * attending over that page's), and the cached pages computed over this one. Withdrawing a page withdraws
-   * its `kids` (uncache); reusing it only unlinks them (the KV they hold was computed over valid KV).
+   * While cached: the pages its KV was computed attending over (the request's pages of the block before,
+   * in its own group and in every other group: a forward computes every layer), and the cached pages
+   * computed over this one. Withdrawing a page withdraws its `kids` (uncache); reusing it only unlinks
+   * them (the KV they hold was computed over valid KV).
    */
-  parent: KVCacheBlock | null = null;
+  parents: Set<KVCacheBlock> | null = null;
   kids: Set<KVCacheBlock> | null = null;
   /** Intrusive links of the free queue (null when not queued). */
   prevFree: KVCacheBlock | null = null;
@@ -255,10 +256,7 @@ export class BlockPool {
     );
     assert(block.blockHash === null, () => `block ${block.blockId} already cached as ${block.blockHash}`);
     block.blockHash = hash;
-    if (parent !== null && parent.blockHash !== null) {
-      block.parent = parent;
-      (parent.kids ??= new Set()).add(block);
-    }
+    if (parent !== null) this.link(block, parent);
     let entry = this.cached.get(hash);
     const added = entry === undefined;
     if (entry === undefined) {
@@ -267,6 +265,13 @@ export class BlockPool {
     }
     entry.set(block.blockId, block);
     return added;
+  }
+
+  /** Record that cached `kid` was computed over cached `parent` (withdrawing `parent` withdraws `kid`). */
+  link(kid: KVCacheBlock, parent: KVCacheBlock): void {
+    if (kid.blockHash === null || parent.blockHash === null) return;
+    (kid.parents ??= new Set()).add(parent);
+    (parent.kids ??= new Set()).add(kid);
   }
 
   /**
@@ -307,7 +312,7 @@ export class BlockPool {
     if (this.freeQueue.length !== this.numBlocks - 1) return false;
     for (const b of this.blocks) {
       b.blockHash = null;
-      b.parent = null;
+      b.parents = null;
       b.kids = null;
     }
     this.cached.clear();
@@ -337,11 +342,11 @@ export class BlockPool {
         );
       if (b.blockHash !== null)
         assert(this.cached.get(b.blockHash)?.get(b.blockId) === b, () => `block ${b.blockId} hash not in the map`);
-      else assert(b.parent === null && b.kids === null, () => `uncached block ${b.blockId} keeps chain links`);
-      if (b.parent !== null)
-        assert(b.parent.kids?.has(b) === true, () => `block ${b.blockId} missing from its parent's kids`);
+      else assert(b.parents === null && b.kids === null, () => `uncached block ${b.blockId} keeps chain links`);
+      for (const p of b.parents ?? [])
+        assert(p.kids?.has(b) === true, () => `block ${b.blockId} missing from its parent ${p.blockId}'s kids`);
       for (const k of b.kids ?? [])
-        assert(k.parent === b, () => `block ${k.blockId} is a kid of ${b.blockId}, unlinked`);
+        assert(k.parents?.has(b) === true, () => `block ${k.blockId} is a kid of ${b.blockId}, unlinked`);
     }
     for (const [hash, entry] of this.cached) {
       assert(entry.size > 0, 'empty prefix-cache entry');
@@ -360,9 +365,9 @@ export class BlockPool {
       this.events?.emit({ type: 'BlockRemoved', block_hashes: [block.blockHash], medium: MEDIUM_GPU });
     }
     block.blockHash = null;
-    block.parent?.kids?.delete(block);
-    block.parent = null;
-    for (const k of block.kids ?? []) k.parent = null;
+    for (const p of block.parents ?? []) p.kids?.delete(block);
+    block.parents = null;
+    for (const k of block.kids ?? []) k.parents?.delete(block);
     block.kids = null;
   }
 }

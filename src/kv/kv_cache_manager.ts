@@ -172,7 +172,20 @@ export class KVCacheManager {
   cacheBlocks(req: RequestTokens, numComputedTokens: number): void {
     assert(isCount(numComputedTokens), `bad numComputedTokens ${numComputedTokens}`);
     if (!this.cachingActive) return;
-    for (const m of this.managers) m.cacheBlocks(req.requestId, req.tokenIds, numComputedTokens);
+    const cached = this.managers.map((m) => m.cacheBlocks(req.requestId, req.tokenIds, numComputedTokens));
+    if (this.numGroups === 1) return;
+    // A forward computes every layer: a page's KV was computed over the KV of the tokens before it in every
+    // group, so withdrawing any of those pages must withdraw it too (each group links its own; these the rest).
+    cached.forEach((pages, g) => {
+      const blockSize = defined(this.managers[g], 'manager').blockSize;
+      for (const { index, block } of pages) {
+        if (index === 0) continue;
+        this.managers.forEach((other, h) => {
+          const parent = h === g ? null : other.cachedBlockAt(req.requestId, index * blockSize - 1);
+          if (parent !== null) this.pool.link(block, parent);
+        });
+      }
+    });
   }
 
   /**

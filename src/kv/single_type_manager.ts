@@ -135,17 +135,25 @@ export class SingleTypeManager {
     return fresh;
   }
 
-  /** Publish the request's full blocks covering its first `numTokens` tokens in the prefix cache. */
-  cacheBlocks(requestId: string, tokenIds: readonly number[], numTokens: number): void {
-    if (this.isMamba) return;
+  /**
+   * Publish the request's full blocks covering its first `numTokens` tokens in the prefix cache. Returns
+   * the pages cached now with their block index (the manager links them to the other groups' pages).
+   */
+  cacheBlocks(
+    requestId: string,
+    tokenIds: readonly number[],
+    numTokens: number,
+  ): Array<{ index: number; block: KVCacheBlock }> {
+    const cached: Array<{ index: number; block: KVCacheBlock }> = [];
+    if (this.isMamba) return cached;
     const state = this.requests.get(requestId);
-    if (state === undefined) return;
+    if (state === undefined) return cached;
     const numFull = Math.floor(Math.min(numTokens, tokenIds.length) / this.blockSize);
     assert(
       numFull <= state.blocks.length,
       () => `group ${this.groupId}: ${numFull} full blocks to cache but only ${state.blocks.length} pages`,
     );
-    if (numFull <= state.numCachedBlocks) return;
+    if (numFull <= state.numCachedBlocks) return cached;
     extendBlockHashes(state.hashes, tokenIds, this.blockSize, this.groupId, numFull);
     let runStart = -1; // first block of the current run of hashes new to the pool (one BlockStored each)
     for (let i = state.numCachedBlocks; i < numFull; i++) {
@@ -153,8 +161,10 @@ export class SingleTypeManager {
       const hash = state.hashes[i] as BlockHash;
       let added = false;
       const parent = i === 0 ? null : (state.blocks[i - 1] as KVCacheBlock);
-      if (block.blockHash === null) added = this.pool.cacheBlock(block, hash, parent);
-      else
+      if (block.blockHash === null) {
+        added = this.pool.cacheBlock(block, hash, parent);
+        cached.push({ index: i, block });
+      } else
         assert(
           block.blockHash === hash,
           () => `group ${this.groupId}: page ${block.blockId} cached under another prefix`,
@@ -167,6 +177,13 @@ export class SingleTypeManager {
     }
     if (runStart >= 0) this.publishStored(state.hashes, tokenIds, runStart, numFull);
     state.numCachedBlocks = numFull;
+    return cached;
+  }
+
+  /** The request's page holding token `token`, if it holds one and it is cached; else null. */
+  cachedBlockAt(requestId: string, token: number): KVCacheBlock | null {
+    const block = this.requests.get(requestId)?.blocks[Math.floor(token / this.blockSize)];
+    return block !== undefined && block.blockHash !== null ? block : null;
   }
 
   /** BlockStored for blocks [from, to) of a request's chain. */
