@@ -52,7 +52,7 @@ function rig() {
     undefined,
   );
   // One work request per READ, no clipped tail: what is posted does not matter here, only when it lands.
-  ctx.peerGeometry = () => ({ pageBytes: 0, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
+  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
   ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
   ctx.clippedTails = () => [];
   return { reads: new ReadConsumer(ctx), released, land };

@@ -31,7 +31,7 @@ import {
 import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 import { excludeReadDestinations } from './zero_exclusion.ts';
 import type { PeerDirectory } from './peer_directory.ts';
-import { TransferTable } from './transfer_table.ts';
+import { refuseLent, TransferTable } from './transfer_table.ts';
 import { mutationsFor, type Mutations } from '../util/mutants.ts';
 
 /** What the scheduler side needs of the transfer engine (the producer grants its pages). */
@@ -49,9 +49,8 @@ export interface LocalEndpoint {
   port: number;
 }
 
-type SideState = 'held' | 'expiring' | 'async-loading' | 'recv-aborted';
 interface SideTransfer {
-  state: SideState;
+  state: 'held' | 'expiring' | 'async-loading' | 'recv-aborted';
   transferId: string;
   /** held: when the lease ends. */
   deadlineMs: number;
@@ -78,7 +77,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
    * no WRITE can land any more, reported in finishedSending). All end by removal: release/lease/finish
    * of the load, the worker's report.
    */
-  private readonly transfers = new TransferTable<SideState, SideTransfer>(
+  private readonly transfers = new TransferTable<SideTransfer['state'], SideTransfer>(
     'connector scheduler',
     { held: [], expiring: [], 'async-loading': [], 'recv-aborted': [] },
     1 << 20,
@@ -145,6 +144,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   /** Check a request's params before it is admitted; throws BAD_TRANSFER_PARAMS and allocates nothing. */
   validateRequest(req: ConnectorRequest): void {
     const p = req.kvTransferParams;
+    if (this.isProducer && p?.do_remote_decode) refuseLent(this.transfers, p.transfer_id ?? `xfer-${req.requestId}`);
     if (!p?.do_remote_prefill) return;
     if (!this.isConsumer)
       throw new HandoffError('BAD_TRANSFER_PARAMS', 'this instance is a producer; do_remote_prefill is not accepted');

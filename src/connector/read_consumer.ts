@@ -22,7 +22,7 @@ import type { TransferHandle } from '../transfer/core/types.ts';
 import type { LoadResult } from '../worker/hooks.ts';
 import type { RecvReqMeta } from '../worker/connector_metadata.ts';
 import { TransferTable } from './transfer_table.ts';
-import type { WorkerContext } from './worker_context.ts';
+import { checkPeerPages, type WorkerContext } from './worker_context.ts';
 
 type ReadState = 'posted' | 'landed' | 'failed' | 'late';
 interface ReadTransfer {
@@ -83,6 +83,9 @@ export class ReadConsumer {
           'BAD_TRANSFER_PARAMS',
           `remote_block_ids are in pages of ${r.remoteBlockSize} tokens; ${peerEngineId} has pages of ${peer.blockSizes[0]}`,
         );
+      // The client's ids, before they become byte offsets (past 2^53 no safe integer: the transfer
+      // engine asserts on those, which crashed the engine loop).
+      checkPeerPages(r.remoteBlockIds, peer, peerEngineId, 'kv_transfer_params.remote_block_ids');
       const plan = { local: r.localBlockIds, remote: r.remoteBlockIds, runs: r.tokenRuns };
       this.stats.readsPosted++;
       const handles = this.ctx.workRequestsFor(plan, peer, true).map(({ ranges, footprint }) =>

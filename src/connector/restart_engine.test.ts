@@ -60,7 +60,7 @@ async function rig(restart: Restart = 'compatible') {
     mutationsFor(undefined),
     undefined,
   );
-  ctx.peerGeometry = () => ({ pageBytes: 0, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
+  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
   ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
   ctx.clippedTails = () => [];
   // The old prefill is handshaken (it served this decode), then restarts: a new engine at the same address.

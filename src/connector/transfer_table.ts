@@ -8,6 +8,7 @@
  *   t.add(id, { state: 'posted', ... });  t.move(id, 'landed');  t.take('landed') → every landed one, removed
  */
 import { assert, defined } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
 
 export class TransferTable<S extends string, T extends { state: S }> {
   private readonly items = new Map<string, T>();
@@ -92,4 +93,22 @@ export class TransferTable<S extends string, T extends { state: S }> {
   entries(): IterableIterator<[string, T]> {
     return this.items.entries();
   }
+}
+
+/**
+ * A producer's transfer_id must not name pages still lent under it (held, or a lease ending): a second grant
+ * under the id would replace the first (that transfer's decode then failed with GRANT_DENIED) and the worker
+ * keys holds by it. Throws BAD_TRANSFER_PARAMS.
+ */
+export function refuseLent<S extends string, T extends { state: S; transferId: string }>(
+  table: TransferTable<S, T>,
+  transferId: string,
+): void {
+  for (const [other, t] of table.entries())
+    if (t.transferId === transferId && (t.state === 'held' || t.state === 'expiring'))
+      throw new HandoffError(
+        'BAD_TRANSFER_PARAMS',
+        `transfer_id '${transferId.slice(0, 80)}' is still lent here (request ${other.slice(0, 80)})`,
+        { param: 'kv_transfer_params.transfer_id' },
+      );
 }

@@ -36,7 +36,7 @@ test('equal sizes: contiguous pages on both sides coalesce into one range per sl
   const plan = { local: [[5, 6]], remote: [[10, 11]], runs: [[0, 32]] as Array<[number, number]> };
   const { ranges, footprint } = ctx.rangesFor(
     plan,
-    { pageBytes: 2048, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 2 },
+    { pageBytes: 2048, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 2 },
     true,
   );
   assert.deepEqual(ranges, [
@@ -70,7 +70,7 @@ test('decode 32 / prefill 8 tokens per page on dsv4-mini: prefill pages map into
   };
   const { ranges, footprint } = ctx.rangesFor(
     plan,
-    { pageBytes: 640, blockSizes: [8, 8], tensorParallelSize: 1, numLayerSlabs: 2 },
+    { pageBytes: 640, numBlocks: 64, blockSizes: [8, 8], tensorParallelSize: 1, numLayerSlabs: 2 },
     true,
   );
   // Group 0, slab 0: tokens 0-7 <- page 7, 8-15 <- page 9, 16-19 <- page 8 (contiguous locally, not remotely).
@@ -108,7 +108,7 @@ test('decode 32 / prefill 8 tokens per page on dsv4-mini: prefill pages map into
 test('decode TP=1 reading from prefill TP=2 (llama-mini): each slot from both prefill ranks, slab r * 2 + layer on theirs', () => {
   const ctx = context(16, 'llama-mini'); // 2 heads x 16 dims bf16: 64 B per slot and region; pages of 2048 B
   const plan = { local: [[5]], remote: [[10]], runs: [[0, 16]] as Array<[number, number]> };
-  const peer = { pageBytes: 1024, blockSizes: [16], tensorParallelSize: 2, numLayerSlabs: 2 };
+  const peer = { pageBytes: 1024, numBlocks: 64, blockSizes: [16], tensorParallelSize: 2, numLayerSlabs: 2 };
   const { ranges, footprint } = ctx.rangesFor(plan, peer, true);
   // Per layer slab: 16 slots x 2 regions x 2 prefill ranks, 32 B each (one head), none contiguous on both sides.
   assert.equal(ranges.length, 2 * 16 * 2 * 2);
@@ -136,7 +136,7 @@ test('decode TP=1 reading from prefill TP=2 (llama-mini): each slot from both pr
 test('decode TP=2 reading from prefill TP=1 (llama-mini): each decode rank reads its head slice of the one prefill page', () => {
   const ctx = context(16, 'llama-mini', 2);
   const plan = { local: [[5]], remote: [[10]], runs: [[0, 16]] as Array<[number, number]> };
-  const peer = { pageBytes: 2048, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 2 };
+  const peer = { pageBytes: 2048, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 2 };
   const { ranges } = ctx.rangesFor(plan, peer, true);
   const rank1 = ranges.filter((r) => r.slab === 2); // our rank 1, layer slab 0
   assert.equal(rank1.length, 32);

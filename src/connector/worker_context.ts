@@ -78,6 +78,7 @@ export class WorkerContext {
     const tp = meta.layout.tensorParallelSize;
     return {
       pageBytes: meta.layout.pageBytes,
+      numBlocks: meta.layout.numBlocks,
       blockSizes: this.transferGroupIds.map((g) => meta.layout.blockSizes[g] ?? 0),
       tensorParallelSize: tp,
       numLayerSlabs: meta.layout.numSlabs / tp,
@@ -183,9 +184,28 @@ export class WorkerContext {
 /** A peer's pages: page size, tokens per page per transfer group, its degree and layer slabs per rank. */
 export interface PeerGeometry {
   pageBytes: number;
+  /** Pages per slab of the peer's pool: its page ids are in [1, numBlocks). */
+  numBlocks: number;
   blockSizes: number[];
   tensorParallelSize: number;
   numLayerSlabs: number;
+}
+
+/**
+ * A peer's page ids (a client's remote_block_ids, a decode's WRITE destination) must be pages of its pool
+ * before they become byte offsets: BAD_TRANSFER_PARAMS if not.
+ */
+export function checkPeerPages(groups: unknown, peer: PeerGeometry, peerEngineId: string, param: string): void {
+  const pool = `${peerEngineId} has pages [1, ${peer.numBlocks})`;
+  const bad = (what: string): HandoffError =>
+    new HandoffError('BAD_TRANSFER_PARAMS', `${param} ${what}; ${pool}`, { param });
+  if (!Array.isArray(groups)) throw bad('is not a list of page lists');
+  for (const ids of groups as unknown[]) {
+    if (!Array.isArray(ids)) throw bad('is not a list of page lists');
+    for (const b of ids as unknown[])
+      if (!Number.isSafeInteger(b) || (b as number) < 1 || (b as number) >= peer.numBlocks)
+        throw bad(`names page ${String(b).slice(0, 40)}`);
+  }
 }
 
 /** A range of our slab as one access per page it runs over (a coalesced range may span several). */

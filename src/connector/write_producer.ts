@@ -18,7 +18,7 @@ import type { TransferHandle } from '../transfer/core/types.ts';
 import { HandoffError, isHandoffError } from '../util/errors.ts';
 import { alignState, tokenRun, type TokenAlignment } from './alignment.ts';
 import { TransferTable } from './transfer_table.ts';
-import type { PeerGeometry, TransferPlan, WorkerContext } from './worker_context.ts';
+import { checkPeerPages, type PeerGeometry, type TransferPlan, type WorkerContext } from './worker_context.ts';
 
 export interface RemoteBlocks {
   fromEngineId: string;
@@ -177,6 +177,8 @@ export class WriteProducer {
     const handles: TransferHandle[] = [];
     try {
       const peer = this.ctx.peerGeometry(dest.fromEngineId);
+      // The peer's word: ids that are not its pages would become byte offsets the transfer engine asserts on.
+      checkPeerPages(dest.blockIds, peer, dest.fromEngineId, 'remote_blocks.blockIds');
       this.stats.writesPosted++;
       // Several work requests when the ranges exceed what one carries (a long prompt between degrees).
       for (const { ranges, footprint } of this.ctx.workRequestsFor(this.plan(save, dest, peer), peer, false))

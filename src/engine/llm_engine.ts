@@ -194,6 +194,7 @@ export class LLMEngine {
     try {
       if (this.scheduler.requests.has(req.requestId))
         throw new HandoffError('BAD_REQUEST', `duplicate request id ${req.requestId}`);
+      this.checkLiveTransferId(req);
       this.core.addRequest(req, onOutput);
     } catch (e) {
       // Refused after prefill answered (too long, out of pages...): give the producer its pages back now.
@@ -201,6 +202,23 @@ export class LLMEngine {
       throw e;
     }
     return req;
+  }
+
+  /**
+   * A prefill half whose transfer_id a live prefill half here names too: both would lend pages under one
+   * id, the later grant replacing the earlier (whose decode then failed with GRANT_DENIED). The connector
+   * refuses ids of pages already lent (validateRequest); this covers requests not finished yet.
+   */
+  private checkLiveTransferId(req: Request): void {
+    const id = req.kvTransferParams?.do_remote_decode ? req.kvTransferParams.transfer_id : undefined;
+    if (typeof id !== 'string') return;
+    for (const other of this.scheduler.requests.values())
+      if (other.kvTransferParams?.do_remote_decode && other.kvTransferParams.transfer_id === id)
+        throw new HandoffError(
+          'BAD_TRANSFER_PARAMS',
+          `transfer_id '${id.slice(0, 80)}' is in use by request ${other.requestId.slice(0, 80)}`,
+          { param: 'kv_transfer_params.transfer_id' },
+        );
   }
 
   /**

@@ -34,11 +34,12 @@ import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_po
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
-import { pairedOnly, unpairedReason, withoutLoneDecodes } from './pool_pairing.ts';
+import { unpairedReason } from './pool_pairing.ts';
+import { membersOf, pickMember, retryRouteOr, routeOf } from './proxy_routes.ts';
 import { DEFAULT_TOKENIZER_THREADS, TokenizerThreads } from './tokenizer_threads.ts';
 import { pdFlow } from './pd_flow.ts';
 import { KvEventFeed } from './kv_event_feed.ts';
-import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, legsApart, sameInstance, type KvRouterOptions } from './kv_router.ts';
+import { DEFAULT_KV_ROUTER_OPTIONS, KvRouter, type KvRouterOptions } from './kv_router.ts';
 import type { RouteDecision } from './kv_router.ts';
 import { RouterIndex } from './router_index.ts';
 import { checkLimits, decodeBody, forwardHeaders, prefillBody, prefillIdentityOf } from './proxy_flow.ts';
@@ -265,7 +266,7 @@ export class Proxy {
       const passed = PASSED_TO_DECODE.get(path) === req.method;
       if (path.startsWith('/v1/') || (passed && path !== '/version')) checkBearer(req, this.opts.apiKey);
       if (passed)
-        return await passThrough(this.env, this.pick(this.decode).url, req, res, this.opts.healthTimeoutMs * 5);
+        return await passThrough(this.env, pickMember(this.decode).url, req, res, this.opts.healthTimeoutMs * 5);
       if (isCompletion) return await this.complete(path, req, res);
       throw new HandoffError('NOT_FOUND', `no route for ${req.method ?? '?'} ${path}`);
     } catch (e) {
@@ -281,12 +282,6 @@ export class Proxy {
       // An answer written whole (up to UPSTREAM_BODY_MAX_BYTES) to a client that never reads stayed queued here.
       if (res.writableEnded) dropIfUnsent(res, this.opts.clientStallMs ?? CLIENT_STALL_MS, this.env);
     }
-  }
-
-  private pick(pool: InstancePool, exclude: ReadonlySet<PoolMember> = new Set()): PoolMember {
-    const m = pool.pick(exclude);
-    if (!m) throw new HandoffError('PEER_UNAVAILABLE', `no healthy ${pool.side} instance`);
-    return m;
   }
 
   /** A completion, counted by the drain once its body is in (one still trickling in is refused then, not awaited). */
@@ -315,6 +310,7 @@ export class Proxy {
     if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
     const exclude = new Set<PoolMember>(checked?.unfit);
     let first: unknown = null;
+    const routing = { policy: this.opts.policy, kv: this.router };
     // Counted once, by the route of its last attempt: a retried request is not two requests.
     let tried: RouteDecision | null = null;
     try {
@@ -322,7 +318,10 @@ export class Proxy {
         const upstreamId = upstreamRequestId(requestId, this.env, attempt);
         const call: Call = { path, body, headers: forwardHeaders(req, upstreamId), res, client: client.signal };
         // No other instance to retry on (1P1D): the client gets the first attempt's own error (a 503).
-        const route = first === null ? this.routeOf(tokenIds, exclude) : this.retryRouteOr(tokenIds, exclude, first);
+        const route =
+          first === null
+            ? routeOf(this, routing, tokenIds, exclude)
+            : retryRouteOr(this, routing, tokenIds, exclude, first);
         if (first !== null) this.metrics.retried(); // counted once another instance takes it
         const failed: Failed = { m: null, held: null };
         tried = route;
@@ -346,16 +345,9 @@ export class Proxy {
   /** A decode that failed after prefill answered will never read: have another decode release the pages. */
   private releaseHeld(failed: Failed, exclude: Set<PoolMember>, headers: Record<string, string>): void {
     // A kv_both instance listed in both pools: the retry must not reach it through its other member either.
-    if (failed.m !== null) for (const s of this.membersOf(failed.m)) exclude.add(s.m);
+    if (failed.m !== null) for (const s of membersOf(this, failed.m)) exclude.add(s.m);
     const other = failed.held === null || failed.m === null ? null : this.decode.pick(exclude);
     if (other !== null && failed.held !== null) void this.releaseUnused(other, failed.held, headers);
-  }
-
-  /** `m` and every member of either pool that is the same instance (kv_router.ts sameInstance). */
-  private membersOf(m: PoolMember): Array<{ pool: InstancePool; m: PoolMember }> {
-    return [this.prefill, this.decode].flatMap((pool) =>
-      pool.members.filter((o) => sameInstance(o, m)).map((o) => ({ pool, m: o })),
-    );
   }
 
   /** The prompt's token ids (kv-aware routing) and the instances that would refuse it (proxy_flow.ts). */
@@ -363,29 +355,6 @@ export class Proxy {
     const kind = path === '/v1/completions' ? 'completion' : 'chat';
     const pools = { prefill: this.prefill.members, decode: this.decode.members };
     return checkLimits(kind, body, pools, (text) => this.tokenizer.encode(text));
-  }
-
-  /** The route of a retry; `first` (the failed attempt's error) when no other instance can take it. */
-  private retryRouteOr(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>, first: unknown): RouteDecision {
-    try {
-      return this.routeOf(tokenIds, exclude);
-    } catch (e) {
-      rethrowIfAssertion(e);
-      throw first;
-    }
-  }
-
-  /** Decode and prefill for this request (prefill null: decode computes the prompt itself). */
-  private routeOf(tokenIds: number[] | null, exclude: ReadonlySet<PoolMember>): RouteDecision {
-    // Only pairs whose handshake can succeed (pool_pairing.ts): a decode with a prefill it pairs with, and that prefill.
-    exclude = withoutLoneDecodes({ prefill: this.prefill, decode: this.decode }, exclude);
-    if (this.opts.policy === 'kv-aware' && tokenIds !== null) {
-      const r = this.router.route({ prefill: this.prefill, decode: this.decode }, tokenIds, exclude);
-      if (r !== null) return legsApart(r, this.prefill, exclude);
-    }
-    const decode = this.pick(this.decode, exclude);
-    const prefill = this.pick(this.prefill, pairedOnly(this.prefill, decode, exclude));
-    return legsApart({ decode, prefill, decodeHitTokens: 0, prefillHitTokens: 0 }, this.prefill, exclude);
   }
 
   private async serveRoute(route: RouteDecision, call: Call, failed: Failed): Promise<void> {
@@ -464,7 +433,7 @@ export class Proxy {
       return await fn();
     } catch (e) {
       const dead = e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined;
-      if (dead) for (const s of this.membersOf(m)) this.down(s.pool, s.m, e.message);
+      if (dead) for (const s of membersOf(this, m)) this.down(s.pool, s.m, e.message);
       if (failed && (dead || (e instanceof HandoffError && e.details?.['upstreamStatus'] === 503))) failed.m = m;
       throw e;
     } finally {
