@@ -114,3 +114,18 @@ test('the API key guards /tokenize and /detokenize, not /version', async () => {
   assert.equal(ok.status, 200);
   assert.equal((await fetch(`${keyed.url}/version`)).status, 200);
 });
+
+test('proxy: an error of /tokenize or /detokenize is the decode instance’s, word for word (no "decode: " prefix)', async () => {
+  // The proxy answers these as the instance does: a client of a vLLM router sees the server's error, not
+  // one naming the proxy's internal leg (before session 14 the message read "decode: prompt ...").
+  const d = (pd as [Instance, Instance])[1];
+  for (const [path, body] of [
+    ['/tokenize', {}],
+    ['/tokenize', { prompt: 'a', model: 'not-served' }],
+    ['/detokenize', { tokens: [-1] }],
+  ] as const) {
+    const [direct, proxied] = await Promise.all([post(d.url, path, body), post(proxyUrl, path, body)]);
+    assert.equal(proxied.status, direct.status, path);
+    assert.deepEqual(proxied.json, direct.json, `${path} ${JSON.stringify(body)}`);
+  }
+});

@@ -45,7 +45,8 @@ export async function passThrough(
     timeoutMs,
   });
   try {
-    if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response), u.response.status);
+    // The instance's own error, word for word: the client asked the server, not the proxy's decode leg.
+    if (!u.response.ok) throw withStatus(await upstreamError('decode', u.response, false), u.response.status);
     sendJson(res, 200, await readAnswer(u.response, 'decode'));
   } finally {
     u.done();
@@ -239,8 +240,11 @@ export function inBandCancel(
   };
 }
 
-/** An upstream error response as one HandoffError (its code when it sent OpenAI error JSON). */
-export async function upstreamError(side: string, r: Response): Promise<HandoffError> {
+/**
+ * An upstream error response as one HandoffError (its code when it sent OpenAI error JSON); the message
+ * names the side (`prefill: ...`) unless `named` is false.
+ */
+export async function upstreamError(side: string, r: Response, named = true): Promise<HandoffError> {
   // catch-ok: the body of an error response is only decoration for the message; a failed read leaves it empty
   const text = await readBoundedText(r, 1 << 20, `the ${side} instance's error`).catch(() => '');
   let parsed: unknown = null;
@@ -255,7 +259,8 @@ export async function upstreamError(side: string, r: Response): Promise<HandoffE
   // A code that is not ours (vLLM's numeric 400) says no more than the status: the status names the code.
   const ours = (parsed as { error?: { code?: unknown } } | null)?.error?.code === err.code;
   const code = ours ? err.code : codeOfStatus(r.status);
-  return new HandoffError(code, `${side}: ${err.message}`, err.param !== null ? { param: err.param } : undefined);
+  const message = named ? `${side}: ${err.message}` : err.message;
+  return new HandoffError(code, message, err.param !== null ? { param: err.param } : undefined);
 }
 
 /** The code a foreign error answer gets from its HTTP status. */
