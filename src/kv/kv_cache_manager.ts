@@ -178,13 +178,12 @@ export class KVCacheManager {
     // group, so withdrawing any of those pages must withdraw it too (each group links its own; these the rest).
     cached.forEach((pages, g) => {
       const blockSize = defined(this.managers[g], 'manager').blockSize;
-      for (const { index, block } of pages) {
-        if (index === 0) continue;
-        this.managers.forEach((other, h) => {
-          const parent = h === g ? null : other.cachedBlockAt(req.requestId, index * blockSize - 1);
+      const others = this.managers.filter((_, h) => h !== g);
+      for (const { index, block } of pages)
+        for (const other of index === 0 ? [] : others) {
+          const parent = other.cachedBlockAt(req.requestId, index * blockSize - 1);
           if (parent !== null) this.pool.link(block, parent);
-        });
-      }
+        }
     });
   }
 
