@@ -61,11 +61,16 @@ export function registerBenchTransfer(bench: Command): void {
         scatter: o['scatter'] === true,
         ...(repeats !== undefined ? { repeats } : {}),
       });
-      const { backend, pageBytes, bytes, gbps, baselineGbps, ratio, hotMemcpyGbps: hot } = r;
+      const { backend, pageBytes, bytes, gbps, baselineGbps, ratio, hotMemcpyGbps: hot, roundTripGbps: trip } = r;
       const receive = backend === 'tcp' ? { tcpReceive: tcpReceiveLine() } : {};
-      if (o['json']) return out(JSON.stringify({ backend, pageBytes, bytes, gbps, baselineGbps, ratio, ...receive }));
+      const bound = trip === undefined ? {} : { roundTripGbps: trip };
+      if (o['json'])
+        return out(JSON.stringify({ backend, pageBytes, bytes, gbps, baselineGbps, ratio, ...bound, ...receive }));
       if (backend === 'tcp') out(tcpReceiveLine());
-      const also = hot === undefined ? '' : `; memcpy on the engine thread, cache hot: ${hot.toFixed(2)} GB/s`;
+      const also =
+        hot === undefined || trip === undefined
+          ? ''
+          : `; memcpy on the engine thread, cache hot: ${hot.toFixed(2)} GB/s; the baseline's memcpy timed around its round trip from the engine thread (the hand-off bound): ${trip.toFixed(2)} GB/s = ratio ${(trip / baselineGbps).toFixed(2)}`;
       out(
         `transfer ${backend}: ${gbps.toFixed(2)} GB/s vs baseline ${baselineGbps.toFixed(2)} GB/s = ratio ${ratio.toFixed(2)} (${bytes} bytes, ${pageBytes} B pages; baseline: ${r.baseline}${also})`,
       );

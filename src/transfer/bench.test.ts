@@ -28,7 +28,7 @@ for (const backend of ['inproc', 'tcp'] as const) {
   }
 }
 
-test('benchTransferPoint inproc: the baseline is memcpy on the serving NIC thread (verified), the hot memcpy reported beside', async () => {
+test('benchTransferPoint inproc: the baseline is memcpy on the serving NIC thread (verified), the hot memcpy and the round trip reported beside', async () => {
   const p = await benchTransferPoint({
     backend: 'inproc',
     env: new RealEnv(6),
@@ -38,6 +38,9 @@ test('benchTransferPoint inproc: the baseline is memcpy on the serving NIC threa
   });
   assert.match(p.baseline, /serving NIC thread/);
   assert.ok(p.hotMemcpyGbps !== undefined && Number.isFinite(p.hotMemcpyGbps) && p.hotMemcpyGbps > 0);
+  // The round trip is the baseline's own copy plus two thread hops: on 64 KiB the hops dominate.
+  assert.ok(p.roundTripGbps !== undefined && p.roundTripGbps > 0 && p.roundTripGbps < p.baselineGbps);
   const t = await benchTransferPoint({ backend: 'tcp', env: new RealEnv(6), pageBytes: 4096, pages: 16, repeats: 2 });
   assert.equal(t.hotMemcpyGbps, undefined, 'tcp has no memcpy beside its raw socket');
+  assert.equal(t.roundTripGbps, undefined);
 });

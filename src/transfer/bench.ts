@@ -54,6 +54,12 @@ export interface BenchPoint extends BenchResult {
    * destination (its cache holds it): faster than any copy on another thread can be (README).
    */
   hotMemcpyGbps?: number;
+  /**
+   * inproc: the baseline's memcpy on the serving NIC thread, timed on the engine thread around one message
+   * there and one back (no grant, no engine bookkeeping): the most any transport that hands the copy to
+   * another thread can move on this machine (README: the hand-off bound).
+   */
+  roundTripGbps?: number;
 }
 
 export const NUM_SLABS = 2;
@@ -239,12 +245,13 @@ export class BenchRig {
     };
     const baseline = await this.pickBaseline(this.baselines(ranges, bytes), ranges, bytes);
     const series = [{ label: this.backend, run: read }, baseline];
-    if (this.backend === 'inproc') series.push(this.hotMemcpy(ranges));
+    if (this.backend === 'inproc') series.push(this.hotMemcpy(ranges), this.roundTrip(ranges));
     const ms = await this.rounds(series, ranges, bytes, repeats);
     P.engine.revokeGrant(transferId);
     const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;
     const baselineGbps = bytes / (median(ms[1] as number[]) / 1000) / 1e9;
-    const hot = ms[2] === undefined ? {} : { hotMemcpyGbps: bytes / (median(ms[2]) / 1000) / 1e9 };
+    const gbpsOf = (i: number): number => bytes / (median(ms[i] as number[]) / 1000) / 1e9;
+    const hot = ms[2] === undefined ? {} : { hotMemcpyGbps: gbpsOf(2), roundTripGbps: gbpsOf(3) };
     return {
       backend: this.backend,
       pageBytes: this.pageBytes,
@@ -345,6 +352,20 @@ export class BenchRig {
       }
     };
     return { label: 'memcpy on the engine thread', run };
+  }
+
+  /**
+   * Not a baseline: the serving NIC thread's memcpy (the baseline's run) timed here, around its two thread
+   * hops. A READ adds to it only what the engines do (grant, ranges, completion).
+   */
+  private roundTrip(ranges: TransferRange[]): Baseline {
+    const [from, to] = [this.P.engine, this.D.engine];
+    assert(from instanceof InprocTransferEngine && to instanceof InprocTransferEngine, 'needs inproc engines');
+    const merged = coalesceRanges(ranges);
+    return {
+      label: 'memcpy round trip to the serving NIC thread',
+      run: async () => void (await to.rawCopyMs(from, merged)),
+    };
   }
 
   /** Zero the pages the READ writes (what verify() checks), nothing more: a whole-slab fill would flush caches. */

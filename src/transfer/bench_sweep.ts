@@ -70,6 +70,7 @@ const COLUMNS: Array<[string, number, (p: BenchPoint) => string]> = [
   ['base GB/s', 9, (p) => p.baselineGbps.toFixed(2)],
   ['ratio', 5, (p) => p.ratio.toFixed(2)],
   ['hot memcpy', 10, (p) => (p.hotMemcpyGbps === undefined ? '-' : p.hotMemcpyGbps.toFixed(2))],
+  ['round trip', 10, (p) => (p.roundTripGbps === undefined ? '-' : p.roundTripGbps.toFixed(2))],
 ];
 
 export function sweepHeader(): string {
