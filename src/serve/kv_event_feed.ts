@@ -27,6 +27,8 @@ const HASH_RE = /^[0-9a-f]{64}$/;
 const DUMP_MAX_BYTES = 96 << 20;
 /** Dumps a feed fetches at most once per this long. */
 export const DUMP_MIN_INTERVAL_MS = 1000;
+/** And at most once per this many times what applying the last one took (its share of the router's loop). */
+const DUMP_COST_FACTOR = 10;
 
 /**
  * Split a byte stream into lines (without the newline), each at most `maxBytes`. Each chunk is scanned
@@ -121,6 +123,8 @@ export class KvEventFeed {
   load: InstanceLoad | null = null;
   stats = { connects: 0, lines: 0, dumps: 0, badLines: 0 };
   private lastDumpMs = -Infinity;
+  /** What parsing and applying the last dump took the router's event loop. */
+  private lastDumpCostMs = 0;
 
   constructor(
     private readonly key: string,
@@ -176,7 +180,7 @@ export class KvEventFeed {
       let fresh = true;
       for await (const text of ndjsonLines(r.body, KV_FEED_LINE_MAX_BYTES)) {
         arm();
-        await this.onLine(text, ac.signal, fresh);
+        await this.onLine(text, ac.signal, fresh, arm);
         fresh = false;
         if (this.closed) break;
       }
@@ -186,8 +190,12 @@ export class KvEventFeed {
     }
   }
 
-  /** One line; a dump it calls for is fetched under the connection's signal (its stall timer, close()). */
-  private async onLine(text: string, signal: AbortSignal, fresh: boolean): Promise<void> {
+  /**
+   * One line; a dump it calls for is fetched under the connection's signal (its stall timer, close()),
+   * each chunk of the dump re-arming the timer (`arm`): a large dump over a slow link is progress, not a
+   * stall, and cutting it at `stallMs` cut it on every retry, so the index never resynced.
+   */
+  private async onLine(text: string, signal: AbortSignal, fresh: boolean, arm: () => void): Promise<void> {
     this.stats.lines++;
     const line = parseFeedLine(text);
     // The first line of a connection speaks for the process behind the URL now: its life is the current one.
@@ -199,18 +207,26 @@ export class KvEventFeed {
       this.index.heartbeat(this.key, line.epoch, line.seq);
     }
     // At most one dump a second: a feed that keeps running ahead of its own dumps (hostile or broken)
-    // costs one dump a second, not one a line; an honest gap waits at most that long for its dump.
-    if (this.index.needsDump(this.key) && this.env.nowMs() - this.lastDumpMs >= DUMP_MIN_INTERVAL_MS) {
+    // costs one dump a second, not one a line; an honest gap waits at most that long for its dump. And
+    // at most a tenth of the loop: a dump of 100 k hashes takes about a second to apply, so "one a second"
+    // alone let such a feed keep the router's event loop busy back to back.
+    const interval = Math.max(DUMP_MIN_INTERVAL_MS, DUMP_COST_FACTOR * this.lastDumpCostMs);
+    if (this.index.needsDump(this.key) && this.env.nowMs() - this.lastDumpMs >= interval) {
       this.lastDumpMs = this.env.nowMs();
-      await this.fetchDump(signal);
+      await this.fetchDump(signal, arm);
     }
   }
 
-  private async fetchDump(signal: AbortSignal): Promise<void> {
+  private async fetchDump(signal: AbortSignal, arm: () => void): Promise<void> {
     const r = await fetch(`${this.opts.url}/handoff/kv_events/dump`, { headers: this.headers(), signal });
     if (!r.ok) throw new HandoffError('PEER_UNAVAILABLE', `KV event dump answered ${r.status}`);
-    const text = await readBoundedText(r, DUMP_MAX_BYTES, 'the KV event dump');
-    this.index.applyDump(this.key, parseDump(parseJsonText(text, () => bad('the dump is not JSON'))));
+    const text = await readBoundedText(r, DUMP_MAX_BYTES, 'the KV event dump', arm);
+    const started = this.env.nowMs();
+    try {
+      this.index.applyDump(this.key, parseDump(parseJsonText(text, () => bad('the dump is not JSON'))));
+    } finally {
+      this.lastDumpCostMs = this.env.nowMs() - started; // a refused dump cost its parse too
+    }
     this.stats.dumps++;
   }
 }

@@ -22,7 +22,7 @@ import type { Env, TimerHandle } from '../util/env.ts';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
-import { onResponseGone } from './response_sinks.ts';
+import { ANSWER_STALL_MS, dropIfUnsent, onResponseGone } from './response_sinks.ts';
 
 /** What the stream needs of an engine's publisher (kv/kv_events.ts KvEventPublisher). */
 export interface KvEventSource {
@@ -71,10 +71,16 @@ export class KvEventStreams {
     return this.open.size;
   }
 
-  dump(res: ServerResponse): void {
+  /**
+   * The whole set, dropped when its client takes none of it for `stallMs`: a dump is up to ~70 MB, and
+   * what the socket did not take stayed queued in this process for as long as a silent client kept its
+   * connection (forever), a fresh copy per such request.
+   */
+  dump(res: ServerResponse, stallMs: number = ANSWER_STALL_MS): void {
     const body = JSON.stringify(this.source.dump());
     res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
     res.end(body);
+    dropIfUnsent(res, stallMs, this.env);
   }
 
   /** Serve one subscriber until it goes away (or the server closes). */

@@ -284,14 +284,21 @@ export const UPSTREAM_BODY_MAX_BYTES = 64 << 20;
 
 /**
  * A response body as text, at most `maxBytes` (a peer that never stops sending cannot grow memory):
- * PEER_UNAVAILABLE past it, the rest cancelled. Reading errors are the caller's.
+ * PEER_UNAVAILABLE past it, the rest cancelled. Reading errors are the caller's. `onChunk` hears each
+ * chunk as it comes (a caller's stall timer: a long body that keeps coming is not silence).
  */
-export async function readBoundedText(r: Response, maxBytes: number, what: string): Promise<string> {
+export async function readBoundedText(
+  r: Response,
+  maxBytes: number,
+  what: string,
+  onChunk?: () => void,
+): Promise<string> {
   if (r.body === null) return '';
   const decoder = new TextDecoder();
   const parts: string[] = [];
   let bytes = 0;
   for await (const chunk of r.body) {
+    onChunk?.();
     bytes += chunk.byteLength;
     // Leaving the loop by this throw cancels the rest of the body (the stream's iterator does).
     if (bytes > maxBytes) throw new HandoffError('PEER_UNAVAILABLE', `${what} sent more than ${maxBytes} bytes`);
