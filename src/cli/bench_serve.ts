@@ -52,10 +52,7 @@ export function registerBenchServe(program: Command): void {
     .option('--requests <n>', 'requests to send', '64')
     .option('--concurrency <n>', 'requests in flight at once (default 8 without --rate)')
     .option('--rate <r>', 'Poisson arrivals per second instead of a concurrency')
-    .option(
-      '--prompt-len <min:max>',
-      'prompt tokens, uniform in [min, max] (default 32:256; shared-prefix: the suffix after the prefix, 16:64)',
-    )
+    .option('--prompt-len <min:max>', 'prompt tokens in [min, max] (default 32:256; shared-prefix: suffix, 16:64)')
     .option('--output-len <min:max>', 'output tokens, uniform in [min, max]', '16:64')
     .option('--seed <n>', 'workload seed', '0')
     .option('--num-blocks <n>', 'KV pages per started instance', '2048')
@@ -78,24 +75,42 @@ export function registerBenchServe(program: Command): void {
       const spec = loadSpecFrom(o, preset, target);
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
       const maxModelLen = maxModelLenFlag(o, spec);
+      const interrupt = interruptOnSigint();
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
-          runLoad({ ...spec, url: u, model }, env, tick).then((r) => r.result),
+          runLoad({ ...spec, url: u, model }, env, tick, interrupt.signal).then((r) => r.result),
         );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       checkNumBlocksHoldARequest(preset, Number(numBlocks), { prefill: undefined, decode: undefined }, +maxModelLen);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
-      if (target === 'xpyd') return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset)));
+      if (target === 'xpyd')
+        return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset), interrupt.signal));
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Row[] = [];
-      for (const t of targets)
+      for (const t of targets) {
+        if (rows.length > 0 && interrupt.signal.aborted) break; // Ctrl-C: no next deployment
         rows.push({
           label: t === 'pd' ? `P/D (${mode})` : 'colocated',
           ...(await onStarted(t, started, env, (u) => run(u, t, preset))),
         });
+      }
       print(o, rows);
     });
+}
+
+/**
+ * Ctrl-C: the load stops and the summary is of the requests that completed (a second Ctrl-C: Node's
+ * default, out at once). Children ignore SIGINT (their parent stops them).
+ */
+function interruptOnSigint(): AbortController {
+  const interrupt = new AbortController();
+  process.once('SIGINT', () => {
+    process.stderr.write('\ninterrupted: the summary is of the requests that completed\n');
+    process.exitCode = 130;
+    interrupt.abort();
+  });
+  return interrupt;
 }
 
 /** Decode's KV READ latency (post → all landed, per request; its /metrics histogram): mean and count. */
@@ -173,6 +188,7 @@ async function xpydRows(
   s: { preset: ModelPreset; mode: 'read' | 'write'; numBlocks: string; maxModelLen: string; apiKey: string | null },
   env: Env,
   run: (url: string, label: string) => Promise<BenchServeResult>,
+  stop: AbortSignal,
 ): Promise<Row[]> {
   const policies = String(o['policy'])
     .split(',')
@@ -181,7 +197,7 @@ async function xpydRows(
     throw new HandoffError('BAD_CONFIG', '--json prints one result: pass one --policy with --target xpyd');
   const numPrefill = intFlag('prefill', o['prefill'], 1, 16);
   const numDecode = intFlag('decode', o['decode'], 1, 16);
-  const rows = await runXpyd({ ...s, numPrefill, numDecode, policies, router: routerFlags(o) }, env, run);
+  const rows = await runXpyd({ ...s, numPrefill, numDecode, policies, router: routerFlags(o) }, env, run, stop);
   return rows.map((x) => ({
     label: `${numPrefill}P${numDecode}D ${x.label}`,
     r: x.r,

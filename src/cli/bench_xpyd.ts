@@ -55,15 +55,20 @@ export async function prefixCounters(
   return { hits, queries };
 }
 
-/** One fresh deployment per policy; `run` sends the workload to its proxy URL. */
+/**
+ * One fresh deployment per policy; `run` sends the workload to its proxy URL. Once `stop` (Ctrl-C) fired,
+ * no further deployment starts: the rows are those run so far.
+ */
 export async function runXpyd(
   b: XpydBench,
   env: Env,
   run: (url: string, label: string) => Promise<BenchServeResult>,
+  stop?: AbortSignal,
 ): Promise<XpydRow[]> {
   const logLevel = process.env['HANDOFF_LOG_LEVEL'] ?? 'warn';
   const rows: XpydRow[] = [];
   for (const policy of b.policies) {
+    if (rows.length > 0 && stop?.aborted === true) break;
     const cluster = await startLocalCluster(
       {
         preset: b.preset,

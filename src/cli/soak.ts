@@ -102,11 +102,12 @@ async function driveSoakLoad(
   env: Env,
   deadline: number,
   onProgress?: (done: number, errors: number, mismatches: number) => void,
+  stop?: AbortSignal,
 ): Promise<SoakTally> {
   const rng = new SeededRng(o.seed);
   const tally: SoakTally = { requests: 0, aborted: 0, errors: 0, mismatches: 0, outputTokens: 0, firstProblem: null };
   const worker = async (): Promise<void> => {
-    while (env.nowMs() < deadline) {
+    while (env.nowMs() < deadline && stop?.aborted !== true) {
       const body = soakRequestBody(rng, o.preset);
       tally.requests++;
       // Drawn only with aborts on, so a seed's workload without them is the one it always was.
@@ -174,6 +175,8 @@ export async function runSoak(
   },
   env: Env,
   onProgress?: (done: number, errors: number, mismatches: number) => void,
+  /** The user's Ctrl-C: no new request starts; those in flight finish and the end checks still run. */
+  stop?: AbortSignal,
 ): Promise<SoakResult> {
   const common = {
     preset: o.preset,
@@ -200,7 +203,7 @@ export async function runSoak(
   const deadline = t0 + o.durationS * 1000;
   try {
     const urls = { pdUrl: cluster.proxyUrl, refUrl: colocated.url };
-    const tally = await driveSoakLoad({ ...o, abortRate: o.abortRate ?? 0 }, urls, env, deadline, onProgress);
+    const tally = await driveSoakLoad({ ...o, abortRate: o.abortRate ?? 0 }, urls, env, deadline, onProgress, stop);
     const elapsedS = (env.nowMs() - t0) / 1000;
     const checks = await checkSoakCluster({ prefillUrl: cluster.prefill.url, decodeUrl: cluster.decode.url }, env);
     return {
@@ -239,6 +242,13 @@ export function registerSoak(program: Command): void {
       const preset = presetFlag(opts['model']);
       const numBlocks = intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20);
       checkNumBlocksHoldARequest(preset, numBlocks, { prefill: undefined, decode: undefined });
+      // Ctrl-C: the load ends, the end checks run on what ran and the summary is printed (a second Ctrl-C:
+      // Node's default, out at once). The servers it started ignore SIGINT: it stops them.
+      const interrupt = new AbortController();
+      process.once('SIGINT', () => {
+        process.stderr.write('\nsoak: interrupted; checking and summing up what ran\n');
+        interrupt.abort();
+      });
       const r = await runSoak(
         {
           preset,
@@ -255,15 +265,17 @@ export function registerSoak(program: Command): void {
           lastPrint = env.nowMs();
           process.stderr.write(`soak: ${done} requests, ${errors} errors, ${mismatches} mismatches\n`);
         },
+        interrupt.signal,
       );
       const ok = r.errors === 0 && r.mismatches === 0 && r.prefillPagesBack && r.decodePagesBack && r.races === 0;
       if (opts['json']) process.stdout.write(`${JSON.stringify({ ...r, ok })}\n`);
       else
         process.stdout.write(
-          `soak ${ok ? 'PASS' : 'FAIL'}: ${r.requests} requests (${r.aborted} abandoned) in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
+          `soak ${ok ? 'PASS' : 'FAIL'}${interrupt.signal.aborted ? ' (interrupted)' : ''}: ${r.requests} requests (${r.aborted} abandoned) in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
             `pages back: prefill ${r.prefillPagesBack} decode ${r.decodePagesBack}, races ${r.races}, ${r.tokensPerSec.toFixed(1)} output tok/s` +
             `${r.firstProblem ? `\n  first problem: ${r.firstProblem}` : ''}\n`,
         );
       if (!ok) process.exitCode = 1;
+      else if (interrupt.signal.aborted) process.exitCode = 130;
     });
 }

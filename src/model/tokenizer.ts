@@ -64,6 +64,27 @@ export function tokenBytes(id: number): Uint8Array {
   return b;
 }
 
+/**
+ * GPT-2's bytes_to_unicode: each byte as a printable character (the printable Latin-1 ones as
+ * themselves, the others from U+0100 on), the alphabet its vocabulary's token strings are written in.
+ */
+const BYTE_CHARS: readonly string[] = (() => {
+  const printable = (b: number): boolean => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+  let next = 256;
+  return Array.from({ length: 256 }, (_, b) => String.fromCharCode(printable(b) ? b : next++));
+})();
+
+/**
+ * A token's vocabulary string, as Hugging Face's convert_ids_to_tokens gives it (vLLM's /tokenize
+ * token_strs): its bytes in GPT-2's byte alphabet, so " world" reads "Ġworld" and a token holding part
+ * of a character still reads as its own bytes.
+ */
+export function tokenString(id: number): string {
+  let s = '';
+  for (const b of tokenBytes(id)) s += BYTE_CHARS[b] as string;
+  return s;
+}
+
 export class IncrementalDecoder {
   // A streaming UTF-8 decoder: the bytes of a character not yet complete wait in it for the next token,
   // and bytes that can no longer form one become U+FFFD at once, so the pieces are exactly the decode of

@@ -101,12 +101,14 @@ export async function timedCompletion(
   spec: LoadSpec,
   prompt: number[],
   maxTokens: number,
+  stop?: AbortSignal,
 ): Promise<RequestOutcome> {
   const outcome: RequestOutcome = { ok: false, ttftMs: null, itlMs: [], outputTokens: 0, error: null };
   const ac = new AbortController();
   const timer = env.setTimer(spec.timeoutMs, () => ac.abort());
+  const onStop = (): void => ac.abort();
+  stop?.addEventListener('abort', onStop);
   const start = env.nowMs();
-  let last = start;
   try {
     const res = await fetch(`${spec.url}/v1/completions`, {
       method: 'POST',
@@ -129,33 +131,7 @@ export async function timedCompletion(
       outcome.error = `HTTP ${res.status}: ${(await res.text()).slice(0, 200)}`;
       return outcome;
     }
-    const parser = new SseParser();
-    const decoder = new TextDecoder();
-    let done = false;
-    let usageTokens: number | null = null;
-    for await (const chunk of res.body) {
-      for (const data of parser.push(decoder.decode(chunk as Uint8Array, { stream: true }))) {
-        if (data === '[DONE]') {
-          done = true;
-          continue;
-        }
-        const ev = JSON.parse(data) as {
-          choices?: unknown[];
-          usage?: { completion_tokens?: number };
-          error?: { message?: string };
-        };
-        if (ev.error) throw new Error(ev.error.message ?? 'error event');
-        if (ev.usage?.completion_tokens !== undefined) usageTokens = ev.usage.completion_tokens;
-        if (!ev.choices || ev.choices.length === 0) continue;
-        const now = env.nowMs();
-        if (outcome.ttftMs === null) outcome.ttftMs = now - start;
-        else outcome.itlMs.push(now - last);
-        last = now;
-        outcome.outputTokens++;
-      }
-    }
-    if (!done) throw new Error('stream ended without [DONE]');
-    if (usageTokens !== null) outcome.outputTokens = usageTokens;
+    await readStream(res.body, env, start, outcome);
     outcome.ok = outcome.ttftMs !== null;
     if (!outcome.ok) outcome.error = 'no token streamed';
   } catch (e) {
@@ -163,42 +139,97 @@ export async function timedCompletion(
     outcome.error = ac.signal.aborted ? `timed out after ${spec.timeoutMs} ms` : (e as Error).message;
   } finally {
     timer.cancel();
+    stop?.removeEventListener('abort', onStop);
   }
   return outcome;
 }
 
-/** Run the whole load; `onProgress(done, total)` after every request. */
+/** The completion's SSE stream into `outcome` (TTFT, ITL, tokens); throws on an error event or a cut stream. */
+async function readStream(
+  body: ReadableStream<Uint8Array>,
+  env: Env,
+  start: number,
+  outcome: RequestOutcome,
+): Promise<void> {
+  let last = start;
+  const parser = new SseParser();
+  const decoder = new TextDecoder();
+  let done = false;
+  let usageTokens: number | null = null;
+  for await (const chunk of body) {
+    for (const data of parser.push(decoder.decode(chunk as Uint8Array, { stream: true }))) {
+      if (data === '[DONE]') {
+        done = true;
+        continue;
+      }
+      const ev = JSON.parse(data) as {
+        choices?: unknown[];
+        usage?: { completion_tokens?: number };
+        error?: { message?: string };
+      };
+      if (ev.error) throw new Error(ev.error.message ?? 'error event');
+      if (ev.usage?.completion_tokens !== undefined) usageTokens = ev.usage.completion_tokens;
+      if (!ev.choices || ev.choices.length === 0) continue;
+      const now = env.nowMs();
+      if (outcome.ttftMs === null) outcome.ttftMs = now - start;
+      else outcome.itlMs.push(now - last);
+      last = now;
+      outcome.outputTokens++;
+    }
+  }
+  if (!done) throw new Error('stream ended without [DONE]');
+  if (usageTokens !== null) outcome.outputTokens = usageTokens;
+}
+
+/**
+ * Run the whole load; `onProgress(done, total)` after every request. `stop` (the user's Ctrl-C) ends it
+ * early: no more requests start, those in flight are cut, and the result is of the completed ones only.
+ */
 export async function runLoad(
   spec: LoadSpec,
   env: Env,
   onProgress?: (done: number, total: number) => void,
+  stop?: AbortSignal,
 ): Promise<{ result: BenchServeResult; outcomes: RequestOutcome[] }> {
   assert((spec.concurrency === null) !== (spec.ratePerSec === null), 'exactly one of concurrency and rate');
   const work = makeWorkload(spec);
   const outcomes: RequestOutcome[] = new Array(work.length);
   let finished = 0;
+  let end: number | null = null;
+  const stopped = (): boolean => stop?.aborted === true;
+  const start = env.nowMs();
+  const onStop = (): void => void (end ??= env.nowMs());
+  stop?.addEventListener('abort', onStop);
   const runOne = async (i: number): Promise<void> => {
     const w = work[i] as { prompt: number[]; maxTokens: number };
-    outcomes[i] = await timedCompletion(env, spec, w.prompt, w.maxTokens);
+    const outcome = await timedCompletion(env, spec, w.prompt, w.maxTokens, stop);
+    if (stopped()) return; // cut short by the stop: neither a result nor an error
+    outcomes[i] = outcome;
     onProgress?.(++finished, work.length);
   };
-  const start = env.nowMs();
-  if (spec.concurrency !== null) {
-    let next = 0;
-    const worker = async (): Promise<void> => {
-      while (next < work.length) await runOne(next++);
-    };
-    await Promise.all(Array.from({ length: Math.min(spec.concurrency, work.length) }, worker));
-  } else {
-    const rate = spec.ratePerSec as number;
-    const arrivals = new SeededRng(spec.seed ^ 0x5bd1e995);
-    const inflight: Array<Promise<void>> = [];
-    for (let i = 0; i < work.length; i++) {
-      inflight.push(runOne(i));
-      // Exponential inter-arrival gaps: a Poisson process of `rate` requests per second.
-      if (i < work.length - 1) await env.sleep((-Math.log(1 - arrivals.next()) / rate) * 1000);
+  try {
+    if (spec.concurrency !== null) {
+      let next = 0;
+      const worker = async (): Promise<void> => {
+        while (next < work.length && !stopped()) await runOne(next++);
+      };
+      await Promise.all(Array.from({ length: Math.min(spec.concurrency, work.length) }, worker));
+    } else {
+      const rate = spec.ratePerSec as number;
+      const arrivals = new SeededRng(spec.seed ^ 0x5bd1e995);
+      const inflight: Array<Promise<void>> = [];
+      const stopping = new Promise<void>((resolve) => stop?.addEventListener('abort', () => resolve(), { once: true }));
+      for (let i = 0; i < work.length && !stopped(); i++) {
+        inflight.push(runOne(i));
+        // Exponential inter-arrival gaps: a Poisson process of `rate` requests per second.
+        if (i < work.length - 1)
+          await Promise.race([env.sleep((-Math.log(1 - arrivals.next()) / rate) * 1000), stopping]);
+      }
+      await Promise.all(inflight);
     }
-    await Promise.all(inflight);
+  } finally {
+    stop?.removeEventListener('abort', onStop);
   }
-  return { result: summarize(outcomes, env.nowMs() - start), outcomes };
+  const done = stopped() ? outcomes.filter((o) => o !== undefined) : outcomes;
+  return { result: summarize(done, (end ?? env.nowMs()) - start), outcomes: done };
 }

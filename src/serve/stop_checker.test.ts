@@ -1,8 +1,8 @@
 /**
  * Stop strings over streamed text, with vLLM's semantics: generation stops at the first delta after
- * which some stop string appears in the text, and the text is cut before the earliest stop string
- * present at that moment (a longer stop string that could only complete later does not count), or after
- * it with include_stop_str_in_output. For any
+ * which some stop string appears in the text, and the text is cut before the first stop string of the
+ * list present at that moment (vLLM's check_stop_strings order; a longer stop string that could only
+ * complete later does not count), or after it with include_stop_str_in_output. For any
  * deltas and stop list the released text is exactly that, and every release is a prefix of it.
  */
 import { test } from 'node:test';
@@ -15,13 +15,10 @@ function reference(deltas: string[], stops: string[], includeStop = false): { te
   let text = '';
   for (const d of deltas) {
     text += d;
-    let cut = -1;
-    let stop = '';
     for (const s of stops) {
       const at = text.indexOf(s);
-      if (at >= 0 && (cut < 0 || at < cut)) [cut, stop] = [at, s];
+      if (at >= 0) return { text: text.slice(0, includeStop ? at + s.length : at), stopped: true };
     }
-    if (cut >= 0) return { text: text.slice(0, includeStop ? cut + stop.length : cut), stopped: true };
   }
   return { text, stopped: false };
 }
@@ -50,7 +47,8 @@ test('examples: the stop string and what follows are dropped; no stops passes te
   assert.deepEqual(c.push('Hello, wor'), { text: 'Hello, ', stopped: false }, 'three characters held back');
   assert.deepEqual(new StopChecker([]).push('abc'), { text: 'abc', stopped: false });
   assert.equal(run(['ab', 'c'], ['x']).text, 'abc');
-  assert.equal(run(['aXb'], ['b', 'X']).text, 'a', 'the earliest stop wins, whatever the list order');
+  assert.equal(run(['aXb'], ['b', 'X']).text, 'aX', 'the first listed stop found wins (vLLM), not the earliest');
+  assert.equal(run(['aXb'], ['X', 'b']).text, 'a');
   assert.equal(
     run(['Hello, wor', 'ld. STO', 'P here'], ['STOP'], true).text,
     'Hello, world. STOP',

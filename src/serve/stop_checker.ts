@@ -45,21 +45,14 @@ export class StopChecker {
     if (this.stops.length === 0) return { text: this.take(this.buffer.length), stopped: false };
     // A stop string can only start where it was not already ruled out: at most holdBack before the new text.
     const from = Math.max(0, this.buffer.length - delta.length - this.holdBack);
-    let cut = -1;
-    let cutLen = 0;
-    let found: string | null = null;
+    // Like vLLM's check_stop_strings: the first stop string of the list that is found ends the text,
+    // wherever another one starts (the same text and stop_reason as vLLM's when one delta completes two).
     for (const s of this.stops) {
-      const at = this.buffer.indexOf(s, from);
-      if (at >= 0 && (cut < 0 || at < cut)) {
-        cut = at;
-        cutLen = s.length;
-        found = s;
-      }
-    }
-    if (cut >= 0) {
+      const at = this.find(s, from);
+      if (at < 0) continue;
       this.done = true;
-      this.matched = found;
-      return { text: this.take(this.includeStop ? cut + cutLen : cut), stopped: true };
+      this.matched = s;
+      return { text: this.take(this.includeStop ? at + s.length : at), stopped: true };
     }
     // Never between the halves of a surrogate pair (an emoji): each half alone is not text.
     let upTo = this.buffer.length - this.holdBack;
@@ -73,6 +66,21 @@ export class StopChecker {
     return this.take(this.buffer.length);
   }
 
+  /**
+   * Where `s` occurs from `from`, never splitting a surrogate pair: the text is whole characters, so a
+   * stop string holding half of one ("\ud83d") never matches half of an emoji (nor in vLLM's Python str).
+   */
+  private find(s: string, from: number): number {
+    for (let at = this.buffer.indexOf(s, from); at >= 0; at = this.buffer.indexOf(s, at + 1)) {
+      const end = at + s.length;
+      if (!isLowSurrogate(this.buffer.charCodeAt(at)) || !isHighSurrogate(this.buffer.charCodeAt(at - 1))) {
+        if (!isHighSurrogate(this.buffer.charCodeAt(end - 1)) || !isLowSurrogate(this.buffer.charCodeAt(end)))
+          return at;
+      }
+    }
+    return -1;
+  }
+
   private take(upTo: number): string {
     if (upTo <= this.released) return '';
     const text = this.buffer.slice(this.released, upTo);
@@ -83,4 +91,8 @@ export class StopChecker {
 
 function isHighSurrogate(code: number): boolean {
   return code >= 0xd800 && code <= 0xdbff;
+}
+
+function isLowSurrogate(code: number): boolean {
+  return code >= 0xdc00 && code <= 0xdfff;
 }

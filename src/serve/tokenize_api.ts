@@ -10,13 +10,14 @@
  * The prompt goes through the same checks and chat template as a completion's (so `count` is what a
  * completion of that prompt would count) and is tokenized off the event loop like one. The GPT-2
  * tokenizer adds no special tokens, so `add_special_tokens` changes nothing. `token_strs` holds each
- * token's own text, decoded alone (a token holding part of a character reads U+FFFD). Unknown fields
- * are ignored, as vLLM's request models do.
+ * token's vocabulary string, as vLLM's (convert_ids_to_tokens: " world" is "Ġworld", and a token holding
+ * part of a character reads as its bytes, not U+FFFD). Unknown fields are ignored, as vLLM's request
+ * models do.
  */
 import { createRequire } from 'node:module';
 import { z } from 'zod';
 import { VOCAB_SIZE } from '../model/config.ts';
-import { decode } from '../model/tokenizer.ts';
+import { decode, tokenString } from '../model/tokenizer.ts';
 import { HandoffError } from '../util/errors.ts';
 import { describeZodError } from '../util/field_errors.ts';
 import { ASSISTANT_TURN } from './chat_template.ts';
@@ -81,7 +82,7 @@ export async function tokenizeAnswer(body: Record<string, unknown>, deps: Tokeni
     count: tokens.length,
     max_model_len: deps.limits.maxModelLen,
     tokens,
-    token_strs: b.return_token_strs === true ? tokens.map((id) => decode([id])) : null,
+    token_strs: b.return_token_strs === true ? tokens.map(tokenString) : null,
   };
 }
 
