@@ -169,6 +169,7 @@ export class KvEventFeed {
       stall = this.env.setTimer(this.opts.stallMs, () => ac.abort());
     };
     arm();
+    const linesBefore = this.stats.lines;
     try {
       const since = this.index.position(this.key).seq;
       const r = await fetch(`${this.opts.url}/handoff/kv_events?since=${since}`, {
@@ -187,7 +188,15 @@ export class KvEventFeed {
     } finally {
       (stall as TimerHandle | null)?.cancel();
       ac.abort();
+      // A connection that brought nothing (refused, an error status, silent): the last load heard is stale
+      // for good if none comes back, and routing weighed it still (an idle instance starved as busy).
+      if (this.stats.lines === linesBefore && this.load !== null) this.setLoad(null);
     }
+  }
+
+  private setLoad(load: InstanceLoad | null): void {
+    this.load = load;
+    this.opts.onLoad?.(load);
   }
 
   /**
@@ -202,8 +211,7 @@ export class KvEventFeed {
     if (fresh) this.index.adopt(this.key, line.kind === 'batch' ? line.batch.epoch : line.epoch);
     if (line.kind === 'batch') this.index.applyBatch(this.key, line.batch);
     else {
-      this.load = line.load;
-      this.opts.onLoad?.(line.load);
+      this.setLoad(line.load);
       this.index.heartbeat(this.key, line.epoch, line.seq);
     }
     // At most one dump a second: a feed that keeps running ahead of its own dumps (hostile or broken)

@@ -46,7 +46,7 @@ import { checkLimits, decodeBody, forwardHeaders, prefillBody, prefillIdentityOf
 import type { Call, Failed } from './proxy_flow.ts'; // one client request, one failed attempt
 import { CompletionGate } from './proxy_drain.ts';
 import { CLIENT_STALL_MS, cutMidStream, relay } from './proxy_relay.ts';
-import { dropIfUnsent, onResponseGone } from './response_sinks.ts';
+import { droppedUnsent, dropIfUnsent, onResponseGone } from './response_sinks.ts';
 import {
   callUpstream,
   inBandCancel,
@@ -166,13 +166,16 @@ export class Proxy {
     await Promise.all([done, this.tokenizer.close(), ...this.feeds.map((f) => f.close())]);
   }
 
-  /** One health round now, shared by every request that needs it (no herd of checks). */
-  private recheck(): Promise<void> {
-    this.rechecking ??= this.checkHealth().finally(() => (this.rechecking = null));
+  /**
+   * One health round now, shared by every caller while it runs (no herd of checks from requests), the
+   * periodic tick included: two rounds at once counted one slow answer twice (two in a row: out).
+   */
+  checkHealth(): Promise<void> {
+    this.rechecking ??= this.healthRound().finally(() => (this.rechecking = null));
     return this.rechecking;
   }
 
-  async checkHealth(): Promise<void> {
+  private async healthRound(): Promise<void> {
     const all = [
       ...this.prefill.members.map((m) => ({ pool: this.prefill, m })),
       ...this.decode.members.map((m) => ({ pool: this.decode, m })),
@@ -307,7 +310,7 @@ export class Proxy {
     const checked = await this.promptTokens(path, body);
     const tokenIds = checked?.tokenIds ?? null;
     // A side with no healthy instance may only have missed one check (a slow start): ask again first.
-    if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.recheck();
+    if (this.prefill.numHealthy === 0 || this.decode.numHealthy === 0) await this.checkHealth();
     const exclude = new Set<PoolMember>(checked?.unfit);
     let first: unknown = null;
     const routing = { policy: this.opts.policy, kv: this.router };
@@ -327,7 +330,7 @@ export class Proxy {
         tried = route;
         try {
           await this.serveRoute(route, call, failed);
-          this.metrics.count(cutMidStream.has(res) ? 'error' : 'ok');
+          this.countAnswered(res);
           return;
         } catch (e) {
           rethrowIfAssertion(e);
@@ -340,6 +343,17 @@ export class Proxy {
     } finally {
       if (tried !== null) this.metrics.routed(tried.prefill === null ? 'decode-only' : 'pd');
     }
+  }
+
+  /**
+   * A served completion's outcome, once its answer left: one still queued for a client that reads none of
+   * it (dropped by dropIfUnsent) never reached that client, and is not an ok completion.
+   */
+  private countAnswered(res: ServerResponse): void {
+    const outcome = cutMidStream.has(res) ? 'error' : 'ok';
+    if (res.writableFinished) return this.metrics.count(outcome);
+    // Not res.writableFinished then, nor 'finish': both also hold for a socket destroyed with bytes queued.
+    onResponseGone(res, () => this.metrics.count(droppedUnsent.has(res) ? 'client_abort' : outcome));
   }
 
   /** A decode that failed after prefill answered will never read: have another decode release the pages. */

@@ -50,7 +50,18 @@ export class ProxyMetrics {
       'requests in flight to the instance through this proxy',
       (m) => m.inflight,
     );
-    perMember('handoff_proxy_instance_served', 'requests sent to the instance so far', (m) => m.served);
+    // Requests sent so far only ever grow: a counter (`_total`), so rate() and scrapers that keep a gauge's
+    // last value (a per-instance request rate) read it as one.
+    new Counter({
+      name: 'handoff_proxy_instance_served_total',
+      help: 'requests sent to the instance so far',
+      labelNames: ['side', 'url'],
+      registers: [reg],
+      collect() {
+        this.reset();
+        for (const p of pools) for (const m of p.members) this.inc({ side: p.side, url: m.url }, m.served);
+      },
+    });
     this.processMetrics = registerProcessMetrics(reg);
   }
 

@@ -11,7 +11,7 @@ import type { Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { parseJsonText } from './http_io.ts';
 import { SSE_DONE, sseEvent } from './sse.ts';
-import { abortedBecause, readBoundedText, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
+import { abortedBecause, readBounded, UPSTREAM_BODY_MAX_BYTES } from './upstream.ts';
 
 /** A client that takes no byte for this long while the proxy has some for it is dropped. */
 export const CLIENT_STALL_MS = 30_000;
@@ -76,6 +76,18 @@ async function drained(res: ServerResponse, signal: AbortSignal, env: Env, stall
   }
 }
 
+/** The body read was `bytes` long, as its Content-Length said (not encoded: fetch counts decoded bytes). */
+function hasAllItsBytes(r: Response, bytes: number): boolean {
+  const length = r.headers.get('content-length');
+  const encoding = r.headers.get('content-encoding');
+  return (
+    length !== null &&
+    (encoding === null || encoding === 'identity') &&
+    /^\d+$/.test(length) &&
+    Number(length) === bytes
+  );
+}
+
 /** Stream the decode response back unchanged (status, content type, bytes). */
 export async function relay(
   r: Response,
@@ -89,16 +101,19 @@ export async function relay(
     // A JSON answer is read whole before anything is sent: a decode that dies mid-answer (a broken
     // connection, no details) fails this attempt, which may then be retried elsewhere.
     let text: string;
+    let bytes: number;
     try {
-      text = await readBoundedText(r, UPSTREAM_BODY_MAX_BYTES, 'the decode instance');
+      ({ text, bytes } = await readBounded(r, UPSTREAM_BODY_MAX_BYTES, 'the decode instance'));
     } catch (e) {
       rethrowIfAssertion(e);
       if (e instanceof HandoffError) throw e;
       if (signal.aborted) throw abortedBecause(signal);
       throw new HandoffError('PEER_UNAVAILABLE', `decode instance failed mid-response: ${(e as Error).message}`);
     }
-    // A close-delimited body cut by a dying decode ends cleanly: only its parse tells it is not whole.
-    if (contentType.startsWith('application/json'))
+    // A close-delimited body cut by a dying decode ends cleanly: only its parse tells it is not whole. One
+    // with a Content-Length is whole once that many bytes came (fetch fails a shorter one): no parse of up
+    // to 64 MiB on the event loop (an answer with logprobs took seconds).
+    if (contentType.startsWith('application/json') && !hasAllItsBytes(r, bytes))
       parseJsonText(text, () => new HandoffError('PEER_UNAVAILABLE', 'decode instance answered JSON cut short'));
     res.writeHead(r.status, { 'content-type': contentType, 'cache-control': 'no-cache' });
     res.end(text);

@@ -110,6 +110,9 @@ export function onResponseGone(res: ServerResponse, gone: () => void): void {
   conn.once('close', end);
 }
 
+/** Responses dropIfUnsent closed with part of their answer still queued: their client never got it. */
+export const droppedUnsent = new WeakSet<ServerResponse>();
+
 /**
  * Once `res` was ended: drop its connection if its client takes no byte of what is still queued for
  * `stallMs` (a response that never flushes held its connection and its bytes for good).
@@ -125,6 +128,7 @@ export function dropIfUnsent(res: ServerResponse, stallMs: number, env: Env): vo
       timer = env.setTimer(stallMs, check);
       return;
     }
+    droppedUnsent.add(res);
     conn.destroy(); // not res.destroy(): a response still queued on the connection has no socket to end
   };
   if (res.writableFinished || res.destroyed) return;

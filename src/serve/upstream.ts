@@ -293,7 +293,17 @@ export async function readBoundedText(
   what: string,
   onChunk?: () => void,
 ): Promise<string> {
-  if (r.body === null) return '';
+  return (await readBounded(r, maxBytes, what, onChunk)).text;
+}
+
+/** readBoundedText, with the number of body bytes it read (as fetch delivered them, decoded if encoded). */
+export async function readBounded(
+  r: Response,
+  maxBytes: number,
+  what: string,
+  onChunk?: () => void,
+): Promise<{ text: string; bytes: number }> {
+  if (r.body === null) return { text: '', bytes: 0 };
   const decoder = new TextDecoder();
   const parts: string[] = [];
   let bytes = 0;
@@ -305,7 +315,7 @@ export async function readBoundedText(
     parts.push(decoder.decode(chunk, { stream: true }));
   }
   parts.push(decoder.decode());
-  return parts.join('');
+  return { text: parts.join(''), bytes };
 }
 
 /**
