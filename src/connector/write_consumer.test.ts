@@ -26,6 +26,7 @@ function rig() {
   const calls: string[] = [];
   const drains = new Map<string, () => void>();
   const transfer = {
+    peerMetadata: () => ({}), // the producer is still connected
     issueGrant: (g: { transferId: string }) => (calls.push(`grant ${g.transferId}`), { token: TOKEN }),
     revokeGrant: (t: string) => (calls.push(`revoke ${t}`), true),
     drainGrant: (t: string) => {

@@ -34,6 +34,8 @@ interface RecvTransfer {
   tails: PageSpan[];
   /** The grant's token (null until granted): proves a write_done once the grant itself is gone. */
   grant: string | null;
+  /** The producer's engine (null until it was found): once it is gone here, no push or write_done can come. */
+  producer: string | null;
   /** Set when the producer refused to push (its save is gone): why the load failed. */
   refused?: string;
 }
@@ -87,6 +89,7 @@ export class WriteConsumer {
       blockIds: writable.flat(),
       tails: this.tailsOf(local, skipBlocks, endToken),
       grant: null,
+      producer: null,
     });
     let engineId: string;
     try {
@@ -97,6 +100,7 @@ export class WriteConsumer {
       this.ctx.log?.warn({ requestId, transferId, err: e.message }, 'could not tell the producer where to write');
       return;
     }
+    t.producer = engineId;
     const grant = this.ctx.transfer.issueGrant({
       transferId,
       peerEngineId: engineId,
@@ -177,15 +181,16 @@ export class WriteConsumer {
   }
 
   /**
-   * The producer's data is visible in our pages. A granted load's notice proved itself against the live
-   * grant; an aborted load's grant is gone (the transfer layer passes on anyone's write_done then), so it is
-   * released early only for the grant's token: a peer that learned the transfer id must not hand pages back
-   * to the pool while the producer's WRITE may still be landing in them.
+   * The producer's data is visible in our pages. Only the grant's token proves it: the transfer layer
+   * checks a notice against a live grant, and passes on anyone's when none lives (an aborted load's grant is
+   * revoked; a granted load's may have expired, or was never issued when the producer could not be found).
+   * A peer that learned the transfer id must neither hand pages back to the pool while the producer's WRITE
+   * may still be landing in them, nor have decode run a request on pages nobody wrote.
    */
   writeDone(transferId: string, token: unknown): void {
     const t = this.recvs.get(transferId);
     if (t === undefined || (t.state !== 'granted' && t.state !== 'aborted')) return;
-    if (t.state === 'aborted' && (t.grant === null || !sameToken(t.grant, token))) return;
+    if (t.grant === null || !sameToken(t.grant, token)) return;
     this.ctx.transfer.revokeGrant(transferId);
     this.recvs.move(transferId, t.state === 'aborted' ? 'aborted-released' : 'done');
   }
@@ -240,7 +245,13 @@ export class WriteConsumer {
     this.releaseNow = [];
     for (const [transferId, t] of [...this.recvs.entries()]) {
       // An aborted load is released once its drain settles, whatever the deadline.
-      if (t.deadlineMs > now || t.state !== 'granted') continue;
+      if (t.state !== 'granted') continue;
+      // The producer's side channel closed (it died or restarted): its data connections went with it (a
+      // push under way failed) and no write_done can reach us. Waiting out the deadline only delayed the
+      // recompute (30 s by default).
+      const gone = t.producer !== null && this.ctx.transfer.peerMetadata(t.producer) === null;
+      if (t.deadlineMs > now && !gone) continue;
+      if (t.deadlineMs > now) t.refused = `the producer ${t.producer} is gone (its side channel closed)`;
       this.ctx.transfer.revokeGrant(transferId); // stop accepting the producer's WRITEs into these pages first
       this.recvs.move(transferId, 'expiring');
       this.afterDrain(transferId);

@@ -30,6 +30,7 @@ async function abortedLoad() {
   const h: { handler: Handler | null; settleDrain: (() => void) | null } = { handler: null, settleDrain: null };
   const transfer = {
     onNotification: (f: Handler) => ((h.handler = f), () => undefined),
+    peerMetadata: () => ({}), // the producer is still connected
     issueGrant: () => ({ token: 'cd'.repeat(16), expiresAtMs: 1e9 }),
     revokeGrant: () => true,
     drainGrant: () => new Promise<void>((resolve) => (h.settleDrain = resolve)),

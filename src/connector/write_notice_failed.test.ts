@@ -26,6 +26,7 @@ test('WRITE consumer: a remote_blocks notice that failed fails the load at once,
   const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   const calls: string[] = [];
   const transfer = {
+    peerMetadata: () => ({}), // the producer is still connected
     issueGrant: () => ({ token: 'tok' }),
     revokeGrant: (t: string) => (calls.push(`revoke ${t}`), true),
     drainGrant: (t: string) => (calls.push(`drain ${t}`), Promise.resolve()),

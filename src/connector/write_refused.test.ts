@@ -81,6 +81,7 @@ test('WRITE consumer: write_refused from the grant peer fails the load now, not 
   let handler: ((from: string, n: Notification, grantEnded: boolean) => void) | null = null;
   const transfer = {
     onNotification: (f: typeof handler) => ((handler = f), () => undefined),
+    peerMetadata: () => ({}), // the producer is still connected
     issueGrant: () => ({ token: 'cd'.repeat(16), expiresAtMs: 1e9 }),
     revokeGrant: () => true,
     drainGrant: () => Promise.resolve(),
