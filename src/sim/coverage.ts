@@ -4,10 +4,12 @@
  *
  *   Z  a zero op ran on it        L  the transfer landed on it        F  a forward read it
  *
- * e.g. `L<F` (the correct READ path: destinations are not zeroed), `Z<L<F` (zeroed, then filled),
- * `L<Z<F` (the zeroing wiped landed data: the seed bug). Counted per page allocation over every
- * seed of a run; the report lists which of the 6 permutations of Z, L, F were never seen (orders
- * where one event never happened, like `L<F`, are counted but are not permutations).
+ * (Z: a whole-page `zero` or a clipped tail's `zero-spans`.) E.g. `L<F` (the correct READ path:
+ * destinations are not zeroed), `Z<L<F` (zeroed, then filled), `L<Z<F` (the zeroing wiped landed
+ * data: the seed bug; in the correct build, a clipped tail zeroed after its landing or a failed load
+ * re-zeroed). Counted per page allocation over every seed of a run; the report lists which of the 6
+ * permutations of Z, L, F were never seen (orders where one event never happened, like `L<F`, are
+ * counted but are not permutations).
  */
 import type { SimWorld } from './world.ts';
 
@@ -44,13 +46,19 @@ export class OrderCoverage {
           ops.set(id, {
             kind: op.kind,
             read: fp.filter((a) => !a.write).map((a) => a.block),
-            write: op.kind === 'zero' ? op.blockIds : [],
+            write:
+              op.kind === 'zero'
+                ? op.blockIds
+                : op.kind === 'zero-spans'
+                  ? [...new Set(op.spans.map((x) => x.block))]
+                  : [],
           });
         },
         executed: (id) => {
           const op = ops.get(id);
           ops.delete(id);
-          if (op?.kind === 'zero') for (const b of op.write) this.mark(inst.name, b, 'Z', false);
+          if (op?.kind === 'zero' || op?.kind === 'zero-spans')
+            for (const b of op.write) this.mark(inst.name, b, 'Z', false);
           if (op?.kind === 'kernel') for (const b of op.read) this.mark(inst.name, b, 'F', false);
         },
       });

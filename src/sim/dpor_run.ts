@@ -2,7 +2,8 @@
  * `handoff sim --strategy dpor`: explore every schedule of the world up to the bounds, judge each
  * with the oracles, and report like `runSim` (DESIGN.md §10 keys) plus `schedules`, `exhausted` and
  * `bound`. Schedules are numbered 0, 1, ... in search order (the report's "seeds"); a failure's
- * replay runs exactly its schedule: `--strategy dpor --schedule 0.2.1 --replay`.
+ * replay runs exactly its schedule: `--strategy dpor --schedule 0.2.1 --replay`. The world is seed
+ * `--seed` (default 0): the scenario's draws (hetero-tp's mode, degrees and sizes) come from it.
  */
 import { RealEnv, type Env } from '../util/env.ts';
 import { DporSearch, type DporSystem } from './dpor.ts';
@@ -36,12 +37,13 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
   const depth = o.dporDepth ?? DPOR_DEPTH_DEFAULT;
   const maxSchedules = o.maxSchedules ?? DPOR_MAX_SCHEDULES_DEFAULT;
   const coverage: OrderCounts = {};
+  const worldSeed = o.seed ?? 0;
   const system: DporSystem<Violation[]> = {
     execute: async (chooser) => {
       const world = await SimWorld.create({
         scenario: o.scenario,
         preset: o.model ?? DEFAULT_SIM_PRESET,
-        seed: 0,
+        seed: worldSeed,
         strategy: 'dpor',
         ...(o.mutant ? { mutant: o.mutant } : {}),
         faults: false,
@@ -85,7 +87,9 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
     violations,
     firstFailingSeed: first?.n ?? null,
     replay:
-      first === null ? null : replayCommand({ ...o, strategy: 'dpor', faults: false, schedule: first.schedule }, 0),
+      first === null
+        ? null
+        : replayCommand({ ...o, strategy: 'dpor', faults: false, schedule: first.schedule }, worldSeed),
     schedulesPerSec: Math.round((stats.schedules / seconds) * 100) / 100,
     schedules: stats.schedules,
     // Every execution differs from the earlier ones at its branch node.

@@ -24,7 +24,8 @@
  *                    prefix (prefix hits on both sides) plus 3-40 tokens, so transfers end mid-page on
  *                    either side; the second has 2-8 (mod 32) tokens in all, so whenever decode's pages
  *                    are the larger, its last decode page is filled only in part (a clipped tail), on
- *                    Mamba models (prefill computes N-1) too
+ *                    Mamba models (prefill computes N-1) too; a world of one request (DPOR's) gets the
+ *                    second's kind, so it has the clipped tail
  *
  *   hetero-tp        prefill and decode of different tensor parallel degrees (issue 14): unless the
  *                    options name them, P TP 2 / D TP 1 or P TP 1 / D TP 2 drawn from the seed, and with
@@ -173,11 +174,13 @@ function scenarioRequests(name: ScenarioName, rng: SeededRng, n: number, vocab: 
       len = 16 * (1 + rng.int(4)); // page aligned: decode's lookahead adds a tail page
     else len = 5 + rng.int(70);
     // Draws stay in the order each scenario was measured with (the bug zoo's seed bounds depend on it).
-    const heteroSuffix = !hetero ? 0 : index === 1 ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
+    // A lone request (`--requests 1`, DPOR's worlds) is the second's kind: its clipped tail is the world's only one.
+    const tailed = index === 1 || (n === 1 && name !== 'hetero-hit');
+    const heteroSuffix = !hetero ? 0 : tailed ? 32 * rng.int(2) + 2 + rng.int(7) : 3 + rng.int(38);
     const tokens =
       name === 'prefix-hit'
         ? [...prefix, ...prompt(rng, 3 + rng.int(28), vocab)]
-        : hetero && (index > 0 || name === 'hetero-hit')
+        : hetero && (index > 0 || name === 'hetero-hit' || tailed)
           ? [...prefix, ...prompt(rng, heteroSuffix, vocab)]
           : name === 'xpyd'
             ? [...(xpydPrefixes[rng.int(2)] as number[]), ...prompt(rng, 3 + rng.int(30), vocab)]

@@ -89,7 +89,8 @@ export interface Action {
 export const DEFAULT_MAX_STEPS = 20_000;
 export const DEFAULT_MAX_VIRTUAL_MS = 20_000;
 
-const worldSeed = (o: WorldOptions): number => (o.strategy === 'dfs' || o.strategy === 'dpor' ? 0 : o.seed);
+/** dfs numbers the schedules of world 0; dpor explores world `seed` (its schedules are numbered apart). */
+const worldSeed = (o: WorldOptions): number => (o.strategy === 'dfs' ? 0 : o.seed);
 
 const settle = (): Promise<void> => new Promise((resolve) => process.nextTick(resolve));
 
