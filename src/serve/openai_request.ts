@@ -54,10 +54,14 @@ export interface RequestLimits {
 /** The prompt before tokenizing: text (and the field it came from) or token ids as given. */
 export type PromptInput = { text: string; param: string } | { ids: number[]; param: string };
 
-/** Everything but the prompt's tokens; `askedMaxTokens` null = the endpoint's default. */
+/**
+ * Everything but the prompt's tokens; `askedMaxTokens` null = the endpoint's default: at most
+ * `defaultMaxTokens` (null: the rest of the context).
+ */
 export interface ValidatedRequest extends Omit<ApiRequest, 'promptTokenIds' | 'maxTokens'> {
   prompt: PromptInput;
   askedMaxTokens: number | null;
+  defaultMaxTokens: number | null;
 }
 
 /** OpenAI's legacy default for /v1/completions. */
@@ -81,7 +85,8 @@ const common = {
   max_completion_tokens: z.number().int().min(1).nullish(),
   temperature: z.number().min(0).max(2).nullish(),
   top_p: z.number().gt(0).max(1).nullish(),
-  top_k: z.number().int().min(-1).max(VOCAB_SIZE).nullish(),
+  // vLLM refuses only top_k < -1; any top_k outside (0, vocab size) means no top-k.
+  top_k: z.number().int().min(-1).nullish(),
   seed: z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER).nullish(),
   stop: z
     .union([z.string().min(1).max(textMax), z.array(z.string().min(1).max(textMax)).max(16)], {
@@ -186,13 +191,18 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
       askedParam,
       `${askedParam} must be in [1, ${limits.maxModelLen}] (the model's maximum length), got ${asked}`,
     );
+  // vLLM: a completion's max_tokens defaults to 16 when absent; null (either endpoint) is the rest of the
+  // context (get_max_tokens), so only an absent max_tokens caps a completion at 16.
+  const defaultMaxTokens =
+    kind === 'completion' && raw['max_tokens'] === undefined ? DEFAULT_COMPLETION_MAX_TOKENS : null;
   const logprobs = kind === 'chat' ? b.logprobs === true : b.logprobs !== null && b.logprobs !== undefined;
-  const topK = b.top_k === null || b.top_k === undefined || b.top_k <= 0 ? undefined : b.top_k;
+  const topK = b.top_k === null || b.top_k === undefined || b.top_k <= 0 || b.top_k >= VOCAB_SIZE ? undefined : b.top_k;
   return {
     kind,
     model: b.model ?? null,
     prompt,
     askedMaxTokens: asked,
+    defaultMaxTokens,
     temperature: b.temperature ?? 1,
     topP: b.top_p ?? undefined,
     topK,
@@ -211,12 +221,12 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
 
 /** Step 2 (sync): the request with its prompt's token ids; checks they fit the model with max_tokens. */
 export function tokenizedApiRequest(v: ValidatedRequest, promptTokenIds: number[], limits: RequestLimits): ApiRequest {
-  const { prompt, askedMaxTokens, ...rest } = v;
+  const { prompt, askedMaxTokens, defaultMaxTokens, ...rest } = v;
   if (promptTokenIds.length === 0) throw bad(prompt.param, 'the prompt is empty after tokenization');
   checkPromptTokens(promptTokenIds.length, prompt.param, limits);
   const room = limits.maxModelLen - promptTokenIds.length;
-  // Chat defaults to the rest of the context like vLLM; completions to OpenAI's 16.
-  const maxTokens = askedMaxTokens ?? (v.kind === 'chat' ? room : Math.min(DEFAULT_COMPLETION_MAX_TOKENS, room));
+  // Chat defaults to the rest of the context like vLLM; completions to OpenAI's 16 (when max_tokens is absent).
+  const maxTokens = askedMaxTokens ?? Math.min(defaultMaxTokens ?? room, room);
   if (promptTokenIds.length + maxTokens > limits.maxModelLen) {
     throw new HandoffError(
       'PROMPT_TOO_LONG',
