@@ -18,8 +18,23 @@ export const MAX_BODY_BYTES = 4 << 20;
 const REQUEST_ID_RE = new RegExp(`^[A-Za-z0-9._:@-]{1,${REQUEST_ID_MAX}}$`);
 const utf8Strict = new TextDecoder('utf-8', { fatal: true });
 
+/**
+ * BAD_REQUEST unless the body is declared JSON (`application/json`, `application/<x>+json`) or not declared
+ * at all, as vLLM's FastAPI takes it. A web page can make a browser POST `text/plain`, form or multipart
+ * bodies anywhere without asking (no CORS preflight): parsed as JSON anyway, any page its user visited ran
+ * completions, cancels and releases on a server without an API key (FastAPI's CVE-2021-32677).
+ */
+function checkJsonContentType(req: IncomingMessage): void {
+  const declared = req.headers['content-type'];
+  if (declared === undefined || declared.trim() === '') return;
+  const type = (declared.split(';')[0] ?? '').trim().toLowerCase();
+  if (type === 'application/json' || /^application\/[^/\s]+\+json$/.test(type)) return;
+  throw new HandoffError('BAD_REQUEST', `Content-Type must be application/json, got '${declared.slice(0, 80)}'`);
+}
+
 /** Read the whole body (bounded) and parse it as a JSON object; BAD_REQUEST otherwise. */
 export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
+  checkJsonContentType(req);
   const chunks: Buffer[] = [];
   let total = 0;
   try {

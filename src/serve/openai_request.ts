@@ -176,10 +176,13 @@ export function validateApiRequest(kind: ApiKind, body: unknown, limits: Request
   let prompt: PromptInput;
   if (completionPrompt !== null) prompt = completionPrompt;
   else {
-    const messages = (b as z.infer<typeof chatSchema>).messages.map((m) => ({
+    const messages = (b as z.infer<typeof chatSchema>).messages.map((m, i) => ({
       role: m.role,
       // Text parts joined by a newline, as vLLM does for a string chat template (chat_utils.py).
-      content: typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('\n'),
+      content: wholeText(
+        typeof m.content === 'string' ? m.content : m.content.map((t) => t.text).join('\n'),
+        `messages[${i}].content`,
+      ),
     }));
     prompt = checkedText(applyChatTemplate(messages), 'messages', limits);
   }
@@ -273,7 +276,19 @@ function checkedText(text: string, param: string, limits: RequestLimits): Prompt
       { param },
     );
   }
-  return { text, param };
+  return { text: wholeText(text, param), param };
+}
+
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/**
+ * `text` if it is whole characters. A JSON escape of half a surrogate pair (`"\ud83d"`) passes the body's
+ * UTF-8 check but is no text: tokenized (UTF-8 encoded) it became U+FFFD, another prompt than the one sent.
+ */
+function wholeText(text: string, param: string): string {
+  if (LONE_SURROGATE.test(text))
+    throw bad(param, `${param} holds a lone UTF-16 surrogate (half of a pair, e.g. "\\ud83d"): it is not text`);
+  return text;
 }
 
 /** /v1/completions `prompt`: a string, token ids, or a batch of exactly one of those. */
