@@ -32,18 +32,29 @@ function checkJsonContentType(req: IncomingMessage): void {
   throw new HandoffError('BAD_REQUEST', `Content-Type must be application/json, got '${declared.slice(0, 80)}'`);
 }
 
+/**
+ * A body past its limit is still read to its end (and dropped), up to this many bytes, before the 400 goes
+ * out: a reply sent while the client was still sending, its socket then destroyed under unread bytes, met
+ * the client's next write as a reset (EPIPE), and the client never read the 400. Past this the connection
+ * is cut.
+ */
+export const DRAIN_MAX_BYTES = 64 << 20;
+
 /** Read the whole body (bounded) and parse it as a JSON object; BAD_REQUEST otherwise. */
 export async function readJsonBody(req: IncomingMessage, maxBytes = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
   checkJsonContentType(req);
+  const tooLarge = (): HandoffError => new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
+  if (Number(req.headers['content-length']) > DRAIN_MAX_BYTES) throw tooLarge();
   const chunks: Buffer[] = [];
   let total = 0;
   try {
     for await (const chunk of req) {
       const b = chunk as Buffer;
       total += b.length;
-      if (total > maxBytes) throw new HandoffError('BAD_REQUEST', `request body is larger than ${maxBytes} bytes`);
-      chunks.push(b);
+      if (total > DRAIN_MAX_BYTES) throw tooLarge();
+      if (total <= maxBytes) chunks.push(b);
     }
+    if (total > maxBytes) throw tooLarge();
   } catch (e) {
     // The client went away mid-body (the socket's "aborted" error): its doing, not an internal error.
     if (isHandoffError(e) || !req.destroyed) throw e;
