@@ -61,13 +61,17 @@ test('a JSON answer its client never reads (dropped unsent) is not counted ok', 
       `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n` +
         `content-length: ${body.length}\r\n\r\n${body}`,
     );
-    // The proxy drops the connection once the client took nothing for clientStallMs (a paused socket
-    // sees the close only once resumed).
-    await env.sleep(2500);
+    // The proxy drops the connection once the client took nothing for clientStallMs, and counts the
+    // outcome then (waited for: a loaded machine takes seconds to move 6 MiB through the proxy). A paused
+    // socket sees the close only once resumed.
+    let seen = await outcomes(port);
+    for (let k = 0; k < 600 && Object.keys(seen).length === 0; k++) {
+      await env.sleep(50);
+      seen = await outcomes(port);
+    }
     sock.resume();
-    for (let k = 0; k < 300 && !closed; k++) await env.sleep(10);
+    for (let k = 0; k < 1000 && !closed; k++) await env.sleep(10);
     assert.equal(closed, true, 'the proxy dropped the unread answer');
-    const seen = await outcomes(port);
     assert.deepEqual(seen, { client_abort: 1 }, `outcomes: ${JSON.stringify(seen)}`);
 
     // A client that reads its answer: ok.
