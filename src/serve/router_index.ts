@@ -63,7 +63,10 @@ function pendingOf(batch: KvEventBatch): PendingBatch {
 }
 
 export interface RouterIndexOptions {
-  /** The bug zoo's switch (simulator only): `kv-index-ignores-seq` applies batches as they arrive. */
+  /**
+   * The bug zoo's switches (simulator only): `kv-index-ignores-seq` applies batches as they arrive,
+   * `kv-index-ignores-removed` drops BlockRemoved events.
+   */
   mutant?: MutantName;
   /** Out-of-order batches held per instance before asking for a dump (0: any gap asks at once). */
   maxPending: number;
@@ -78,10 +81,12 @@ export class RouterIndex {
   private readonly holders = new Map<BlockHash, Set<string>>();
   stats = { applied: 0, duplicates: 0, buffered: 0, dumps: 0, epochs: 0 };
   private readonly bySeq: boolean;
+  private readonly removes: boolean;
 
   constructor(private readonly opts: RouterIndexOptions = DEFAULT_ROUTER_INDEX_OPTIONS) {
     assert(Number.isInteger(opts.maxPending) && opts.maxPending >= 0, 'maxPending is a count');
     this.bySeq = mutationsFor(opts.mutant).orderKvEventsBySeq;
+    this.removes = mutationsFor(opts.mutant).applyKvBlockRemoved;
   }
 
   private state(key: string): InstanceState {
@@ -264,7 +269,7 @@ export class RouterIndex {
     for (const ev of events) {
       if (ev.type === 'AllBlocksCleared') this.clearHashes(key, st);
       else if (ev.type === 'BlockStored') for (const h of ev.block_hashes) this.add(key, st, h);
-      else for (const h of ev.block_hashes) this.remove(key, st, h);
+      else if (this.removes) for (const h of ev.block_hashes) this.remove(key, st, h);
     }
     this.stats.applied++;
   }

@@ -45,12 +45,20 @@
  *   xpyd             2 prefills + 2 decodes behind the KV-aware router (serve/kv_router.ts), whose index
  *                    follows every instance's KV events through a channel that loses, duplicates and
  *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
- *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts)
+ *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts); decode pools small
+ *                    enough to evict, so some are routed on pages a decode no longer holds
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { BLOCK_SIZE, checkTensorParallelSize, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import {
+  BLOCK_SIZE,
+  checkTensorParallelSize,
+  isBlockSize,
+  kvTwin,
+  presetKVGroups,
+  type ModelPreset,
+} from '../kv/presets.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -329,6 +337,26 @@ function pagesFor(pages16: number, blockSize: number): number {
   return 1 + Math.ceil(((pages16 - 1) * BLOCK_SIZE) / blockSize);
 }
 
+/**
+ * xpyd's decode pools: room for the longest request and no more (at decode's page size, every KV group,
+ * lookahead included, + the null page), so decodes evict prefixes the index may still count and some
+ * decode-only requests reach a decode that lost its prefix. With 64 pages nothing was ever evicted: no
+ * BlockRemoved, no stale claim, and an index that ignored BlockRemoved passed (sim/xpyd_eviction.test.ts).
+ */
+function xpydDecodePages(
+  preset: ModelPreset,
+  requests: SimRequestSpec[],
+  blockSize: number,
+  lookahead: number,
+): number {
+  const longest = Math.max(...requests.map((r) => r.promptTokenIds.length + r.sampling.maxTokens));
+  const perGroup = (type: string): number => (type === 'mamba' ? 1 : Math.ceil((longest + lookahead) / blockSize));
+  return 1 + presetKVGroups(preset, blockSize).reduce((n, g) => n + perGroup(g.spec.type), 0);
+}
+
+/** Lookahead slots decode reserves (like MTP) in every scenario but `preempt`. */
+const DECODE_LOOKAHEAD = 4;
+
 /** Requests per world where a scenario wants other than 3. */
 const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
   preempt: 4,
@@ -337,7 +365,7 @@ const DEFAULT_REQUESTS: Partial<Record<ScenarioName, number>> = {
   'hetero-tp': 4,
   'hetero-hit': 4,
   'tight-write': 8,
-  xpyd: 6,
+  xpyd: 8,
 };
 
 /** Tensor parallel degrees [prefill, decode] (each dividing the shards) and block sizes, or BAD_CONFIG. */
@@ -382,7 +410,7 @@ export function buildScenario(
     maxNumSeqs: 8,
     maxNumBatchedTokens: chunk,
     // Decode reserves lookahead slots (like MTP): a prompt ending on a page boundary gets a tail page.
-    numLookaheadTokens: role === 'consumer' && name !== 'preempt' ? 4 : 0,
+    numLookaheadTokens: role === 'consumer' && name !== 'preempt' ? DECODE_LOOKAHEAD : 0,
     ...(mutant === 'free-on-abort' ? { mutant } : {}),
     ...(role === 'consumer' && failurePolicy !== null ? { kvLoadFailurePolicy: failurePolicy } : {}),
   });
@@ -400,7 +428,10 @@ export function buildScenario(
       connector: connector('producer'),
     },
     decode: {
-      numBlocks: pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
+      numBlocks:
+        name === 'xpyd'
+          ? xpydDecodePages(preset, requests, decodeBs, DECODE_LOOKAHEAD)
+          : pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
       blockSize: decodeBs,
       tensorParallelSize: decodeTp,
       scheduler: sched('consumer'),

@@ -47,7 +47,17 @@ export class XpydRouting {
   private readonly rng: SeededRng;
   private restarting: string | null = null;
   private nextKey = 0;
-  stats = { batches: 0, delivered: 0, dropped: 0, duplicated: 0, dumps: 0, restarts: 0, decodeOnly: 0, stale: 0 };
+  stats = {
+    batches: 0,
+    delivered: 0,
+    dropped: 0,
+    duplicated: 0,
+    dumps: 0,
+    restarts: 0,
+    decodeOnly: 0,
+    stale: 0,
+    decodeOnlyStale: 0,
+  };
 
   private constructor(
     private readonly w: SimWorld,
@@ -185,6 +195,8 @@ export class XpydRouting {
         ),
       );
       if (gone.length === 0) continue;
+      // Decode-only on pages decode lost: it prefills the prompt itself (pd-equals-colocated judges the answer).
+      if (d.prefill === null) this.stats.decodeOnlyStale++;
       if (!this.caughtUp(m.url)) this.stats.stale++;
       else
         this.w.violate(

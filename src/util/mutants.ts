@@ -22,6 +22,8 @@ export const MUTANTS = {
     'a decode page only partly filled by the transfer (larger than the prefill pages it receives) keeps the stale bytes past the transferred tokens: the zeroing after the load is forgotten',
   'kv-index-ignores-seq':
     'the router applies KV event batches as they arrive (no sequence order, no gap detection, no dump)',
+  'kv-index-ignores-removed':
+    'the router index drops BlockRemoved events: a page the instance evicted stays counted as a prefix hit',
   'head-layout-mismatch':
     'between TP degrees the mapper takes pages as head-major (HND) instead of token-major (NHD): wrong strides (TRT-LLM #6507)',
   'tp-slice-off-by-one': 'between TP degrees a decode rank gets the neighbour rank’s head slice (offset by one slice)',
@@ -80,6 +82,8 @@ export interface Mutations {
   readonly releaseUnusedLoads: boolean;
   /** Router index: batches apply in sequence order; a gap or a heartbeat ahead of it asks for a dump. */
   readonly orderKvEventsBySeq: boolean;
+  /** Router index: a BlockRemoved event takes its hashes out of the instance's set. */
+  readonly applyKvBlockRemoved: boolean;
   /**
    * READ consumer and WRITE producer: how the map between tensor parallel degrees goes wrong (kv/tp_map.ts
    * TpMapFaults). Correct: {} (token-major pages, each destination slice from its own source slice).
@@ -115,6 +119,7 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   zeroClippedTails: true,
   releaseUnusedLoads: true,
   orderKvEventsBySeq: true,
+  applyKvBlockRemoved: true,
   tpMapFaults: {},
   awaitAbortOfFailedRead: true,
   releaseNamesTransfer: true,
@@ -143,6 +148,7 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'leak-on-cancel': { releaseUnusedLoads: false },
   'clip-tail-not-zeroed': { zeroClippedTails: false },
   'kv-index-ignores-seq': { orderKvEventsBySeq: false },
+  'kv-index-ignores-removed': { applyKvBlockRemoved: false },
   'head-layout-mismatch': { tpMapFaults: { headMajor: true } },
   'tp-slice-off-by-one': { tpMapFaults: { sliceShift: 1 } },
   'abort-not-awaited': { awaitAbortOfFailedRead: false },
