@@ -158,19 +158,22 @@ export class TcpPlane {
       this.laned.delete(wrId);
       return this.ctx.complete(wrId, null, '');
     }
-    // One part failed: the others must stop writing before the READ ends.
+    // One part failed: the others must stop writing before the READ ends. They were posted with it, so
+    // no byte of theirs yet is no sign of a stalled link: their connections (and the other READs they
+    // carry) stay.
     l.failing = true;
-    this.abort(wrId, () => this.ctx.complete(wrId, code, message));
+    this.abort(wrId, () => this.ctx.complete(wrId, code, message), false);
   }
 
   /**
    * Stop writing local memory for `wrId` (whichever connection carries it); `ack` runs once nothing more
    * is written for it (at once, unless the socket's next read is already aimed at its pages). A connection on which
-   * nothing arrived since that READ was posted is dropped: after a link cut TCP can sit in
-   * retransmission backoff for tens of seconds once the link is back, and every later request would
-   * wait behind it; the next work request opens a fresh connection instead.
+   * nothing arrived since that READ was posted (a while ago: ClientConn.abort) is dropped: after a link cut
+   * TCP can sit in retransmission backoff for tens of seconds once the link is back, and every later request
+   * would wait behind it; the next work request opens a fresh connection instead. `dropStalled` false: none
+   * is dropped for that (the other parts of a laned READ one of whose parts failed).
    */
-  abort(wrId: number, ack: () => void): void {
+  abort(wrId: number, ack: () => void, dropStalled = true): void {
     let waiting = 1;
     const settle = (): void => {
       if (--waiting > 0) return;
@@ -178,7 +181,7 @@ export class TcpPlane {
       ack();
     };
     for (const c of [...[...this.clients.values()].flat(), ...this.retired]) {
-      const state = c.abort(wrId);
+      const state = c.abort(wrId, dropStalled);
       if (state === 'stalled') {
         this.unlist(c);
         c.destroy(

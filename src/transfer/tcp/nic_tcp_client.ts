@@ -41,7 +41,7 @@ const ABORT_STALL_MS = 1000;
 const STILL_MS = 250;
 
 export class ClientConn extends Conn {
-  private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number }>();
+  private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number; postedAtMs: number }>();
   /** Aborted READs whose bytes may still arrive: skipped, never written. */
   private readonly discard = new Map<number, RangeStream>();
   private readonly writes = new Set<number>();
@@ -178,7 +178,11 @@ export class ClientConn extends Conn {
     };
     this.lastMoveMs = performance.now();
     if (wr.kind === 'read') {
-      this.reads.set(wr.wrId, { stream: new RangeStream(sideOf(ranges, 'local')), bytesInAtPost: this.bytesIn });
+      this.reads.set(wr.wrId, {
+        stream: new RangeStream(sideOf(ranges, 'local')),
+        bytesInAtPost: this.bytesIn,
+        postedAtMs: performance.now(),
+      });
       this.send({ type: 'read', ...frame });
     } else {
       this.writes.add(wr.wrId);
@@ -189,11 +193,11 @@ export class ClientConn extends Conn {
 
   /**
    * Stop writing our slabs for `wrId`. 'done': nothing more is written for it. 'stalled': it was a READ
-   * and not one byte arrived on this connection since it was posted (the caller drops the connection,
-   * which stops everything). 'armed': the socket's next read still lands in its pages; whenDisarmed()
-   * tells when it no longer does.
+   * and not one byte arrived on this connection since it was posted, STILL_MS or more ago (the caller
+   * drops the connection, which stops everything). 'armed': the socket's next read still lands in its
+   * pages; whenDisarmed() tells when it no longer does. Never 'stalled' when `detectStall` is false.
    */
-  abort(wrId: number): 'done' | 'stalled' | 'armed' {
+  abort(wrId: number, detectStall = true): 'done' | 'stalled' | 'armed' {
     const r = this.reads.get(wrId);
     if (r !== undefined) {
       this.reads.delete(wrId);
@@ -201,7 +205,16 @@ export class ClientConn extends Conn {
     }
     const wasWrite = this.writes.delete(wrId);
     if (wasWrite) this.cancelWrite(wrId);
-    if (r !== undefined && this.bytesIn === r.bytesInAtPost) return 'stalled';
+    // Silence proves a stall only after a while: a READ aborted within a round trip of its post (its reply
+    // could not have come yet) says nothing of the link, and dropping it failed the READs beside it. A
+    // link that is stalled after all is dropped by the watch below (watchStall).
+    if (
+      detectStall &&
+      r !== undefined &&
+      this.bytesIn === r.bytesInAtPost &&
+      performance.now() - r.postedAtMs >= STILL_MS
+    )
+      return 'stalled';
     if (r !== undefined || wasWrite) {
       this.watchStall();
       if (performance.now() - this.lastMoveMs >= STILL_MS) this.retiring = true;
