@@ -111,6 +111,17 @@ export function anyPresetFlag(v: unknown): ModelPreset {
   return s;
 }
 
+/**
+ * An interface to listen on: an empty one ('', or an unset variable in `--host "$HOST"`) is refused; Node
+ * took it as every interface (the HTTP port, and serve's KV side channel and data plane with it).
+ */
+export function hostFlag(name: string, v: unknown): string {
+  const s = String(v ?? '').trim();
+  if (s === '')
+    throw new HandoffError('BAD_CONFIG', `--${name} must name an interface (e.g. 127.0.0.1, or 0.0.0.0 for all)`);
+  return s;
+}
+
 export function portFlag(name: string, v: unknown): number {
   return intFlag(name, v, 0, 65535);
 }

@@ -8,7 +8,16 @@ import { configureLogs, createLogger } from '../util/log.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
 import { DEFAULT_PROXY_OPTIONS, Proxy, type ProxyOptions } from '../serve/proxy.ts';
 import { PROXY_DRAIN_MS } from '../serve/proxy_drain.ts';
-import { choiceFlag, intFlag, LOG_FORMAT_HELP, logFormatFlag, numberFlag, portFlag, urlListFlag } from './flags.ts';
+import {
+  choiceFlag,
+  hostFlag,
+  intFlag,
+  LOG_FORMAT_HELP,
+  logFormatFlag,
+  numberFlag,
+  portFlag,
+  urlListFlag,
+} from './flags.ts';
 import { DEFAULT_KV_ROUTER_OPTIONS, type KvRouterOptions } from '../serve/kv_router.ts';
 import { onShutdown } from './lifecycle.ts';
 import { secretFlag } from './serve.ts';
@@ -50,10 +59,10 @@ export function registerProxy(program: Command): void {
     .action(async (o: Opts) => {
       configureLogs({ format: logFormatFlag(o['logFormat']) });
       const opts = proxyOptionsFrom(o);
+      const host = hostFlag('host', o['host']);
       const env = new RealEnv();
       const log = createLogger('proxy');
       const proxy = new Proxy(opts, env, log);
-      const host = String(o['host']);
       const port = await proxy.listen(portFlag('port', o['port']), host);
       await proxy.start();
       const managed = o['exitWithParent'] === true;

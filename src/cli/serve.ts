@@ -10,6 +10,7 @@ import { DEFAULT_INSTANCE_OPTIONS, startInstance, type Instance, type InstanceOp
 import {
   blockSizeFlag,
   choiceFlag,
+  hostFlag,
   intFlag,
   LOG_FORMAT_HELP,
   logFormatFlag,
@@ -121,7 +122,7 @@ function printReady(inst: Instance, opts: InstanceOptions, json: boolean): void 
 }
 
 export function serveOptionsFrom(o: Opts): InstanceOptions {
-  const host = String(o['host']);
+  const host = hostFlag('host', o['host']);
   const wildcard = host === '0.0.0.0' || host === '::';
   const scheduler: InstanceOptions['scheduler'] = {};
   const seqs = optionalInt('max-num-seqs', o['maxNumSeqs'], 1, 4096);
@@ -140,7 +141,12 @@ export function serveOptionsFrom(o: Opts): InstanceOptions {
     blockSize: blockSizeFlag(o['blockSize']),
     tensorParallelSize: tensorParallelFlag(presetFlag(o['model']), o['tensorParallelSize']),
     kvTransferConfig: typeof o['kvTransferConfig'] === 'string' ? o['kvTransferConfig'] : null,
-    transferHost: typeof o['transferHost'] === 'string' ? o['transferHost'] : wildcard ? '127.0.0.1' : host,
+    transferHost:
+      typeof o['transferHost'] === 'string'
+        ? hostFlag('transfer-host', o['transferHost'])
+        : wildcard
+          ? '127.0.0.1'
+          : host,
     transferPort: portFlag('transfer-port', o['transferPort']),
     transferDataPort: portFlag('transfer-data-port', o['transferDataPort']),
     modelSeed: intFlag('seed', o['seed'], 0, 2 ** 32 - 1),

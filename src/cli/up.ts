@@ -12,6 +12,7 @@ import { configureLogs, createLogger, currentLogFormat, type LogFormat } from '.
 import {
   blockSizeFlag,
   choiceFlag,
+  hostFlag,
   intFlag,
   LOG_FORMAT_HELP,
   logFormatFlag,
@@ -33,6 +34,15 @@ import type { ModelPreset } from '../kv/presets.ts';
 import { HandoffError } from '../util/errors.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
+
+/**
+ * Status lines on stdout, whose reader may be gone (`handoff up | tee up.log` and Ctrl-C: tee dies with the
+ * process group): a lost status line is no reason to crash with an EPIPE stack before the proxy drained.
+ */
+function statusLines(): (s: string) => void {
+  process.stdout.on('error', () => {});
+  return (s) => void process.stdout.write(`${s}\n`);
+}
 
 /** Configure the `up` command main.ts declares (flags and action). */
 export function configureUp(up: Command): void {
@@ -65,7 +75,7 @@ export function configureUp(up: Command): void {
       const tp = pdTensorParallelFlags(preset, o);
       const mode = modeFlag(preset, o['mode']);
       const port = portFlag('port', o['port']);
-      const host = String(o['host']);
+      const host = hostFlag('host', o['host']);
       const apiKey = secretFlag(o['apiKey'], 'HANDOFF_API_KEY');
       const numPrefill = intFlag('prefill', o['prefill'], 1, 16);
       const numDecode = intFlag('decode', o['decode'], 1, 16);
@@ -73,7 +83,7 @@ export function configureUp(up: Command): void {
       const router = routerFlags(o);
       const env = new RealEnv();
       const log = createLogger('up');
-      const out = (s: string): void => void process.stdout.write(`${s}\n`);
+      const out = statusLines();
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       const what = numPrefill + numDecode === 2 ? 'prefill and decode' : `${numPrefill} prefill + ${numDecode} decode`;
       const tpNote = tpNoteOf(tp);
