@@ -152,7 +152,7 @@ export class Generation {
       piece.tokenTexts.push(tokenText);
       piece.logprobs.push(o.newLogprobs[i] ?? null);
       piece.textOffsets.push(this.charsSoFar);
-      this.charsSoFar += tokenText.length;
+      this.charsSoFar += codePoints(tokenText); // vLLM's offsets are Python str lengths
       // Like vLLM: the stop token counts but its text is not returned, unless include_stop_str_in_output
       // asks for it (EOS is a special token: skipped either way).
       if (isStopToken && !(this.api.includeStopStr && id !== EOS_TOKEN_ID)) return;
@@ -235,4 +235,20 @@ export class Generation {
   private usage(): Usage {
     return usageOf(this.api.promptTokenIds.length, this.completionTokens);
   }
+}
+
+/** Characters in `s` as Python counts them (code points): a surrogate pair is one. */
+function codePoints(s: string): number {
+  let n = s.length;
+  for (let i = 0; i + 1 < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        n--;
+        i++;
+      }
+    }
+  }
+  return n;
 }
