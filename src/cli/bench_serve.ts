@@ -7,6 +7,7 @@
  * `--json` prints exactly {requests, ttftMsP50, ttftMsP99, itlMsP50, itlMsP99, tokensPerSec, errors}
  * and so needs one target (--url or --target; with xpyd, one --policy).
  */
+import { interruptOnSigint } from './lifecycle.ts';
 import type { Command } from 'commander';
 import cliProgress from 'cli-progress';
 import { RealEnv, type Env } from '../util/env.ts';
@@ -75,21 +76,20 @@ export function registerBenchServe(program: Command): void {
       const spec = loadSpecFrom(o, preset, target);
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
       const maxModelLen = maxModelLenFlag(o, spec);
-      const interrupt = interruptOnSigint();
+      const interrupt = interruptOnSigint('interrupted: the summary is of the requests that completed');
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
-          runLoad({ ...spec, url: u, model }, env, tick, interrupt.signal).then((r) => r.result),
+          runLoad({ ...spec, url: u, model }, env, tick, interrupt).then((r) => r.result),
         );
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
       checkNumBlocksHoldARequest(preset, Number(numBlocks), { prefill: undefined, decode: undefined }, +maxModelLen);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
-      if (target === 'xpyd')
-        return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset), interrupt.signal));
+      if (target === 'xpyd') return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset), interrupt));
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Row[] = [];
       for (const t of targets) {
-        if (rows.length > 0 && interrupt.signal.aborted) break; // Ctrl-C: no next deployment
+        if (rows.length > 0 && interrupt.aborted) break; // Ctrl-C: no next deployment
         rows.push({
           label: t === 'pd' ? `P/D (${mode})` : 'colocated',
           ...(await onStarted(t, started, env, (u) => run(u, t, preset))),
@@ -97,20 +97,6 @@ export function registerBenchServe(program: Command): void {
       }
       print(o, rows);
     });
-}
-
-/**
- * Ctrl-C: the load stops and the summary is of the requests that completed (a second Ctrl-C: Node's
- * default, out at once). Children ignore SIGINT (their parent stops them).
- */
-function interruptOnSigint(): AbortController {
-  const interrupt = new AbortController();
-  process.once('SIGINT', () => {
-    process.stderr.write('\ninterrupted: the summary is of the requests that completed\n');
-    process.exitCode = 130;
-    interrupt.abort();
-  });
-  return interrupt;
 }
 
 /** Decode's KV READ latency (post → all landed, per request; its /metrics histogram): mean and count. */

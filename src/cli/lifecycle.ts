@@ -51,3 +51,18 @@ export function onShutdown(stop: () => Promise<void>, opts: ShutdownOptions): vo
   process.stdout.on('error', () => run('parent gone'));
   process.stdin.resume();
 }
+
+/**
+ * The user's Ctrl-C as a signal: a load stops and its summary is of what completed (exit code 130, unless
+ * the caller sets a worse one). A second Ctrl-C is Node's default, out at once. The servers such a
+ * command started ignore SIGINT: it stops them.
+ */
+export function interruptOnSigint(note: string): AbortSignal {
+  const interrupt = new AbortController();
+  process.once('SIGINT', () => {
+    process.stderr.write(`\n${note}\n`);
+    process.exitCode = 130;
+    interrupt.abort();
+  });
+  return interrupt.signal;
+}

@@ -7,6 +7,7 @@
  * client after a drawn delay (0-400 ms: before prefill, during the transfer, during decode): those are
  * not compared, and every check above still holds for the rest and for the pages.
  */
+import { interruptOnSigint } from './lifecycle.ts';
 import type { Command } from 'commander';
 import { rethrowIfAssertion } from '../util/assert.ts';
 import { RealEnv, SeededRng, type Env } from '../util/env.ts';
@@ -242,13 +243,8 @@ export function registerSoak(program: Command): void {
       const preset = presetFlag(opts['model']);
       const numBlocks = intFlag('num-blocks', opts['numBlocks'], 16, 1 << 20);
       checkNumBlocksHoldARequest(preset, numBlocks, { prefill: undefined, decode: undefined });
-      // Ctrl-C: the load ends, the end checks run on what ran and the summary is printed (a second Ctrl-C:
-      // Node's default, out at once). The servers it started ignore SIGINT: it stops them.
-      const interrupt = new AbortController();
-      process.once('SIGINT', () => {
-        process.stderr.write('\nsoak: interrupted; checking and summing up what ran\n');
-        interrupt.abort();
-      });
+      // Ctrl-C: the load ends, the end checks still run on what ran.
+      const interrupt = interruptOnSigint('soak: interrupted; checking and summing up what ran');
       const r = await runSoak(
         {
           preset,
@@ -265,17 +261,16 @@ export function registerSoak(program: Command): void {
           lastPrint = env.nowMs();
           process.stderr.write(`soak: ${done} requests, ${errors} errors, ${mismatches} mismatches\n`);
         },
-        interrupt.signal,
+        interrupt,
       );
       const ok = r.errors === 0 && r.mismatches === 0 && r.prefillPagesBack && r.decodePagesBack && r.races === 0;
       if (opts['json']) process.stdout.write(`${JSON.stringify({ ...r, ok })}\n`);
       else
         process.stdout.write(
-          `soak ${ok ? 'PASS' : 'FAIL'}${interrupt.signal.aborted ? ' (interrupted)' : ''}: ${r.requests} requests (${r.aborted} abandoned) in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
+          `soak ${ok ? 'PASS' : 'FAIL'}${interrupt.aborted ? ' (interrupted)' : ''}: ${r.requests} requests (${r.aborted} abandoned) in ${r.durationS.toFixed(0)} s, ${r.errors} errors, ${r.mismatches} P/D≠colocated, ` +
             `pages back: prefill ${r.prefillPagesBack} decode ${r.decodePagesBack}, races ${r.races}, ${r.tokensPerSec.toFixed(1)} output tok/s` +
             `${r.firstProblem ? `\n  first problem: ${r.firstProblem}` : ''}\n`,
         );
       if (!ok) process.exitCode = 1;
-      else if (interrupt.signal.aborted) process.exitCode = 130;
     });
 }

@@ -239,16 +239,7 @@ export class Generation {
 
 /** Characters in `s` as Python counts them (code points): a surrogate pair is one. */
 function codePoints(s: string): number {
-  let n = s.length;
-  for (let i = 0; i + 1 < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if (c >= 0xd800 && c <= 0xdbff) {
-      const d = s.charCodeAt(i + 1);
-      if (d >= 0xdc00 && d <= 0xdfff) {
-        n--;
-        i++;
-      }
-    }
-  }
+  let n = 0;
+  for (const _ of s) n++;
   return n;
 }

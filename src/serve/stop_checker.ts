@@ -71,14 +71,14 @@ export class StopChecker {
    * stop string holding half of one ("\ud83d") never matches half of an emoji (nor in vLLM's Python str).
    */
   private find(s: string, from: number): number {
-    for (let at = this.buffer.indexOf(s, from); at >= 0; at = this.buffer.indexOf(s, at + 1)) {
-      const end = at + s.length;
-      if (!isLowSurrogate(this.buffer.charCodeAt(at)) || !isHighSurrogate(this.buffer.charCodeAt(at - 1))) {
-        if (!isHighSurrogate(this.buffer.charCodeAt(end - 1)) || !isLowSurrogate(this.buffer.charCodeAt(end)))
-          return at;
-      }
-    }
+    for (let at = this.buffer.indexOf(s, from); at >= 0; at = this.buffer.indexOf(s, at + 1))
+      if (!this.splitsPair(at) && !this.splitsPair(at + s.length)) return at;
     return -1;
+  }
+
+  /** Whether a cut before index `i` of the buffer falls between the halves of a surrogate pair. */
+  private splitsPair(i: number): boolean {
+    return isHighSurrogate(this.buffer.charCodeAt(i - 1)) && isLowSurrogate(this.buffer.charCodeAt(i));
   }
 
   private take(upTo: number): string {

@@ -51,14 +51,8 @@
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import {
-  BLOCK_SIZE,
-  checkTensorParallelSize,
-  isBlockSize,
-  kvTwin,
-  presetKVGroups,
-  type ModelPreset,
-} from '../kv/presets.ts';
+import { BLOCK_SIZE, checkTensorParallelSize, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import { pagesForOneRequest } from '../serve/instance.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import type { SchedulerConfig } from '../engine/scheduler_config.ts';
@@ -338,20 +332,14 @@ function pagesFor(pages16: number, blockSize: number): number {
 }
 
 /**
- * xpyd's decode pools: room for the longest request and no more (at decode's page size, every KV group,
- * lookahead included, + the null page), so decodes evict prefixes the index may still count and some
- * decode-only requests reach a decode that lost its prefix. With 64 pages nothing was ever evicted: no
- * BlockRemoved, no stale claim, and an index that ignored BlockRemoved passed (sim/xpyd_eviction.test.ts).
+ * xpyd's decode pools: room for the longest request and no more (lookahead included), so decodes evict
+ * prefixes the index may still count and some decode-only requests reach a decode that lost its prefix.
+ * With 64 pages nothing was ever evicted: no BlockRemoved, no stale claim, and an index that ignored
+ * BlockRemoved passed (sim/xpyd_eviction.test.ts).
  */
-function xpydDecodePages(
-  preset: ModelPreset,
-  requests: SimRequestSpec[],
-  blockSize: number,
-  lookahead: number,
-): number {
+function xpydDecodePages(preset: ModelPreset, requests: SimRequestSpec[], blockSize: number): number {
   const longest = Math.max(...requests.map((r) => r.promptTokenIds.length + r.sampling.maxTokens));
-  const perGroup = (type: string): number => (type === 'mamba' ? 1 : Math.ceil((longest + lookahead) / blockSize));
-  return 1 + presetKVGroups(preset, blockSize).reduce((n, g) => n + perGroup(g.spec.type), 0);
+  return pagesForOneRequest(preset, longest + DECODE_LOOKAHEAD, blockSize);
 }
 
 /** Lookahead slots decode reserves (like MTP) in every scenario but `preempt`. */
@@ -430,7 +418,7 @@ export function buildScenario(
     decode: {
       numBlocks:
         name === 'xpyd'
-          ? xpydDecodePages(preset, requests, decodeBs, DECODE_LOOKAHEAD)
+          ? xpydDecodePages(preset, requests, decodeBs)
           : pagesFor(name === 'preempt' ? 13 : name === 'tight-write' ? 16 : 64, decodeBs),
       blockSize: decodeBs,
       tensorParallelSize: decodeTp,

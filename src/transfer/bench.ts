@@ -185,6 +185,15 @@ function benchRanges(env: Env, pageBytes: number, pages: number, scatter: boolea
   return ranges;
 }
 
+/**
+ * Not a baseline: inproc's baseline (the serving NIC thread's memcpy, timed there) timed on this thread
+ * instead, around its two thread hops. A READ adds to it only what the engines do (grant, ranges,
+ * completion): the hand-off bound.
+ */
+function roundTrip(baseline: Baseline): Baseline {
+  return { label: 'memcpy round trip to the serving NIC thread', run: async () => void (await baseline.run()) };
+}
+
 /** Two engines of one backend and page size, handshaken, reused for every measurement of a sweep row. */
 export class BenchRig {
   private grants = 0;
@@ -245,12 +254,11 @@ export class BenchRig {
     };
     const baseline = await this.pickBaseline(this.baselines(ranges, bytes), ranges, bytes);
     const series = [{ label: this.backend, run: read }, baseline];
-    if (this.backend === 'inproc') series.push(this.hotMemcpy(ranges), this.roundTrip(ranges));
+    if (this.backend === 'inproc') series.push(this.hotMemcpy(ranges), roundTrip(baseline));
     const ms = await this.rounds(series, ranges, bytes, repeats);
     P.engine.revokeGrant(transferId);
-    const gbps = bytes / (median(ms[0] as number[]) / 1000) / 1e9;
-    const baselineGbps = bytes / (median(ms[1] as number[]) / 1000) / 1e9;
     const gbpsOf = (i: number): number => bytes / (median(ms[i] as number[]) / 1000) / 1e9;
+    const [gbps, baselineGbps] = [gbpsOf(0), gbpsOf(1)];
     const hot = ms[2] === undefined ? {} : { hotMemcpyGbps: gbpsOf(2), roundTripGbps: gbpsOf(3) };
     return {
       backend: this.backend,
@@ -352,20 +360,6 @@ export class BenchRig {
       }
     };
     return { label: 'memcpy on the engine thread', run };
-  }
-
-  /**
-   * Not a baseline: the serving NIC thread's memcpy (the baseline's run) timed here, around its two thread
-   * hops. A READ adds to it only what the engines do (grant, ranges, completion).
-   */
-  private roundTrip(ranges: TransferRange[]): Baseline {
-    const [from, to] = [this.P.engine, this.D.engine];
-    assert(from instanceof InprocTransferEngine && to instanceof InprocTransferEngine, 'needs inproc engines');
-    const merged = coalesceRanges(ranges);
-    return {
-      label: 'memcpy round trip to the serving NIC thread',
-      run: async () => void (await to.rawCopyMs(from, merged)),
-    };
   }
 
   /** Zero the pages the READ writes (what verify() checks), nothing more: a whole-slab fill would flush caches. */
