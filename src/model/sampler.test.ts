@@ -2,14 +2,15 @@
  * Proves the sampler's contract: greedy = argmax with lowest index on ties; NaN logits are flagged and
  * resolved deterministically; seeded sampling depends only on (seed, outputIndex), respects top-k and
  * top-p, and follows the softmax distribution; logitsHash is bit-exact. top-k and top-p are pinned at
- * their exact boundaries and against a sort-everything reference of the filtering spec.
+ * their exact boundaries and against a sort-everything reference of the filtering spec, also on large flat
+ * vocabularies (where the sampler selects and sorts only part of the vocabulary).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fc from 'fast-check';
 import { SeededRng } from '../util/env.ts';
 import type { SamplingParams } from './types.ts';
-import { argmax, drawSeed, logitsHash, sampleToken } from './sampler.ts';
+import { argmax, drawSeed, keptWeights, kthLargest, logitsHash, sampleToken } from './sampler.ts';
 
 const f32 = (xs: number[]): Float32Array => Float32Array.from(xs);
 const logitsArb = fc
@@ -245,4 +246,44 @@ test('top-p property: the kept set is the shortest prefix, by probability desc t
     { numRuns: 400 },
   );
   assert.ok(boundaryCases > 50, 'the generator reaches exact top_p boundaries');
+});
+
+test('kthLargest: the k-th value of a descending sort, ties and all', () => {
+  fc.assert(
+    fc.property(fc.array(fc.integer({ min: -5, max: 5 }), { minLength: 1, maxLength: 200 }), fc.nat(), (xs, r) => {
+      const k = 1 + (r % xs.length);
+      const sorted = [...xs].sort((a, b) => b - a);
+      assert.equal(kthLargest(Float32Array.from(xs), k), sorted[k - 1]);
+    }),
+    { numRuns: 300 },
+  );
+});
+
+test('large flat vocabularies (hundreds of near-equal logits, many ties): top-k and top-p keep the reference set and draw as it', () => {
+  // Logits within 1 of each other: top-p sets span several of the sampler's candidate sets, top-k many ties.
+  const flat = fc
+    .array(fc.integer({ min: -16, max: 16 }), { minLength: 100, maxLength: 400 })
+    .map((xs) => f32(xs.map((x) => x / 32)));
+  fc.assert(
+    fc.property(
+      flat,
+      fc.option(fc.integer({ min: 1, max: 420 }), { nil: undefined }),
+      fc.option(fc.double({ min: 0.01, max: 1, noNaN: true }), { nil: undefined }),
+      fc.nat(),
+      (xs, topK, topP, seed) => {
+        const kept = keptWeights(xs, { temperature: 0.7, topK, topP, seed, outputIndex: 0 }, Math.max(...xs));
+        const want = referenceSample(xs, { temperature: 0.7, topK, topP, seed, outputIndex: 0 }).kept;
+        assert.deepEqual(
+          [...kept.keys()].filter((i) => (kept[i] as number) > 0),
+          [...want].sort((a, b) => a - b),
+          'the kept set',
+        );
+        for (let outputIndex = 0; outputIndex < 4; outputIndex++) {
+          const p: SamplingParams = { temperature: 0.7, topK, topP, seed, outputIndex };
+          assert.equal(sampleToken(xs, p).tokenId, referenceSample(xs, p).tokenId, `draw ${outputIndex}`);
+        }
+      },
+    ),
+    { numRuns: 60 },
+  );
 });

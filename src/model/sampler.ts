@@ -64,24 +64,64 @@ export function drawSeed(seed: number, outputIndex: number): number {
  * for the smallest delta in 1/4, 1/2, 1, ..., Infinity whose set satisfies `enough`. That set is
  * always a prefix of the full descending order, so callers get exact results without sorting the
  * whole vocabulary. Ranking uses the logits, never the weights: exp() can map distinct logits to one
- * weight.
+ * weight. `maybe(mass)` is a cheap test of a set's weight (summed in index order) before it is sorted:
+ * a set it rejects is not sorted (a flat distribution would otherwise sort most of the vocabulary at
+ * several deltas). It only saves work: every candidate set is a prefix of the same order, so the
+ * prefix `enough` picks in a larger set is the same.
  */
 function topLogits(
   logits: Float32Array,
   w: Float64Array,
   max: number,
+  maybe: (mass: number) => boolean,
   enough: (desc: Float32Array) => boolean,
 ): Float32Array {
   for (let delta = 0.25; ; delta = delta < 1e6 ? delta * 2 : Infinity) {
+    const floor = max - delta;
     let n = 0;
-    for (let i = 0; i < logits.length; i++) if ((w[i] as number) > 0 && (logits[i] as number) >= max - delta) n++;
+    let mass = 0;
+    for (let i = 0; i < logits.length; i++) {
+      const wi = w[i] as number;
+      if (wi > 0 && (logits[i] as number) >= floor) {
+        n++;
+        mass += wi;
+      }
+    }
+    if (delta !== Infinity && !maybe(mass)) continue;
     const desc = new Float32Array(n);
     n = 0;
     for (let i = 0; i < logits.length; i++)
-      if ((w[i] as number) > 0 && (logits[i] as number) >= max - delta) desc[n++] = logits[i] as number;
+      if ((w[i] as number) > 0 && (logits[i] as number) >= floor) desc[n++] = logits[i] as number;
     desc.sort().reverse();
     if (delta === Infinity || enough(desc)) return desc;
   }
+}
+
+/** The k-th largest value of `a` (1 <= k <= a.length), by quickselect; `a` is reordered. */
+export function kthLargest(a: Float32Array, k: number): number {
+  assert(Number.isInteger(k) && k >= 1 && k <= a.length, `k ${k} outside [1, ${a.length}]`);
+  const target = k - 1;
+  let lo = 0;
+  let hi = a.length - 1;
+  while (lo < hi) {
+    const pivot = a[(lo + hi) >>> 1] as number;
+    let i = lo;
+    let j = hi;
+    // Hoare partition, descending: a[lo..j] >= pivot, a[i..hi] <= pivot, a[j+1..i-1] == pivot.
+    while (i <= j) {
+      while ((a[i] as number) > pivot) i++;
+      while ((a[j] as number) < pivot) j--;
+      if (i <= j) {
+        const t = a[i] as number;
+        a[i++] = a[j] as number;
+        a[j--] = t;
+      }
+    }
+    if (target <= j) hi = j;
+    else if (target >= i) lo = i;
+    else return pivot;
+  }
+  return a[target] as number;
 }
 
 /** Keep the `count` largest kept logits, given the smallest of them (`cut`); ties at `cut` go to lower indices. */
@@ -97,10 +137,15 @@ function keepLargest(logits: Float32Array, w: Float64Array, cut: number, count: 
   }
 }
 
-/** Keep the k largest logits (ties: lower index first). */
-function applyTopK(logits: Float32Array, w: Float64Array, max: number, k: number): void {
-  const desc = topLogits(logits, w, max, (d) => d.length >= k);
-  if (desc.length >= k) keepLargest(logits, w, desc[k - 1] as number, k);
+/** Keep the k largest logits (ties: lower index first), found by quickselect: no sort of the vocabulary. */
+function applyTopK(logits: Float32Array, w: Float64Array, k: number): void {
+  let n = 0;
+  for (let i = 0; i < logits.length; i++) if ((w[i] as number) > 0) n++;
+  if (n <= k) return;
+  const kept = new Float32Array(n);
+  n = 0;
+  for (let i = 0; i < logits.length; i++) if ((w[i] as number) > 0) kept[n++] = logits[i] as number;
+  keepLargest(logits, w, kthLargest(kept, k), k);
 }
 
 /**
@@ -126,9 +171,28 @@ function applyTopP(
     }
     return -1;
   };
-  const desc = topLogits(logits, w, max, (d) => prefixLength(d) > 0);
+  const desc = topLogits(
+    logits,
+    w,
+    max,
+    (mass) => mass >= target,
+    (d) => prefixLength(d) > 0,
+  );
   const len = prefixLength(desc);
   if (len > 0) keepLargest(logits, w, desc[len - 1] as number, len);
+}
+
+/**
+ * softmax(logits / T) weights (unnormalised, max logit 1) after top-k then top-p: 0 for a token filtered
+ * out. Exported for the tests, which compare the kept set with a sort-everything reference.
+ */
+export function keptWeights(logits: Float32Array, p: SamplingParams, max: number): Float64Array {
+  const weightOf = (logit: number): number => Math.exp((logit - max) / p.temperature);
+  const w = new Float64Array(logits.length);
+  for (let i = 0; i < w.length; i++) w[i] = weightOf(logits[i] as number);
+  if (p.topK !== undefined && p.topK > 0) applyTopK(logits, w, p.topK);
+  if (p.topP !== undefined) applyTopP(logits, w, max, p.topP, weightOf);
+  return w;
 }
 
 export function sampleToken(logits: Float32Array, p: SamplingParams): SampleResult {
@@ -147,11 +211,7 @@ export function sampleToken(logits: Float32Array, p: SamplingParams): SampleResu
   };
   if (p.temperature === 0 || !Number.isFinite(max))
     return { tokenId: best, logprob: logprobOf(best), nanLogits: false };
-  const weightOf = (logit: number): number => Math.exp((logit - max) / p.temperature);
-  const w = new Float64Array(logits.length);
-  for (let i = 0; i < w.length; i++) w[i] = weightOf(logits[i] as number);
-  if (p.topK !== undefined && p.topK > 0) applyTopK(logits, w, max, p.topK);
-  if (p.topP !== undefined) applyTopP(logits, w, max, p.topP, weightOf);
+  const w = keptWeights(logits, p, max);
   let total = 0;
   for (let i = 0; i < w.length; i++) total += w[i] as number;
   const target = new SeededRng(drawSeed(p.seed, p.outputIndex)).next() * total;
