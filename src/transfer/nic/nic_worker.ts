@@ -40,6 +40,11 @@ export interface NicContext {
   /** tcp: READs of at least laneMinBytes are cut over this many connections. */
   readonly lanes: number;
   readonly laneMinBytes: number;
+  /**
+   * tcp: a connection that carries work and moves not one byte either way for this long is dropped, its
+   * requests failed (PEER_UNAVAILABLE): the peer hung (default SILENT_PEER_MS; tests set it).
+   */
+  readonly silentPeerMs?: number;
   /** The engine that may use `session` on our data port (after applying queued host commands). */
   sessionPeer(session: string): string | undefined;
   /**

@@ -39,6 +39,12 @@ const ARMED_ABORT_MS = 200;
 const ABORT_STALL_MS = 1000;
 /** An abort finding the connection still this long (no byte in or out) retires it (ClientConn.retire). */
 const STILL_MS = 250;
+/**
+ * A connection carrying work (a READ's reply owed, a WRITE's payload or `done`) on which not one byte moves
+ * either way for this long is dropped (watchSilence). A healthy peer answers within milliseconds, and a
+ * long transfer moves bytes all along; this bound is for a peer that hung.
+ */
+export const SILENT_PEER_MS = 2000;
 
 export class ClientConn extends Conn {
   private readonly reads = new Map<number, { stream: RangeStream; bytesInAtPost: number; postedAtMs: number }>();
@@ -60,6 +66,8 @@ export class ClientConn extends Conn {
   retiring = false;
   /** A stall watch runs (watchStall). */
   private watching = false;
+  /** A silence watch runs (watchSilence). */
+  private listening = false;
 
   private constructor(
     socket: net.Socket,
@@ -177,6 +185,7 @@ export class ClientConn extends Conn {
       ranges: toWire(sideOf(ranges, 'remote')),
     };
     this.lastMoveMs = performance.now();
+    this.watchSilence();
     if (wr.kind === 'read') {
       this.reads.set(wr.wrId, {
         stream: new RangeStream(sideOf(ranges, 'local')),
@@ -255,6 +264,43 @@ export class ClientConn extends Conn {
       this.destroy('PEER_UNAVAILABLE', `no data moved to or from ${this.peerEngineId} after an abort`);
     }, ABORT_STALL_MS);
     timer.unref();
+  }
+
+  /**
+   * A peer that hangs (a stopped process, a host gone without a FIN) with work in flight here held every
+   * READ to it, and with them decode's step and every request of that decode, until the transfer timeout
+   * (30 s by default). While the connection carries work and not one byte moves either way for
+   * silentPeerMs, it is dropped: its requests fail now (PEER_UNAVAILABLE, decode's load failure policy
+   * takes over) and the next work request opens a fresh connection. One watch at a time; it ends when the
+   * connection is idle or closed.
+   */
+  private watchSilence(): void {
+    if (this.listening) return;
+    this.listening = true;
+    const bound = this.ctx.silentPeerMs ?? SILENT_PEER_MS;
+    let seen = this.progress;
+    let stillSinceMs = performance.now();
+    const tick = (): void => {
+      const busy = !this.idle || this.discard.size > 0 || this.socket.writableLength > 0;
+      if (this.closedWith !== null || !busy) {
+        this.listening = false;
+        return;
+      }
+      const now = performance.now();
+      if (this.progress !== seen) {
+        seen = this.progress;
+        stillSinceMs = now;
+      } else if (now - stillSinceMs >= bound) {
+        this.listening = false;
+        const n = this.reads.size + this.writes.size;
+        return this.destroy(
+          'PEER_UNAVAILABLE',
+          `no byte moved to or from ${this.peerEngineId} for ${bound} ms (${n} requests in flight)`,
+        );
+      }
+      setTimeout(tick, Math.max(1, bound / 4)).unref();
+    };
+    setTimeout(tick, Math.max(1, bound / 4)).unref();
   }
 
   /** `fn` runs once the armed slab view is replaced; a connection silent for ARMED_ABORT_MS is dropped first. */

@@ -18,87 +18,18 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { TcpPlane } from './nic_tcp.ts';
-import { packRanges } from '../core/ranges.ts';
-import type { NicContext } from '../nic/nic_worker.ts';
-import type { WorkRequest } from '../nic/nic_messages.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-
-const PAGE = 1 << 20;
-const BLOCKS = 16;
-const SESSION = 'a'.repeat(32);
-
-function ctx(engineId: string, completions: Map<number, ErrorCode | null>): NicContext {
-  const slabs = [new Uint8Array(new SharedArrayBuffer(PAGE * BLOCKS))];
-  return {
-    engineId,
-    layout: { numSlabs: 1, numBlocks: BLOCKS, pageBytes: PAGE },
-    slabs,
-    dataFrameBytes: 1 << 20,
-    recvDirectMinBytes: 1 << 16,
-    scatterRecv: false,
-    lanes: 1,
-    laneMinBytes: 1 << 30,
-    sessionPeer: (s) => (s === SESSION ? 'D' : undefined),
-    checkGrant: () => ({ ok: true }),
-    complete: (wrId, code) => void completions.set(wrId, code),
-    count: () => {},
-    emit: () => {},
-  };
-}
-
-/**
- * Relay to `target`. Its first connection forwards `stallAfter` bytes in direction `dir` ('up': client to
- * server, 'down': server to client), then nothing more that way (both sockets stay open). Others pass.
- */
-async function relay(target: number, dir: 'up' | 'down', stallAfter: number): Promise<net.Server> {
-  let first = true;
-  const server = net.createServer((client) => {
-    const upstream = net.connect({ host: '127.0.0.1', port: target });
-    const stalls = first;
-    first = false;
-    let moved = 0;
-    const pipe = (from: net.Socket, to: net.Socket, faulty: boolean): void => {
-      from.on('data', (d: Buffer) => {
-        if (!faulty) return void to.write(d);
-        const n = Math.max(0, Math.min(d.length, stallAfter - moved));
-        moved += n;
-        if (n > 0) to.write(d.subarray(0, n));
-        if (moved >= stallAfter) from.pause(); // the link is silent from here on; TCP backs up
-      });
-      from.on('error', () => {});
-      from.on('close', () => to.destroy());
-    };
-    pipe(client, upstream, stalls && dir === 'up');
-    pipe(upstream, client, stalls && dir === 'down');
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return server;
-}
-
-function wr(wrId: number, kind: 'read' | 'write', pages: number): WorkRequest {
-  return {
-    wrId,
-    slot: 0,
-    kind,
-    peerEngineId: 'P',
-    transferId: `t${wrId}`,
-    grantToken: 'b'.repeat(32),
-    ranges: packRanges([{ slab: 0, localOffset: 0, remoteOffset: 0, length: pages * PAGE }]),
-    delayMs: 0,
-    failWith: null,
-  } as WorkRequest;
-}
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+import { BLOCKS, PAGE, PEER_SESSION, planeContext, relay, sleep, workRequest as wr } from './relay_testkit.ts';
 
 async function scenario(kind: 'read' | 'write', dir: 'up' | 'down', stallAfter: number, pages = BLOCKS): Promise<void> {
   const done = new Map<number, ErrorCode | null>();
-  const server = new TcpPlane(ctx('P', new Map()), '127.0.0.1', 0);
+  const server = new TcpPlane(planeContext('P', new Map()), '127.0.0.1', 0);
   const port = await server.listen();
-  const client = new TcpPlane(ctx('D', done), '127.0.0.1', 0);
+  // The abort path under test, not the silence watch (silent_peer.test.ts): that one is kept out of the way.
+  const client = new TcpPlane(planeContext('D', done, { silentPeerMs: 60_000 }), '127.0.0.1', 0);
   await client.listen();
-  const r = await relay(port, dir, stallAfter);
-  client.setPeer('P', { host: '127.0.0.1', port: (r.address() as net.AddressInfo).port, session: SESSION });
+  const r = await relay(port, { dir, stallAfter });
+  client.setPeer('P', { host: '127.0.0.1', port: (r.address() as net.AddressInfo).port, session: PEER_SESSION });
   try {
     client.post(wr(1, kind, pages));
     await sleep(500); // the requester's timeout
