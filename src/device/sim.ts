@@ -59,6 +59,10 @@ export interface SimReadyOp {
   sleepMs: number;
 }
 
+function isThenable(x: unknown): x is PromiseLike<unknown> {
+  return typeof x === 'object' && x !== null && typeof (x as { then?: unknown }).then === 'function';
+}
+
 export function createSimDevice(opts: SimDeviceOptions): SimDevice {
   return new SimDevice(opts);
 }
@@ -147,16 +151,47 @@ export class SimDevice implements Device {
     const stream = this.streams.find((s) => s.name === ready.stream);
     assert(stream !== undefined, `stream '${ready.stream}' missing`);
     const items = gang ?? [defined(stream.head(), 'ready op at the head')];
-    const taken = items.map((it, i) => (gang === null ? stream : (this.streams[i] as SimStream)).takeHead(it.id));
-    const ok = this.execute(taken[0] as SimOpItem);
-    for (const it of taken.slice(1)) it.result.resolve(undefined);
-    this.settle();
-    // The tickets' continuations run in a later microtask: observers hear of the op first.
-    taken.forEach((it, i) => (gang === null ? stream : (this.streams[i] as SimStream)).executed(it.id, ok));
+    const streamOf = (i: number): SimStream => (gang === null ? stream : (this.streams[i] as SimStream));
+    const taken = items.map((it, i) => streamOf(i).takeHead(it.id));
+    const first = taken[0] as SimOpItem;
+    const finish = (ok: boolean): void => {
+      for (const it of taken.slice(1)) it.result.resolve(undefined);
+      this.settle();
+      // The tickets' continuations run in a later microtask: observers hear of the op first.
+      taken.forEach((it, i) => streamOf(i).executed(it.id, ok));
+    };
+    const outcome = this.execute(first);
+    if (typeof outcome === 'boolean') return finish(outcome);
+    // A kernel's promise holds its streams until it settles, as the threaded device's thread holds for it.
+    const hold = (running: boolean): void => taken.forEach((_, i) => (streamOf(i).running = running));
+    hold(true);
+    const settled = (ok: boolean): void => {
+      hold(false);
+      finish(ok);
+      this.queueAutoRun();
+    };
+    Promise.resolve(outcome).then(
+      (value) => {
+        first.result.resolve(value);
+        settled(true);
+      },
+      (err: unknown) => {
+        first.result.reject(this.kernelError(first, err));
+        settled(false);
+      },
+    );
   }
 
-  /** Run one op on the slabs (a gang kernel computes every rank) and settle its ticket; false if it failed. */
-  private execute(item: SimOpItem): boolean {
+  private kernelError(item: SimOpItem, err: unknown): HandoffError {
+    const name = item.sub.op.kind === 'kernel' ? item.sub.op.name : item.sub.op.kind;
+    return new HandoffError('INTERNAL', kernelFailure(name, err), { kernel: name });
+  }
+
+  /**
+   * Run one op on the slabs (a gang kernel computes every rank) and settle its ticket; false if it failed.
+   * A kernel that returns a promise: that promise, the ticket left for the caller to settle.
+   */
+  private execute(item: SimOpItem): boolean | PromiseLike<unknown> {
     const op = item.sub.op;
     switch (op.kind) {
       case 'zero':
@@ -174,13 +209,15 @@ export class SimDevice implements Device {
       case 'kernel':
         try {
           if (this.kernels === null) throw this.kernelLoadError;
-          item.result.resolve(findKernel(this.kernels, op.name)(op.args, this.slabs));
+          const value = findKernel(this.kernels, op.name)(op.args, this.slabs);
+          if (isThenable(value)) return value;
+          item.result.resolve(value);
           return true;
           // catch-ok: a failing kernel is a device error: it fails its own op ticket with the message (like a CUDA
           // error), the stream goes on
         } catch (err) {
           // A failing kernel rejects only its own ticket; the stream goes on.
-          item.result.reject(new HandoffError('INTERNAL', kernelFailure(op.name, err), { kernel: op.name }));
+          item.result.reject(this.kernelError(item, err));
           return false;
         }
     }

@@ -27,6 +27,8 @@ type SimItem =
 export class SimStream extends StreamBase {
   private queue: Array<SimItem | undefined> = [];
   private headIndex = 0;
+  /** An op taken from the head still runs (a kernel's promise): nothing behind it moves until it ends. */
+  running = false;
 
   /** `onChange` is called when something may have become ready (for autoRun). */
   constructor(
@@ -63,6 +65,7 @@ export class SimStream extends StreamBase {
   /** Consume records and satisfied waits at the head. Returns true if anything changed. */
   settle(): boolean {
     let changed = false;
+    if (this.running) return false;
     for (;;) {
       const item = this.queue[this.headIndex];
       if (item === undefined || item.type === 'op') break;
@@ -77,7 +80,7 @@ export class SimStream extends StreamBase {
   /** The op at the head, if the head is an op (call settle() first). */
   head(): SimOpItem | null {
     const item = this.queue[this.headIndex];
-    return item !== undefined && item.type === 'op' ? item : null;
+    return !this.running && item !== undefined && item.type === 'op' ? item : null;
   }
 
   /** Remove the head op, which the device is about to execute. */
@@ -94,7 +97,7 @@ export class SimStream extends StreamBase {
   }
 
   pending(): number {
-    return this.queue.length - this.headIndex;
+    return this.queue.length - this.headIndex + (this.running ? 1 : 0);
   }
 
   fail(err: unknown): void {

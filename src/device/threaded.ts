@@ -66,7 +66,7 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
       kernelInit: opts.kernelInit,
       rank: { rank, size: ranks, collective },
     };
-    return { worker: await startThread(init), progress };
+    return { ...(await startThread(init)), progress };
   });
   const settled = await Promise.allSettled(started);
   const failed = settled.find((r) => r.status === 'rejected');
@@ -83,10 +83,12 @@ export async function createThreadedDevice(opts: ThreadedDeviceOptions): Promise
 interface RankThread {
   worker: Worker;
   progress: SharedArrayBuffer;
+  /** Hand the thread's death over to the device: drops the start-up watch and replays a death it saw. */
+  adopt(onError: (err: unknown) => void, onExit: (code: number) => void): void;
 }
 
 /** One compute thread, ready (its kernel module loaded). */
-async function startThread(init: ThreadInit): Promise<Worker> {
+async function startThread(init: ThreadInit): Promise<Omit<RankThread, 'progress'>> {
   const worker = new Worker(THREAD_ENTRY, { workerData: init });
   let settle: { resolve: () => void; reject: (e: HandoffError) => void } | null = null;
   const started = new Promise<void>((resolve, reject) => (settle = { resolve, reject }));
@@ -109,7 +111,21 @@ async function startThread(init: ThreadInit): Promise<Worker> {
     // Only our own listeners: the Worker keeps internal ones that must stay.
     worker.off('message', onMessage).off('error', onError).off('exit', onExit);
   }
-  return worker;
+  // Ready, but not yet the device's (other ranks may still be loading): a death now must not be lost, and an
+  // 'error' event without a listener would be thrown in the host.
+  let died: { err: unknown } | { code: number } | null = null;
+  const onEarlyError = (err: unknown): void => void (died ??= { err });
+  const onEarlyExit = (code: number): void => void (died ??= { code });
+  worker.on('error', onEarlyError).on('exit', onEarlyExit);
+  const adopt = (onDeviceError: (err: unknown) => void, onDeviceExit: (code: number) => void): void => {
+    worker.off('error', onEarlyError).off('exit', onEarlyExit);
+    const d = died as { err: unknown } | { code: number } | null;
+    if (d !== null) {
+      if ('err' in d) onDeviceError(d.err);
+      else onDeviceExit(d.code);
+    }
+  };
+  return { worker, adopt };
 }
 
 class ThreadedDevice implements Device, DeviceTimeline {
@@ -158,14 +174,17 @@ class ThreadedDevice implements Device, DeviceTimeline {
         stream.onMessage(msg);
         if (stream.pending() === 0 && !this.closed) worker.unref();
       });
-      // The thread dying is not an op failure: everything pending fails with the reason.
-      // What a thread throws need not be an Error (`throw null` in a kernel module's callback).
-      worker.on('error', (err: unknown) =>
-        this.die(`compute thread ${rank} died: ${err instanceof Error ? err.message : String(err)}`),
-      );
-      worker.on('exit', (code) => this.die(`compute thread ${rank} exited (code ${code})`));
       worker.unref();
       return stream;
+    });
+    threads.forEach(({ worker, adopt }, rank) => {
+      // The thread dying is not an op failure: everything pending fails with the reason.
+      // What a thread throws need not be an Error (`throw null` in a kernel module's callback).
+      const onError = (err: unknown): void =>
+        this.die(`compute thread ${rank} died: ${err instanceof Error ? err.message : String(err)}`);
+      const onExit = (code: number): void => this.die(`compute thread ${rank} exited (code ${code})`);
+      worker.on('error', onError).on('exit', onExit);
+      adopt(onError, onExit);
     });
     this.compute =
       threads.length === 1
@@ -189,8 +208,13 @@ class ThreadedDevice implements Device, DeviceTimeline {
 
   /** The event's own (observed) wait: the host joins it when the caller continues, not before. */
   synchronize(): Promise<void> {
-    if (this.closed) return Promise.reject(new AssertionFailure('synchronize on a closed device'));
-    return this.compute.recordEvent().wait();
+    if (this.terminated) return Promise.reject(new AssertionFailure('synchronize on a closed device'));
+    try {
+      return this.compute.recordEvent().wait();
+      // catch-ok: nothing is swallowed: a lost device's HandoffError (or a bug's AssertionFailure) rejects the promise
+    } catch (err) {
+      return Promise.reject(err);
+    }
   }
 
   async close(): Promise<void> {

@@ -43,17 +43,21 @@ export class ThreadedStream extends StreamBase {
 
   protected submitOp(id: number, sub: OpSubmission, result: Deferred<unknown>): void {
     const seq = this.nextSeq();
-    this.tickets.set(seq, { id, result });
     const timed = this.timeline?.record(seq, id, this.checkerOpId(), this.name, sub) === true;
     try {
       this.send(timed ? { t: 'op', seq, op: sub.op, timed: true } : { t: 'op', seq, op: sub.op });
       // catch-ok: only postMessage runs in the try; a DataCloneError is turned into the AssertionFailure it is
     } catch (err) {
+      // The op never reached the thread: it must not hold a seq (events behind it would never be reached).
+      this.lastSeq--;
+      this.timeline?.unrecord(seq);
+      if (this.pending() === 0) this.worker.unref();
       // Kernel args must be plain data; anything else is a programmer error, not an op failure.
       throw new AssertionFailure(
         `op '${sub.label.what}' cannot be sent to the compute thread: ${(err as Error).message}`,
       );
     }
+    this.tickets.set(seq, { id, result });
   }
 
   protected submitRecord(): EventSource {

@@ -69,6 +69,15 @@ export class OpTimeline {
     return true;
   }
 
+  /** Forget the entry just recorded for `seq`: its op was never sent. */
+  unrecord(seq: number): void {
+    const entry = this.bySeq.get(seq);
+    if (entry === undefined) return;
+    this.bySeq.delete(seq);
+    assert(this.ops[this.ops.length - 1] === entry, `op log entry of seq ${seq} is not the last`);
+    this.ops.pop();
+  }
+
   /** The thread reported item `seq` executed between startMs and endMs. */
   complete(seq: number, startMs: number, endMs: number, ok: boolean): void {
     const entry = this.bySeq.get(seq);

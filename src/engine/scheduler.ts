@@ -485,14 +485,15 @@ export class Scheduler {
     return o;
   }
 
-  /** Leak check: no request, nothing held, nothing pending → every page is back in the pool. */
+  /** Leak check: no request, nothing held, nothing pending, and every page is back in the pool. */
   isQuiescent(): boolean {
     return (
       !this.hasUnfinishedRequests() &&
       this.transfers.numHeld === 0 &&
       this.kv.numRequests() === 0 &&
       this.fence.numPending === 0 &&
-      this.fence.inFlightSteps === 0
+      this.fence.inFlightSteps === 0 &&
+      this.kv.getNumFreeBlocks() === this.kv.config.numBlocks - 1 // the null block is never free
     );
   }
 }
