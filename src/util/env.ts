@@ -93,6 +93,9 @@ function rotl(x: number, k: number): number {
   return ((x << k) | (x >>> (32 - k))) >>> 0;
 }
 
+/** The longest delay one setTimeout honours (2^31 - 1 ms). */
+const TIMER_STEP_MAX_MS = 2 ** 31 - 1;
+
 /** The real world: wall clock, real timers, crypto for secrets. */
 export class RealEnv implements Env {
   readonly rng: Rng;
@@ -105,12 +108,21 @@ export class RealEnv implements Env {
   wallMs(): number {
     return Date.now();
   }
+  /** Delays past TIMER_STEP_MAX_MS (Node's limit: it fires longer ones after 1 ms) are re-armed in steps. */
   setTimer(delayMs: number, fn: () => void): TimerHandle {
-    const h = setTimeout(fn, Math.max(0, delayMs));
+    const dueMs = performance.now() + Math.max(0, delayMs);
+    let h: ReturnType<typeof setTimeout>;
+    const arm = (leftMs: number): void => {
+      h = setTimeout(
+        leftMs > TIMER_STEP_MAX_MS ? () => arm(dueMs - performance.now()) : fn,
+        Math.min(leftMs, TIMER_STEP_MAX_MS),
+      );
+    };
+    arm(Math.max(0, delayMs));
     return { cancel: () => clearTimeout(h) };
   }
   sleep(delayMs: number): Promise<void> {
-    return new Promise((resolve) => setTimeout(resolve, Math.max(0, delayMs)));
+    return new Promise((resolve) => this.setTimer(delayMs, resolve));
   }
   secureRandomBytes(n: number): Uint8Array {
     return new Uint8Array(cryptoRandomBytes(n));

@@ -140,7 +140,8 @@ export function sideBytes(side: SideRanges): number {
 /**
  * The order of the ranges by (slab, offset at `at`): null when they already are in that order (one pass),
  * else a permutation. Sorting doubles that pack key and index is native and fast; when the product would
- * exceed 2^53 a comparator sort does it.
+ * exceed 2^53, or a slab or offset is not a non-negative integer (an unchecked remote slab), a comparator
+ * sort does it.
  */
 function orderBy(side: SideRanges): Uint32Array | null {
   const { p, stride, at } = side;
@@ -148,16 +149,21 @@ function orderBy(side: SideRanges): Uint32Array | null {
   let sorted = true;
   let span = 1;
   let slabs = 1;
+  // Packed keys need non-negative integers (a negative key made `key % n` a negative index): else the comparator.
+  let keyable = true;
   for (let j = 0; j < p.length; j += stride) {
-    span = Math.max(span, (p[j + at] as number) + 1);
-    slabs = Math.max(slabs, (p[j + at - 1] as number) + 1);
+    const slab = p[j + at - 1] as number;
+    const offset = p[j + at] as number;
+    span = Math.max(span, offset + 1);
+    slabs = Math.max(slabs, slab + 1);
+    if (!(Number.isInteger(slab) && Number.isInteger(offset) && slab >= 0 && offset >= 0)) keyable = false;
     if (j === 0) continue;
     const slabStep = (p[j + at - 1] as number) - (p[j - stride + at - 1] as number);
     if (slabStep < 0 || (slabStep === 0 && (p[j - stride + at] as number) > (p[j + at] as number))) sorted = false;
   }
   if (sorted) return null;
   const order = new Uint32Array(n);
-  if (slabs * span * n < Number.MAX_SAFE_INTEGER) {
+  if (keyable && slabs * span * n < Number.MAX_SAFE_INTEGER) {
     const keys = new Float64Array(n);
     for (let i = 0; i < n; i++)
       keys[i] = ((p[i * stride + at - 1] as number) * span + (p[i * stride + at] as number)) * n + i;

@@ -87,8 +87,13 @@ export type NicCommand =
   | { t: 'revoke'; transferId: string }
   /** Answer `drained` once nothing reads `transferId`'s pages (after its revoke: Nic.drainGrant). */
   | { t: 'drain'; transferId: string; id: number }
-  /** tcp: `peerEngineId` may open a data connection to us presenting `session`. */
-  | { t: 'session'; session: string; peerEngineId: string }
+  /**
+   * tcp: `peerEngineId` may open a data connection to us presenting `session`. `dialing`: offered in the
+   * hello of a handshake still under way (it counts against none of the peer's sessions until it succeeds).
+   */
+  | { t: 'session'; session: string; peerEngineId: string; dialing?: boolean }
+  /** tcp: the handshake that offered `session` failed: nobody may present it any more. */
+  | { t: 'unsession'; session: string }
   | { t: 'peer'; peerEngineId: string; inproc?: InprocPeer; tcp?: TcpPeer }
   | { t: 'unpeer'; peerEngineId: string }
   | { t: 'post'; wr: WorkRequest }

@@ -85,6 +85,8 @@ class Nic implements NicContext {
   private readonly control: MessagePort;
   private readonly grants: GrantTable;
   private readonly sessions = new Map<string, string>();
+  /** Sessions offered by our handshakes still under way (tcp.ts dial): promoted or withdrawn when each ends. */
+  private readonly dialSessions = new Map<string, string>();
   private readonly refused = new Set<string>();
   private readonly pending = new Map<number, Pending>();
   private readonly links = new Map<string, InprocLink>();
@@ -132,7 +134,7 @@ class Nic implements NicContext {
 
   sessionPeer(session: string): string | undefined {
     this.drain();
-    return this.sessions.get(session);
+    return this.sessions.get(session) ?? this.dialSessions.get(session);
   }
 
   checkGrant(
@@ -182,7 +184,15 @@ class Nic implements NicContext {
         void (this.tcp?.drain(cmd.transferId) ?? Promise.resolve()).then(() => this.emit({ t: 'drained', id: cmd.id }));
         return;
       case 'session':
-        this.addSession(cmd.session, cmd.peerEngineId);
+        if (cmd.dialing === true) this.dialSessions.set(cmd.session, cmd.peerEngineId);
+        else {
+          this.dialSessions.delete(cmd.session);
+          this.addSession(cmd.session, cmd.peerEngineId);
+        }
+        return;
+      case 'unsession':
+        this.sessions.delete(cmd.session);
+        this.dialSessions.delete(cmd.session);
         return;
       case 'peer':
         this.addPeer(cmd);

@@ -190,7 +190,10 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     myNonce: string,
     mySession: string,
   ): void {
-    this.nic.send({ t: 'session', session: mySession, peerEngineId: challenge.engineId });
+    // Usable at once (the listener may connect as soon as it welcomed us), but it takes none of the
+    // challenger's session slots before the welcome passed: a listener claiming another engine's id could
+    // otherwise push that engine's sessions out (completeDial promotes it).
+    this.nic.send({ t: 'session', session: mySession, peerEngineId: challenge.engineId, dialing: true });
     conn.send({
       m: 'hello',
       meta: this.metadata,
@@ -231,8 +234,10 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
     conn: SideConn,
     peer: PeerAddress,
     welcome: Extract<SideMessage, { m: 'welcome' }>,
+    mySession: string,
   ): EngineMetadata {
     const remote = welcome.meta as EngineMetadata;
+    this.nic.send({ t: 'session', session: mySession, peerEngineId: remote.engineId });
     const dataHost = isWildcard(welcome.dataHost) ? peer.host : welcome.dataHost;
     this.nic.send({
       t: 'peer',
@@ -255,6 +260,9 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
         settled = true;
         abandoned.removeEventListener('abort', onAbandoned);
         conn.close();
+        // Our hello offered the session (sendHello registered it): a listener that failed the handshake
+        // (no proof of the secret, incompatible, gone) must not be able to present it on our data port.
+        if (challenge !== null) this.nic.send({ t: 'unsession', session: mySession });
         reject(e);
       };
       const onAbandoned = (): void =>
@@ -273,7 +281,7 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
         }
         const welcome = this.checkWelcome(peer, challenge.engineId, myNonce, msg);
         if (welcome instanceof HandoffError) return fail(welcome, conn);
-        const remote = this.completeDial(conn, peer, welcome);
+        const remote = this.completeDial(conn, peer, welcome, mySession);
         settled = true;
         abandoned.removeEventListener('abort', onAbandoned);
         resolve(remote);
