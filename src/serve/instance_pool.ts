@@ -6,6 +6,7 @@
  * is known (e.g. /v1/models) the pool picks least loaded for it.
  */
 import { assert } from '../util/assert.ts';
+import { HandoffError } from '../util/errors.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 
@@ -25,9 +26,16 @@ export interface PoolMember {
   load: InstanceLoad | null;
 }
 
+/** A failed call or health check saying the instance cannot be reached: refused or reset, or silent. */
+export function isUnreachable(e: unknown): boolean {
+  return e instanceof HandoffError && (e.code === 'PEER_UNAVAILABLE' || e.code === 'TIMEOUT');
+}
+
 export class InstancePool {
   readonly members: PoolMember[];
   private next = 0;
+  /** Per member: aborted when it is taken out as unreachable, so calls still waiting on it fail over. */
+  private readonly unreachable = new Map<PoolMember, AbortController>();
 
   constructor(
     readonly side: 'prefill' | 'decode',
@@ -99,8 +107,22 @@ export class InstancePool {
     if (info) m.info = info;
   }
 
-  markDown(m: PoolMember, why: string): void {
+  /** `unreachable` (refused, reset, or silent past its health checks): calls still waiting on it give up. */
+  markDown(m: PoolMember, why: string, unreachable = false): void {
     m.healthy = false;
     m.lastError = why;
+    if (!unreachable) return;
+    this.unreachable.get(m)?.abort();
+    this.unreachable.delete(m);
+  }
+
+  /** Aborted when `m` is next marked down as unreachable. */
+  goneSignal(m: PoolMember): AbortSignal {
+    let c = this.unreachable.get(m);
+    if (c === undefined) {
+      c = new AbortController();
+      this.unreachable.set(m, c);
+    }
+    return c.signal;
   }
 }

@@ -130,6 +130,7 @@ const completionSchema = z.object({
     .nullish(),
 });
 
+const NO_CALLS = 'is not supported by this server (tool calls are not rendered into the prompt; only [] or null)';
 const textPart = z.object({ type: z.literal('text'), text: z.string() });
 const chatSchema = z.object({
   ...common,
@@ -140,6 +141,9 @@ const chatSchema = z.object({
         content: z.union([z.string(), z.array(textPart).max(64)], {
           error: 'must be a string or a list of {"type": "text", "text": ...} parts',
         }),
+        // The template renders content only: calls it would drop silently changed the conversation.
+        tool_calls: z.array(z.unknown()).max(0, { error: NO_CALLS }).nullish(),
+        function_call: z.null({ error: NO_CALLS }).nullish(),
       }),
     )
     .min(1)

@@ -10,9 +10,8 @@
  *
  * Routing (kv_router.ts): round robin, least loaded, or kv-aware (decode first by prefix overlap from
  * the RouterIndex that KvEventFeeds keep current from every instance's KV events, minus load; no remote
- * prefill when decode already holds all but a short rest of the prompt). A request whose instance died
- * (connection refused or reset) or was draining (503) before anything was streamed to the client is
- * retried once on other instances.
+ * prefill when decode already holds all but a short rest of the prompt). A request whose instance died (refused,
+ * reset, silent until taken out) or drained (503) before anything was streamed is retried on untried instances.
  *
  * Instances are checked periodically (GET /health, bounded) and on every failed connection; unhealthy
  * ones are skipped. A healthy instance whose check times out once (a busy machine) stays in; twice in a
@@ -30,7 +29,7 @@ import { HandoffError, listenFailed } from '../util/errors.ts';
 import { hexId, upstreamRequestId } from '../util/ids.ts';
 import type { Logger } from '../util/log.ts';
 import { checkBearer, pathOf, readJsonBody, requestIdOf, sendJson, toHandoffError } from './http_io.ts';
-import { InstancePool, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
+import { InstancePool, isUnreachable, type PoolMember, type RoutingPolicy } from './instance_pool.ts';
 import type { InstanceInfo } from './instance_server.ts';
 import { ProxyMetrics } from './proxy_metrics.ts';
 import { parseInstanceInfo } from './instance_info.ts';
@@ -48,6 +47,7 @@ import { CompletionGate } from './proxy_drain.ts';
 import { CLIENT_STALL_MS, cutMidStream, relay } from './proxy_relay.ts';
 import { droppedUnsent, dropIfUnsent, onResponseGone } from './response_sinks.ts';
 import {
+  callUnlessGone,
   callUpstream,
   inBandCancel,
   notifyUpstream,
@@ -88,6 +88,8 @@ type Body = Record<string, unknown>;
 
 /** Health checks in a row that may time out before a healthy instance is marked down. */
 const SLOW_CHECKS_MAX = 2;
+/** Health checks in a row that timed out before the calls still waiting on that instance fail over (frozen). */
+const FROZEN_CHECKS = 5;
 
 export class Proxy {
   readonly prefill: InstancePool;
@@ -225,13 +227,13 @@ export class Proxy {
       passed.set(m, info);
     } catch (e) {
       rethrowIfAssertion(e);
-      // One slow answer from a healthy instance (a busy machine) is not death: two in a row are.
+      // Timed out: out after SLOW_CHECKS_MAX in a row, gone (callers fail over) after FROZEN_CHECKS; refused: gone.
       const slow = (this.slowChecks.get(m) ?? 0) + 1;
-      if (e instanceof HandoffError && e.code === 'TIMEOUT' && m.healthy && slow < SLOW_CHECKS_MAX) {
-        this.slowChecks.set(m, slow);
-        return;
-      }
-      this.down(pool, m, e instanceof Error ? e.message : String(e));
+      const timedOut = e instanceof HandoffError && e.code === 'TIMEOUT';
+      if (timedOut) this.slowChecks.set(m, slow);
+      if (timedOut && m.healthy && slow < SLOW_CHECKS_MAX) return;
+      const gone = isUnreachable(e) && (!timedOut || slow >= FROZEN_CHECKS);
+      this.down(pool, m, e instanceof Error ? e.message : String(e), gone);
     }
   }
 
@@ -244,9 +246,9 @@ export class Proxy {
     return null;
   }
 
-  private down(pool: InstancePool, m: PoolMember, why: string): void {
+  private down(pool: InstancePool, m: PoolMember, why: string, unreachable = false): void {
     if (m.healthy || m.lastError !== why) this.log?.warn({ side: pool.side, url: m.url, why }, 'instance unhealthy');
-    pool.markDown(m, why);
+    pool.markDown(m, why, unreachable);
   }
 
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -334,9 +336,9 @@ export class Proxy {
           return;
         } catch (e) {
           rethrowIfAssertion(e);
-          this.releaseHeld(failed, exclude, call.headers); // retried or not (the retry's decode may die too)
-          if (attempt > 1 || failed.m === null || res.headersSent || client.signal.aborted) throw e;
-          first = e;
+          this.releaseHeld(failed, exclude, call.headers); // retried or not; leaves it out of the next route
+          if (failed.m === null || res.headersSent || client.signal.aborted) throw e;
+          first ??= e;
           this.log?.warn({ url: failed.m.url, err: (e as Error).message }, 'retrying the request on another instance');
         }
       }
@@ -447,7 +449,7 @@ export class Proxy {
       return await fn();
     } catch (e) {
       const dead = e instanceof HandoffError && e.code === 'PEER_UNAVAILABLE' && e.details === undefined;
-      if (dead) for (const s of membersOf(this, m)) this.down(s.pool, s.m, e.message);
+      if (dead) for (const s of membersOf(this, m)) this.down(s.pool, s.m, e.message, true);
       if (failed && (dead || (e instanceof HandoffError && e.details?.['upstreamStatus'] === 503))) failed.m = m;
       throw e;
     } finally {
@@ -474,7 +476,7 @@ export class Proxy {
       pool,
       m,
       async () => {
-        const u = await callUpstream(this.env, {
+        const u = await callUnlessGone(this.env, {
           method: 'POST',
           url: `${m.url}${call.path}`,
           body: call.body,
@@ -482,6 +484,7 @@ export class Proxy {
           signal: call.signal,
           signalUntilHeaders: call.signalUntilHeaders ?? false,
           timeoutMs: this.opts.upstreamTimeoutMs,
+          gone: pool.goneSignal(m), // taken out as unreachable while waiting: fail over (retried elsewhere)
         });
         try {
           if (!u.response.ok) throw withStatus(await upstreamError(role, u.response), u.response.status);

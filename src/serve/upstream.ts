@@ -149,6 +149,33 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
 }
 
 /**
+ * callUpstream, given up as PEER_UNAVAILABLE when `gone` aborts before the answer's headers are in (the
+ * instance was taken out as unreachable: a frozen one never answers, and the request may be retried
+ * elsewhere instead of waiting for the whole timeout). Once the headers are in, `gone` no longer counts.
+ */
+export async function callUnlessGone(
+  env: Env,
+  { gone, ...call }: UpstreamCall & { gone: AbortSignal },
+): Promise<UpstreamResponse> {
+  const ac = new AbortController();
+  const client = call.signal;
+  const abort = (): void => ac.abort();
+  if (client?.aborted === true || gone.aborted) ac.abort();
+  client?.addEventListener('abort', abort, { once: true });
+  gone.addEventListener('abort', abort, { once: true });
+  try {
+    return await callUpstream(env, { ...call, signal: ac.signal });
+  } catch (e) {
+    rethrowIfAssertion(e);
+    if (e instanceof HandoffError && e.code === 'REQUEST_ABORTED' && gone.aborted && client?.aborted !== true)
+      throw new HandoffError('PEER_UNAVAILABLE', `${call.url} was taken out (unreachable) before it answered`);
+    throw e;
+  } finally {
+    gone.removeEventListener('abort', abort);
+  }
+}
+
+/**
  * Why a relay's signal aborted: the upstream's timeout (its reason, a HandoffError `TIMEOUT`) or a
  * client that went away (any other reason).
  */
