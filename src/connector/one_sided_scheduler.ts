@@ -393,7 +393,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       const grant = defined(this.grants, 'grant issuer').issueGrant({
         transferId,
         peerEngineId: null,
-        blockIds: flat,
+        blockIds: this.mutations.grantedPages(groups, req.numPromptTokens, this.blockSize),
         ttlMs: this.config.leaseMs,
       });
       this.stats.grantsIssued++;

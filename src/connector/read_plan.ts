@@ -35,7 +35,8 @@ export interface ReadPlanInput {
 
 export function planRead(i: ReadPlanInput): ReadPlan {
   const aligned = i.local.map((ids, g) => {
-    if (g >= i.numAttnGroups) return alignState(ids, i.remote[g] ?? []);
+    // Mutant mamba-state-dropped: the state group moves nothing.
+    if (g >= i.numAttnGroups) return alignState(ids, i.mutations.moveMambaState ? (i.remote[g] ?? []) : []);
     const sources = i.mutations.readSources(i.remote[g] ?? [], i.startToken, i.remoteBlockSize);
     return alignTokens(
       { blockIds: ids, blockSize: i.localBlockSize },

@@ -2,10 +2,10 @@
  * End-of-run oracles, judged once the world has stopped (the race checker and the page lifecycle
  * judge during the run):
  *   liveness             every request finished; a failure carries a typed error code (never
- *                        untyped, never INTERNAL = a crash); without any injected fault or scenario
- *                        action, every request succeeds and no load fails (none recomputed locally
- *                        after its transfer's timeout: a WRITE prefill never pushed, a READ that never
- *                        came, hid behind the recompute fallback)
+ *                        untyped, never INTERNAL = a crash); without any injected fault (harmless ones
+ *                        aside: HARMLESS_FAULTS) or scenario action, every request succeeds and no load
+ *                        fails (none recomputed locally after its transfer's timeout: a WRITE prefill
+ *                        never pushed, a READ that never came, hid behind the recompute fallback)
  *   pd-equals-colocated  every successful request equals the colocated run of it alone, token for
  *                        token and logits hash for logits hash, with no NaN logits
  *   leak                 both live instances are quiescent with every page back in the pool and every
@@ -14,13 +14,23 @@
  *   lease, cancel        held prefill pages and cancellations (cancel_oracles.ts)
  *   router-index         xpyd: the router's index equals the pools after the last heartbeats (xpyd.ts)
  */
+import type { FaultSite } from './buggify.ts';
 import { colocatedReference } from './reference.ts';
 import type { SimWorld } from './world.ts';
+
+/**
+ * Faults that may slow a request down but never fail it nor its load: a zeroing held back a few steps, a
+ * notification delivered twice (idempotent), decode pages taken (preemption: recomputed, no load fails).
+ * A run where only these fired is judged as undisturbed: a load failure there is a bug (a run with any
+ * fault fired was exempt, 36 of 1p1d's seeds 1-40, so a READ refused on every prompt whose N-1 tokens end
+ * on a page boundary was caught in 10 of 1280 schedules of `sim --scenario all`).
+ */
+const HARMLESS_FAULTS: ReadonlySet<FaultSite> = new Set<FaultSite>(['delay-zero', 'dup-notify', 'preempt']);
 
 export async function judgeEnd(w: SimWorld): Promise<void> {
   if (w.violations.length > 0) return;
   const disturbed =
-    Object.keys(w.buggify.fired).length > 0 ||
+    Object.keys(w.buggify.fired).some((site) => !HARMLESS_FAULTS.has(site as FaultSite)) ||
     w.scenario.abortTarget !== null ||
     w.scenario.killPrefillMidRead ||
     w.cancels.applied.length > 0;

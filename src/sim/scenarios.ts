@@ -47,11 +47,15 @@
  *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
  *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts); decode pools small
  *                    enough to evict, so some are routed on pages a decode no longer holds
+ *   hybrid           1p1d's requests on the model's Mamba twin (hybrid-micro, or hybrid-mini for a mini
+ *                    model), whatever model is asked: every READ also moves a Mamba state page, so `sim
+ *                    --scenario all` on the default (attention-only) model still judges the state handoff
  */
 import { HandoffError } from '../util/errors.ts';
 import { SeededRng } from '../util/env.ts';
 import type { MutantName } from '../util/mutants.ts';
-import { BLOCK_SIZE, checkTensorParallelSize, isBlockSize, kvTwin, type ModelPreset } from '../kv/presets.ts';
+import { BLOCK_SIZE, checkTensorParallelSize, isBlockSize, isMicroPreset, kvTwin } from '../kv/presets.ts';
+import type { ModelPreset } from '../kv/presets.ts';
 import { pagesForOneRequest } from '../serve/instance.ts';
 import { vocabSizeOf } from '../model/config.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
@@ -77,6 +81,7 @@ export const SCENARIOS = [
   'hetero-tp',
   'stop-token',
   'hetero-hit',
+  'hybrid',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -251,6 +256,8 @@ function scenarioConnector(
     'slot-leak-on-fail': 'consumer',
     'stop-no-handoff': 'producer',
     'hit-start-rounded-up': 'consumer',
+    'mamba-state-dropped': 'consumer',
+    'grant-one-page-short': 'producer',
   };
   if (site[mutant] === role) c.mutant = mutant;
   return c;
@@ -369,12 +376,19 @@ function checkGeometryOptions(
   return [prefillTp, decodeTp];
 }
 
+/** The model a scenario runs: `hybrid` the asked model's Mamba twin (the same size of model), the others it. */
+export function scenarioPreset(name: ScenarioName, preset: ModelPreset): ModelPreset {
+  if (name !== 'hybrid') return preset;
+  return isMicroPreset(preset) ? 'hybrid-micro' : 'hybrid-mini';
+}
+
 export function buildScenario(
   name: ScenarioName,
-  preset: ModelPreset,
+  askedPreset: ModelPreset,
   seed: number,
   opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
 ): ScenarioConfig {
+  const preset = scenarioPreset(name, askedPreset);
   const checkedTp = checkGeometryOptions(preset, opts);
   const rng = new SeededRng(streamSeed(seed, 3));
   const [prefillBs, decodeBs] = sideBlockSizes(name, rng, opts);

@@ -42,6 +42,10 @@ export const MUTANTS = {
     'a failed or aborted work request never gives back its NIC completion-queue slot: once all are lost, every transfer is OVERLOADED',
   'hit-start-rounded-up':
     'READ mapping rounds decode’s prefix hit up to prefill’s page: a hit ending mid-page on prefill’s side (its pages the larger) starts the remote run one page late',
+  'mamba-state-dropped':
+    'a hybrid’s READ moves the attention pages only: decode’s Mamba state page is never loaded (it goes on from a zeroed state)',
+  'grant-one-page-short':
+    'prefill’s READ grant covers the pages of the N-1 tokens decode loads, not every page it lends: when N-1 ends on a page boundary decode’s whole-page READ is refused (GRANT_DENIED) and recomputed',
   'stop-no-handoff':
     'prefill hands its KV to decode only when it stopped on max_tokens: a prefill whose one token is a stop token (or EOS) answers without kv_transfer_params',
 } as const;
@@ -105,6 +109,10 @@ export interface Mutations {
   readonly freeSlotsOfFailedWork: boolean;
   /** Producer: a prefill that stopped on a stop token or EOS (not only on max_tokens) hands its KV to decode. */
   readonly handoffOnStop: boolean;
+  /** READ consumer: a hybrid's Mamba state page (h(N-1)) is loaded with the attention pages. */
+  readonly moveMambaState: boolean;
+  /** Producer: the pages a READ grant covers (correct: every page of the answer, whatever decode loads of them). */
+  grantedPages(groups: number[][], numPromptTokens: number, blockSize: number): number[];
 }
 
 export const CORRECT_BEHAVIOUR: Mutations = {
@@ -129,6 +137,8 @@ export const CORRECT_BEHAVIOUR: Mutations = {
   awaitEveryWorkRequest: true,
   freeSlotsOfFailedWork: true,
   handoffOnStop: true,
+  moveMambaState: true,
+  grantedPages: (groups) => groups.flat(),
 };
 
 const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
@@ -159,6 +169,11 @@ const MUTATIONS: Record<MutantName, Partial<Mutations>> = {
   'split-first-wr-only': { awaitEveryWorkRequest: false },
   'slot-leak-on-fail': { freeSlotsOfFailedWork: false },
   'stop-no-handoff': { handoffOnStop: false },
+  'mamba-state-dropped': { moveMambaState: false },
+  // Only the pages of the N-1 tokens decode loads: with N-1 on a page boundary, the page of token N-1 is left out.
+  'grant-one-page-short': {
+    grantedPages: (groups, n, bs) => groups.flatMap((g) => g.slice(0, Math.ceil((n - 1) / bs))),
+  },
   // Remote pages from ceil(hit / bs) instead of floor: the page holding the hit's end is skipped.
   'hit-start-rounded-up': {
     readSources: (remote, hitTokens, bs) =>
