@@ -21,6 +21,11 @@ export interface PageAccess {
   start: number;
   end: number;
   write: boolean;
+  /**
+   * A read of a recurrent state the op then rewrites (Mamba): it sees the bytes from before the op, not
+   * the op's own writes. Set on reads only.
+   */
+  state?: true;
 }
 
 /** A byte range inside one page of one slab (an access without its direction). */

@@ -290,9 +290,9 @@ export class PageLifecycle {
       reported.add(key);
       return true;
     };
-    // A recurrent (Mamba) state, on the slabs that are not attention slabs, is read-modify-write: its read
-    // is judged before the forward's own writes.
-    const isStateRead = (a: PageAccess): boolean => !a.write && !this.attnSlabs.has(a.slab);
+    // A recurrent (Mamba) state is read-modify-write: its read is judged before the forward's own writes. The
+    // footprint marks it (a.state): Mamba layers share the attention slabs (layer j of every group in slab j).
+    const isStateRead = (a: PageAccess): boolean => !a.write && (a.state === true || !this.attnSlabs.has(a.slab));
     for (const a of footprint) {
       if (a.block === 0 || !isStateRead(a)) continue;
       const problem = this.readProblem(this.page(a.block), a, opId);

@@ -60,7 +60,10 @@ test('hybrid-mini: K and V are separate write ranges; the Mamba state is read on
       w(slab, 1, 16 * kvSlot + start * kvSlot, 16 * kvSlot + (start + n) * kvSlot),
     ]);
   const mamba = (read: boolean): PageAccess[] =>
-    [0, 1].flatMap((slab) => [...(read ? [page(slab, 7, state)] : []), w(slab, 7, 0, state)]);
+    [0, 1].flatMap((slab) => [
+      ...(read ? [{ ...page(slab, 7, state), state: true as const }] : []),
+      w(slab, 7, 0, state),
+    ]);
   const order = (xs: PageAccess[]): PageAccess[] =>
     [...xs].sort(
       (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,

@@ -6,7 +6,8 @@
  *   read), in every slab of the group's layers, and a WRITE of exactly the byte ranges of the new tokens'
  *   slots (K and V are two ranges);
  * - Mamba groups: a READ of the state [0, realPageBytes) only when startPos > 0 (at 0 the state starts
- *   from zero and the page is not read) and a WRITE of the whole state.
+ *   from zero and the page is not read), marked `state` (it reads the bytes from before the forward's own
+ *   writes), and a WRITE of the whole state.
  *
  * With tensor parallel ranks, every rank's slab of each layer (each rank reads and writes its own share,
  * at the offsets of its own page format). Accesses are merged per (slab, block, write): overlapping or
@@ -22,6 +23,8 @@ interface Spans {
   slab: number;
   block: number;
   write: boolean;
+  /** A Mamba state read (PageAccess.state): a page is one group's, so every span of the entry is one. */
+  state: boolean;
   /** [start0, end0, start1, end1, ...] */
   spans: number[];
 }
@@ -31,11 +34,11 @@ const spanKey = (slab: number, block: number, write: boolean): number => (slab *
 
 export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): PageAccess[] {
   const ranges = new Map<number, Spans>();
-  const add = (slab: number, block: number, write: boolean, start: number, end: number): void => {
+  const add = (slab: number, block: number, write: boolean, start: number, end: number, state = false): void => {
     const key = spanKey(slab, block, write);
     let entry = ranges.get(key);
     if (entry === undefined) {
-      entry = { slab, block, write, spans: [] };
+      entry = { slab, block, write, state, spans: [] };
       ranges.set(key, entry);
     }
     entry.spans.push(start, end);
@@ -54,7 +57,7 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
         assert(table.length === 1, `${req.requestId}: a Mamba group holds exactly one state page`);
         const block = table[0] as number;
         for (const slab of slabs) {
-          if (req.startPos > 0) add(slab, block, false, 0, real);
+          if (req.startPos > 0) add(slab, block, false, 0, real, true);
           add(slab, block, true, 0, real);
         }
         return;
@@ -76,14 +79,16 @@ export function forwardFootprint(kvConfig: KVCacheConfig, args: ForwardArgs): Pa
     });
   }
   const out: PageAccess[] = [];
-  for (const { slab, block, write, spans } of ranges.values()) mergeSpans(slab, block, write, spans, out);
+  for (const e of ranges.values()) mergeSpans(e, out);
   return out.sort(
     (a, b) => a.slab - b.slab || a.block - b.block || Number(a.write) - Number(b.write) || a.start - b.start,
   );
 }
 
 /** Push the union of `spans` (flat start/end pairs) as sorted, disjoint, non-touching accesses. */
-function mergeSpans(slab: number, block: number, write: boolean, spans: number[], out: PageAccess[]): void {
+function mergeSpans({ slab, block, write, state, spans }: Spans, out: PageAccess[]): void {
+  const access = (start: number, end: number): PageAccess =>
+    state ? { slab, block, start, end, write, state } : { slab, block, start, end, write };
   const n = spans.length / 2;
   const order = Array.from({ length: n }, (_, i) => i);
   if (n > 1)
@@ -100,10 +105,10 @@ function mergeSpans(slab: number, block: number, write: boolean, spans: number[]
     const e = spans[2 * i + 1] as number;
     if (s <= end) end = Math.max(end, e);
     else {
-      out.push({ slab, block, start, end, write });
+      out.push(access(start, end));
       start = s;
       end = e;
     }
   }
-  out.push({ slab, block, start, end, write });
+  out.push(access(start, end));
 }
