@@ -16,6 +16,7 @@ import {
   pdTensorParallelFlags,
   presetFlag,
   tensorParallelFlag,
+  traceBaseFlag,
 } from './flags.ts';
 import { registerBenchTransfer } from './bench_transfer.ts';
 import { benchModel, benchTensorParallel } from '../model/bench.ts';
@@ -84,9 +85,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
   const env = new RealEnv(intFlag('seed', String(o['seed']), 0, 2 ** 31));
   const requests = intFlag('requests', String(o['requests']), 1, 1000);
   const variants = o['variant'] === undefined ? AB_VARIANTS : abVariants(String(o['variant']));
-  const traceBase = o['trace'] === undefined ? null : String(o['trace']);
-  if (traceBase !== null && traceBase.replace(/\.(json|html)$/, '').length === 0)
-    throw new HandoffError('BAD_CONFIG', '--trace needs a file name');
+  const traceBase = o['trace'] === undefined ? null : traceBaseFlag('trace', o['trace']);
   // A bad --trace path is refused before the run, not after it.
   if (traceBase !== null) outputFilesFlag('trace', abTraceFiles(traceBase, variants));
   const bar = new cliProgress.SingleBar(

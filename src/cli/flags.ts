@@ -1,6 +1,6 @@
 /** Flag values → typed options, with errors that name the flag (BAD_CONFIG). */
 import { accessSync, constants, mkdirSync, statSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { basename, dirname } from 'node:path';
 import { HandoffError } from '../util/errors.ts';
 import { LOG_FORMATS, type LogFormat } from '../util/log.ts';
 import {
@@ -188,6 +188,18 @@ export function outputFilesFlag(name: string, files: readonly string[]): void {
     }
     if (isDir) throw new HandoffError('BAD_CONFIG', `--${name}: '${file}' is a directory`);
   }
+}
+
+/**
+ * A trace base (`trace --out`, `ab --trace`): `<base>.json` and `<base>.html` are written, so it must end in
+ * a file name. '', 'dir/' or '.' wrote hidden files ('dir/.json', '..json') that a listing does not show.
+ */
+export function traceBaseFlag(name: string, v: unknown): string {
+  const base = String(v ?? '');
+  const stem = base.replace(/\.(json|html)$/, '');
+  if (stem === '' || /[\\/]$/.test(stem) || ['.', '..'].includes(basename(stem)))
+    throw new HandoffError('BAD_CONFIG', `--${name} needs a file name (it writes <name>.json and <name>.html)`);
+  return base;
 }
 
 /** `--log-format pretty|json`; absent = automatic (pretty on a terminal, json otherwise). */

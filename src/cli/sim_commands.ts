@@ -5,9 +5,17 @@ import cliProgress from 'cli-progress';
 import { HandoffError } from '../util/errors.ts';
 import { isMutantName, MUTANTS } from '../util/mutants.ts';
 import { MODEL_PRESETS, type ModelPreset } from '../kv/presets.ts';
-import { anyPresetFlag, blockSizeFlag, optionalInt, outputFilesFlag, pdTensorParallelFlags } from './flags.ts';
+import {
+  anyPresetFlag,
+  blockSizeFlag,
+  optionalInt,
+  outputFilesFlag,
+  pdTensorParallelFlags,
+  traceBaseFlag,
+} from './flags.ts';
 import {
   DEFAULT_SIM_PRESET,
+  defaultSeed,
   DPOR_DEPTH_DEFAULT,
   DPOR_MAX_SCHEDULES_DEFAULT,
   formatDporLine,
@@ -51,6 +59,9 @@ async function simSweep(
   run: { seeds: number; jobs: number; budgetS?: number },
 ): Promise<void> {
   if (o['replay']) throw new HandoffError('BAD_CONFIG', '--replay runs one scenario and strategy');
+  // A sweep searches; it never replays a schedule (ignoring it ran every pair's search instead).
+  if (o['schedule'] !== undefined)
+    throw new HandoffError('BAD_CONFIG', '--schedule replays one dpor schedule: one scenario and strategy');
   const {
     scenario: _a,
     strategy: _b,
@@ -113,10 +124,14 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
   };
 }
 
-/** `--prefill-tp`/`--decode-tp` (or `--tensor-parallel-size` for both); only degrees other than 1 are set. */
+/**
+ * `--prefill-tp`/`--decode-tp` (or `--tensor-parallel-size` for both): set when a flag names them, 1 too
+ * (hetero-tp draws its degrees only when none is named; dropping an explicit 1/1 ran drawn ones instead).
+ */
 function simTensorParallel(model: ModelPreset, o: Record<string, unknown>): { prefillTp?: number; decodeTp?: number } {
   const { prefill, decode } = pdTensorParallelFlags(model, o);
-  return prefill === 1 && decode === 1 ? {} : { prefillTp: prefill, decodeTp: decode };
+  const named = ['tensorParallelSize', 'prefillTp', 'decodeTp'].some((k) => o[k] !== undefined);
+  return !named ? {} : { prefillTp: prefill, decodeTp: decode };
 }
 
 /** `--schedule 0.2.1`: the index taken at each branching choice of a dpor schedule (each a plain decimal < 10000). */
@@ -203,10 +218,11 @@ export function registerSimCommands(program: Command): void {
     .option('--out <base>', 'output path without extension', 'handoff-trace')
     .action(async (o: Record<string, unknown>) => {
       const base = simOptions(o);
-      const files = traceFiles(String(o['out']));
+      const out = traceBaseFlag('out', o['out']);
+      const files = traceFiles(out);
       outputFilesFlag('out', [files.json, files.html]);
-      const { trace, result } = await traceSim(base, base.seed ?? 1);
-      writeTrace(trace, String(o['out']));
+      const { trace, result } = await traceSim(base, base.seed ?? defaultSeed(base.strategy));
+      writeTrace(trace, out);
       process.stdout.write(
         `${files.json}\n${files.html}\n${result.violations.length} violation(s)${result.violations[0] ? `: ${result.violations[0].message}` : ''}\n`,
       );

@@ -424,8 +424,8 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     if (!p.remote_engine_id || !p.remote_host || typeof p.remote_port !== 'number' || !p.transfer_id || grant == null)
       return false;
     if (this.config.mode === 'read' && !grant) return false;
-    // Keyed apart from live requests: a refused duplicate id must not replace a live request's READ.
-    const key = `unused:${p.transfer_id}`;
+    // Apart from live request ids (no X-Request-Id has a space: unused_key.test.ts), and per producer.
+    const key = `unused: ${JSON.stringify([p.transfer_id, p.remote_engine_id, p.remote_host, p.remote_port])}`;
     this.reqsNeedRecv.set(key, {
       requestId: key,
       transferId: p.transfer_id,

@@ -33,6 +33,10 @@ interface Entry {
   /** What the peer sent at the handshake (its geometry), once ready. */
   metadata: EngineMetadata | null;
   markSettled: () => void;
+  /** A ready entry: the refresh handshake running for it (it stays usable until that one settles), or null. */
+  refreshing: Entry | null;
+  /** A refresh: the ready entry it replaces once it settles. */
+  replaces: Entry | null;
 }
 
 /** A failed handshake is not retried before this: requests arriving meanwhile fail fast. */
@@ -125,8 +129,9 @@ export class PeerDirectory {
       return this.start(host, port, null).status;
     // A cached answer naming another engine: the peer may have restarted on that address; ask once more
     // (once per expected engine id, so stale params cannot make it handshake on every step).
+    // The ready entry stays for the requests of the engine there (their READs may be posting) until it answers.
     if (e.status.state === 'ready' && e.status.engineId !== expectedEngineId && e.refreshedFor !== expectedEngineId) {
-      return this.start(host, port, expectedEngineId).status;
+      return (e.refreshing ?? this.start(host, port, expectedEngineId, e)).status;
     }
     return e.status;
   }
@@ -138,7 +143,8 @@ export class PeerDirectory {
   async resolve(host: string, port: number, expectedEngineId: string): Promise<string> {
     let st = this.statusFor(host, port, expectedEngineId);
     if (st.state === 'connecting') {
-      await this.entries.get(`${host}:${port}`)?.settled;
+      const e = this.entries.get(`${host}:${port}`);
+      await (e?.refreshing ?? e)?.settled;
       st = this.peek(host, port) ?? {
         state: 'failed',
         error: new HandoffError('PEER_UNAVAILABLE', `the side channel to ${host}:${port} was dropped`),
@@ -203,14 +209,24 @@ export class PeerDirectory {
     this.entries.delete(`${host}:${port}`);
   }
 
+  /**
+   * A transfer to `engineId` found no side channel: forget it, unless another engine answers at that address
+   * now (a restart): that one's channel is healthy, and forgetting it made every stale request handshake again.
+   */
+  forgetChannelOf(host: string, port: number, engineId: string): void {
+    const st = this.peek(host, port);
+    if (st?.state === 'ready' && st.engineId !== engineId) return;
+    this.forget(host, port);
+  }
+
   get size(): number {
     return this.entries.size;
   }
 
-  private start(host: string, port: number, refreshedFor: string | null): Entry {
+  private start(host: string, port: number, refreshedFor: string | null, replaces: Entry | null = null): Entry {
     const key = `${host}:${port}`;
     this.checkAllowed(host, port);
-    if (this.entries.size >= PEERS_MAX && !this.entries.has(key)) this.evictOne();
+    if (replaces === null && this.entries.size >= PEERS_MAX && !this.entries.has(key)) this.evictOne();
     let markSettled = (): void => undefined;
     const settled = new Promise<void>((r) => (markSettled = r));
     const entry: Entry = {
@@ -220,8 +236,11 @@ export class PeerDirectory {
       settled,
       metadata: null,
       markSettled: () => markSettled(),
+      refreshing: null,
+      replaces,
     };
-    this.entries.set(key, entry);
+    if (replaces === null) this.entries.set(key, entry);
+    else replaces.refreshing = entry;
     this.stats.handshakesStarted++;
     // A refresh asks the peer itself: a side channel to the old engine may still look open.
     this.handshake({ host, port, ...(refreshedFor !== null ? { fresh: true } : {}) }).then(
@@ -239,6 +258,10 @@ export class PeerDirectory {
   }
 
   private settle(key: string, entry: Entry, status: PeerStatus): void {
+    // A refresh takes the place of the entry it refreshed, unless that one was forgotten or replaced meanwhile.
+    if (entry.replaces !== null && this.entries.get(key) === entry.replaces) this.entries.set(key, entry);
+    if (entry.replaces !== null) entry.replaces.refreshing = null;
+    entry.replaces = null;
     entry.status = status;
     entry.settledMs = this.env.nowMs();
     entry.markSettled();

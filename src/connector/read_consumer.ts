@@ -161,7 +161,8 @@ export class ReadConsumer {
     const error = this.lapsedGrant(t.r, t.error as HandoffError);
     this.stats.readsFailed++;
     // The side channel to that peer is gone: handshake again (for the release and the next READ).
-    if (error.code === 'PEER_UNAVAILABLE') this.ctx.peers.forget(t.r.remoteHost, t.r.remotePort);
+    if (error.code === 'PEER_UNAVAILABLE')
+      this.ctx.peers.forgetChannelOf(t.r.remoteHost, t.r.remotePort, t.r.remoteEngineId);
     this.ctx.log?.warn({ requestId: t.r.requestId, code: error.code, err: error.message }, 'KV READ failed');
     result.failedReqIds.push(t.r.requestId);
     result.invalidBlockIds.push(...t.r.localBlockIds.flat());

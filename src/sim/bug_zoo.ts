@@ -83,7 +83,11 @@ export const BUG_ZOO: Record<MutantName, ZooEntry> = {
   // mamba-state-dropped (review, session 16) escaped `sim --scenario all` and this zoo: every scenario ran the
   // default model, attention only (dsv4-micro), so no READ ever moved a Mamba state page; with --model
   // hybrid-micro it failed every scenario. The hybrid scenario runs the Mamba twin of whatever model is asked.
-  'mamba-state-dropped': { scenario: 'hybrid', expect: 'pd-equals-colocated', seedsBound: { random: 1, pct: 1 } },
+  'mamba-state-dropped': {
+    scenario: 'hybrid',
+    expect: 'lifecycle:I2|pd-equals-colocated',
+    seedsBound: { random: 1, pct: 1 },
+  },
   // grant-one-page-short (review, session 16): a READ refused by its grant is recomputed (a 200, right tokens),
   // so only the liveness oracle's undisturbed-loads check sees it; it exempted every run where any fault fired
   // (36 of 1p1d's seeds 1-40), and the mutant escaped 1p1d's 80 schedules (10 of 1280 in all caught it). Runs

@@ -2,6 +2,7 @@
 export {
   runSim,
   DEFAULT_SIM_PRESET,
+  defaultSeed,
   runSeed,
   formatSimReport,
   replayCommand,

@@ -135,7 +135,8 @@ export function replayCommand(
     parts.push(`--block-size ${o.blockSize}`);
   if (o.prefillBlockSize !== undefined) parts.push(`--prefill-block-size ${o.prefillBlockSize}`);
   if (o.decodeBlockSize !== undefined) parts.push(`--decode-block-size ${o.decodeBlockSize}`);
-  if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1)
+  const tpSet = o.prefillTp !== undefined || o.decodeTp !== undefined;
+  if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1 || (tpSet && o.scenario === 'hetero-tp'))
     parts.push(`--prefill-tp ${o.prefillTp ?? 1} --decode-tp ${o.decodeTp ?? 1}`);
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
@@ -294,6 +295,14 @@ export function tensorParallelOf(o: Pick<SimOptions, 'prefillTp' | 'decodeTp'>):
   };
 }
 
+/**
+ * The seed run when `--seed` is absent: dfs numbers schedules from 0 and a dpor search explores world 0
+ * (dpor_run.ts), so a dpor replay or trace without `--seed` must run world 0 too; the others start at 1.
+ */
+export function defaultSeed(strategy: Strategy): number {
+  return strategy === 'dfs' || strategy === 'dpor' ? 0 : 1;
+}
+
 /** `threads`: a pool shared by several runs (a sweep); its size is then the run's jobs. */
 export async function runSim(
   o: SimOptions,
@@ -302,7 +311,7 @@ export async function runSim(
 ): Promise<SimReport> {
   // dpor is one search, not a list of seeds: it runs in this thread (dpor_run.ts).
   if (o.strategy === 'dpor' && !o.replay) return runDpor(o, wall);
-  const first = o.seed ?? (o.strategy === 'dfs' ? 0 : 1);
+  const first = o.seed ?? defaultSeed(o.strategy);
   checkPlayable(o, first);
   const count = o.replay ? 1 : o.seeds;
   const jobs = o.replay ? 1 : (threads?.size ?? o.jobs ?? 1);

@@ -5,7 +5,7 @@
  */
 import { RealEnv, type Env } from '../util/env.ts';
 import type { Strategy } from './explorer.ts';
-import { isHandoffError } from '../util/errors.ts';
+import { HandoffError, isHandoffError } from '../util/errors.ts';
 import { checkPlayable, formatSimReport, runSim, type SimOptions, type SimReport } from './run_sim.ts';
 import type { ScenarioName } from './scenarios.ts';
 import { SimThreads } from './sim_threads.ts';
@@ -42,13 +42,16 @@ function unplayable(scenario: ScenarioName, o: SweepOptions): string | null {
 
 export async function runSweep(o: SweepOptions, wall: Env = new RealEnv(0)): Promise<SweepReport> {
   const jobs = o.jobs ?? 1;
-  const threads = jobs > 1 ? new SimThreads(jobs) : null;
   const skipped: SweepReport['skipped'] = [];
   const playable = o.scenarios.filter((scenario) => {
     const reason = unplayable(scenario, o);
     if (reason !== null) skipped.push({ scenario, reason });
     return reason === null;
   });
+  // Nothing to run is no pass: a sweep of only unplayable scenarios exited 0 with "no violation".
+  if (playable.length === 0)
+    throw new HandoffError('BAD_CONFIG', `no scenario can be played: ${skipped.map((k) => k.reason).join('; ')}`);
+  const threads = jobs > 1 ? new SimThreads(jobs) : null;
   const pairs = playable.flatMap((scenario) => o.strategies.map((strategy) => ({ scenario, strategy })));
   // A time budget is shared evenly by the pairs.
   const budgetS = o.budgetS === undefined ? undefined : o.budgetS / Math.max(1, pairs.length);

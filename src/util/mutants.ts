@@ -43,7 +43,7 @@ export const MUTANTS = {
   'hit-start-rounded-up':
     'READ mapping rounds decode’s prefix hit up to prefill’s page: a hit ending mid-page on prefill’s side (its pages the larger) starts the remote run one page late',
   'mamba-state-dropped':
-    'a hybrid’s READ moves the attention pages only: decode’s Mamba state page is never loaded (it goes on from a zeroed state)',
+    'a hybrid’s READ moves the attention pages only: decode’s Mamba state page is never loaded (its forward reads a page nobody wrote)',
   'grant-one-page-short':
     'prefill’s READ grant covers the pages of the N-1 tokens decode loads, not every page it lends: when N-1 ends on a page boundary decode’s whole-page READ is refused (GRANT_DENIED) and recomputed',
   'stop-no-handoff':
