@@ -8,21 +8,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
-import { mutationsFor } from '../util/mutants.ts';
-import type { Device } from '../device/types.ts';
-import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
-import type { EngineMetadata, TransferEngine } from '../transfer/core/types.ts';
-import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
+import type { EngineMetadata } from '../transfer/core/types.ts';
 import { PeerDirectory } from './peer_directory.ts';
 import { ReadConsumer } from './read_consumer.ts';
-import { WorkerContext } from './worker_context.ts';
-
-const HOST = '127.0.0.1';
-const PORT = 9;
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
-};
+import { flush, HOST, PORT, readContext } from './read_consumer_testkit.ts';
 
 test('a refresh for another engine id leaves the ready engine usable until it answers', async () => {
   const answers: Array<(m: EngineMetadata) => void> = [];
@@ -64,30 +53,9 @@ test('a refresh answered by a new engine (the producer restarted) replaces the e
 
 test('the READ admitted for the live engine lands although a later request of its step refreshes the address', async () => {
   const env = new SimEnv(1);
-  const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   const answers: Array<(m: EngineMetadata) => void> = [];
   const peers = new PeerDirectory(() => new Promise<EngineMetadata>((r) => answers.push(r)), env);
-  const posted: string[] = [];
-  const transfer = {
-    postRead: (w: { transferId: string }) => (posted.push(w.transferId), { id: 'h' }),
-    wait: () => Promise.resolve(),
-    abort: () => Promise.resolve(),
-    notify: () => Promise.resolve(),
-  };
-  const ctx = new WorkerContext(
-    DEFAULT_ONE_SIDED_CONFIG,
-    kv,
-    transfer as unknown as TransferEngine,
-    {} as unknown as Device,
-    kv.groups.map((g) => g.groupId),
-    env,
-    peers,
-    mutationsFor(undefined),
-    undefined,
-  );
-  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
-  ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
-  ctx.clippedTails = () => [];
+  const { ctx, posted } = readContext(env, peers);
   peers.statusFor(HOST, PORT, 'prefill-a');
   answers.shift()?.({ engineId: 'prefill-a' } as unknown as EngineMetadata);
   await flush();

@@ -8,52 +8,21 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
-import { mutationsFor } from '../util/mutants.ts';
-import type { Device } from '../device/types.ts';
-import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
-import type { EngineMetadata, TransferEngine } from '../transfer/core/types.ts';
+import type { EngineMetadata } from '../transfer/core/types.ts';
 import type { RecvReqMeta } from '../worker/connector_metadata.ts';
-import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
 import { PeerDirectory } from './peer_directory.ts';
 import { ReadConsumer } from './read_consumer.ts';
-import { WorkerContext } from './worker_context.ts';
-
-const HOST = '127.0.0.1';
-const PORT = 9;
-const flush = async (): Promise<void> => {
-  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
-};
+import { flush, HOST, PORT, readContext } from './read_consumer_testkit.ts';
 
 test('stale READs after a producer restart leave the new engine’s side channel alone (one refresh, not one per request)', async () => {
   const env = new SimEnv(1);
-  const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   let engineId = 'prefill-old';
   let handshakes = 0;
   const peers = new PeerDirectory(() => {
     handshakes++;
     return Promise.resolve({ engineId } as unknown as EngineMetadata);
   }, env);
-  const transfer = {
-    postRead: () => ({ id: 'h' }),
-    wait: () => Promise.resolve(),
-    abort: () => Promise.resolve(),
-    notify: () => Promise.resolve(),
-  };
-  const ctx = new WorkerContext(
-    DEFAULT_ONE_SIDED_CONFIG,
-    kv,
-    transfer as unknown as TransferEngine,
-    {} as unknown as Device,
-    kv.groups.map((g) => g.groupId),
-    env,
-    peers,
-    mutationsFor(undefined),
-    undefined,
-  );
-  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
-  ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
-  ctx.clippedTails = () => [];
+  const { ctx } = readContext(env, peers);
   // The old prefill served this decode, then restarts on the same address as a new engine.
   peers.statusFor(HOST, PORT, 'prefill-old');
   await flush();

@@ -16,28 +16,12 @@ import { packRanges } from '../core/ranges.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import type { WorkRequest } from '../nic/nic_messages.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-
-const PAGE = 1 << 20;
-const BLOCKS = 16;
-const SESSION = 'a'.repeat(32);
+import { PAGE, PEER_SESSION, planeContext } from './relay_testkit.ts';
 
 function ctx(engineId: string, completions: Map<number, ErrorCode | null>, fill: number): NicContext {
-  const slabs = [new Uint8Array(new SharedArrayBuffer(PAGE * BLOCKS)).fill(fill)];
-  return {
-    engineId,
-    layout: { numSlabs: 1, numBlocks: BLOCKS, pageBytes: PAGE },
-    slabs,
-    dataFrameBytes: 1 << 20,
-    recvDirectMinBytes: 1 << 16,
-    scatterRecv: false,
-    lanes: 1,
-    laneMinBytes: 1 << 30,
-    sessionPeer: (s) => (s === SESSION ? 'D' : undefined),
-    checkGrant: () => ({ ok: true }),
-    complete: (wrId, code) => void completions.set(wrId, code),
-    count: () => {},
-    emit: () => {},
-  };
+  const c = planeContext(engineId, completions);
+  (c.slabs[0] as Uint8Array).fill(fill);
+  return c;
 }
 
 function read(wrId: number, local: number, pages: number): WorkRequest {
@@ -64,7 +48,7 @@ test('tcp: a READ aborted right after its post leaves the READs beside it on the
   const clientCtx = ctx('D', done, 0);
   const client = new TcpPlane(clientCtx, '127.0.0.1', 0);
   await client.listen();
-  client.setPeer('P', { host: '127.0.0.1', port, session: SESSION });
+  client.setPeer('P', { host: '127.0.0.1', port, session: PEER_SESSION });
   try {
     // A warm connection, as between engines that already moved data.
     client.post(read(9, 15, 1));

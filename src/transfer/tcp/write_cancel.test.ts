@@ -11,27 +11,10 @@ import { TcpPlane } from './nic_tcp.ts';
 import { packRanges } from '../core/ranges.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-
-const PAGE = 1 << 20;
-const BLOCKS = 16;
+import { BLOCKS, PAGE, planeContext } from './relay_testkit.ts';
 
 function ctx(engineId: string, completions: Map<number, ErrorCode | null>): NicContext {
-  const slabs = [new Uint8Array(new SharedArrayBuffer(PAGE * BLOCKS))];
-  return {
-    engineId,
-    layout: { numSlabs: 1, numBlocks: BLOCKS, pageBytes: PAGE },
-    slabs,
-    dataFrameBytes: 1 << 20,
-    recvDirectMinBytes: 1 << 16,
-    scatterRecv: false,
-    lanes: 1,
-    laneMinBytes: 1 << 30,
-    sessionPeer: (s) => (s === 'a'.repeat(32) ? 'D' : undefined),
-    checkGrant: () => ({ ok: true }),
-    complete: (wrId, code) => void completions.set(wrId, code),
-    count: () => {},
-    emit: () => {},
-  };
+  return planeContext(engineId, completions);
 }
 
 test('tcp: aborted in-flight WRITEs leave no note behind, and the connection stays up', async () => {

@@ -1,0 +1,48 @@
+/**
+ * Test kit for READ consumer tests against a PeerDirectory: a WorkerContext over llama-mini's KV groups (64
+ * pages of 16 tokens) whose transfer engine records the READs it is asked to post and settles every wait,
+ * abort and notify at once; peer geometry, work requests and clipped tails are stubbed flat.
+ */
+import { SimEnv } from '../util/env.ts';
+import { mutationsFor } from '../util/mutants.ts';
+import type { Device } from '../device/types.ts';
+import { presetKVGroups } from '../kv/presets.ts';
+import { makeKVCacheConfig } from '../kv/spec.ts';
+import type { TransferEngine } from '../transfer/core/types.ts';
+import { DEFAULT_ONE_SIDED_CONFIG } from './config.ts';
+import type { PeerDirectory } from './peer_directory.ts';
+import { WorkerContext } from './worker_context.ts';
+
+export const HOST = '127.0.0.1';
+export const PORT = 9;
+
+/** Let the directory's handshake promises settle. */
+export async function flush(): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+}
+
+export function readContext(env: SimEnv, peers: PeerDirectory): { ctx: WorkerContext; posted: string[] } {
+  const kv = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
+  const posted: string[] = [];
+  const transfer = {
+    postRead: (w: { transferId: string }) => (posted.push(w.transferId), { id: 'h' }),
+    wait: () => Promise.resolve(),
+    abort: () => Promise.resolve(),
+    notify: () => Promise.resolve(),
+  };
+  const ctx = new WorkerContext(
+    DEFAULT_ONE_SIDED_CONFIG,
+    kv,
+    transfer as unknown as TransferEngine,
+    {} as unknown as Device,
+    kv.groups.map((g) => g.groupId),
+    env,
+    peers,
+    mutationsFor(undefined),
+    undefined,
+  );
+  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
+  ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
+  ctx.clippedTails = () => [];
+  return { ctx, posted };
+}
