@@ -5,8 +5,9 @@
  * timeout (600 s by default) although the proxy knew the instance was gone and another could serve it.
  * Such a leg must fail over (the request is retried on a healthy instance) once the instance is taken
  * out as unreachable: refused or reset at once, silent after five timed-out health checks in a row (a
- * busy instance answers late: its requests are not cut for two slow checks). The upstreams are plain
- * HTTP servers scripted for the purpose (vLLM-like: no /handoff/info).
+ * busy instance answers late: its requests are not cut for two slow checks). A stream already under
+ * way when its decode froze ends then with an error event (it held its client for the whole timeout).
+ * The upstreams are plain HTTP servers scripted for the purpose (vLLM-like: no /handoff/info).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -104,3 +105,55 @@ for (const side of ['prefill', 'decode'] as const) {
     }
   });
 }
+
+test('a decode that froze mid-stream: the stream ends with an error event once the checks take it out', async () => {
+  // One prefill, one decode whose stream sends two events, then nothing (health checks included).
+  const p = await upstream(prefillAnswer);
+  let frozen = false;
+  const held: ServerResponse[] = [];
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (frozen) return void held.push(res);
+      if (req.url === '/health') return void res.end('');
+      if (req.url !== '/v1/completions') return void res.writeHead(404).end('{}');
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const event = { choices: [{ index: 0, text: 'a', finish_reason: null }] };
+      res.write(`data: ${JSON.stringify(event)}\n\ndata: ${JSON.stringify(event)}\n\n`);
+      frozen = true;
+      held.push(res);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const proxy = new Proxy(
+    {
+      ...DEFAULT_PROXY_OPTIONS,
+      prefillUrls: [p.url],
+      decodeUrls: [`http://127.0.0.1:${(server.address() as AddressInfo).port}`],
+      healthIntervalMs: 100,
+      healthTimeoutMs: 200,
+      upstreamTimeoutMs: 20_000,
+    },
+    env,
+  );
+  const url = `http://127.0.0.1:${await proxy.listen(0, '127.0.0.1')}`;
+  await proxy.start();
+  try {
+    const r = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt: 'hello', max_tokens: 4, stream: true }),
+      signal: AbortSignal.timeout(8000),
+    });
+    assert.equal(r.status, 200);
+    const text = await r.text(); // before the fix: cut by the client's 8 s timeout, the stream still open
+    assert.match(text, /"error"/, text);
+    assert.ok(text.trimEnd().endsWith('data: [DONE]'), text);
+    assert.equal(text.match(/"text":"a"/g)?.length, 2, 'the two events before the freeze are relayed');
+  } finally {
+    await proxy.close();
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+    await p.close();
+  }
+});

@@ -151,7 +151,9 @@ export async function callUpstream(env: Env, call: UpstreamCall): Promise<Upstre
 /**
  * callUpstream, given up as PEER_UNAVAILABLE when `gone` aborts before the answer's headers are in (the
  * instance was taken out as unreachable: a frozen one never answers, and the request may be retried
- * elsewhere instead of waiting for the whole timeout). Once the headers are in, `gone` no longer counts.
+ * elsewhere instead of waiting for the whole timeout). After the headers, `gone` still aborts the body
+ * until done() (unless signalUntilHeaders): a stream whose decode froze ends with an error event instead
+ * of holding its client for the whole timeout (600 s).
  */
 export async function callUnlessGone(
   env: Env,
@@ -163,15 +165,22 @@ export async function callUnlessGone(
   if (client?.aborted === true || gone.aborted) ac.abort();
   client?.addEventListener('abort', abort, { once: true });
   gone.addEventListener('abort', abort, { once: true });
+  const unlisten = (): void => gone.removeEventListener('abort', abort);
   try {
-    return await callUpstream(env, { ...call, signal: ac.signal });
+    const u = await callUpstream(env, { ...call, signal: ac.signal });
+    return {
+      ...u,
+      done: () => {
+        unlisten();
+        u.done();
+      },
+    };
   } catch (e) {
+    unlisten();
     rethrowIfAssertion(e);
     if (e instanceof HandoffError && e.code === 'REQUEST_ABORTED' && gone.aborted && client?.aborted !== true)
       throw new HandoffError('PEER_UNAVAILABLE', `${call.url} was taken out (unreachable) before it answered`);
     throw e;
-  } finally {
-    gone.removeEventListener('abort', abort);
   }
 }
 
