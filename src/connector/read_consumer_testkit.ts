@@ -1,7 +1,8 @@
 /**
  * Test kit for READ consumer tests against a PeerDirectory: a WorkerContext over llama-mini's KV groups (64
  * pages of 16 tokens) whose transfer engine records the READs it is asked to post and settles every wait,
- * abort and notify at once; peer geometry, work requests and clipped tails are stubbed flat.
+ * abort and notify at once; peer geometry is fixed (64 pages of 16 tokens), each READ is one empty work request,
+ * and no page has a clipped tail.
  */
 import { SimEnv } from '../util/env.ts';
 import { mutationsFor } from '../util/mutants.ts';
