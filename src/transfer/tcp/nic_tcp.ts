@@ -7,6 +7,13 @@
  * A laned READ is cut into parts of equal bytes (ranges.ts splitPacked), one per lane; it completes
  * when every part did. When one part fails, the others are aborted first (each acknowledging as
  * ClientConn.abort says), then the READ fails: nothing of it lands after it ended.
+ *
+ * A peer that went silent (a connection carrying work dropped by ClientConn's silence watch: a stopped
+ * process, a host gone without a FIN) is marked hung: work requests to it fail at once (PEER_UNAVAILABLE)
+ * instead of each waiting out the silence bound on a fresh connection, which stopped decode's step for
+ * every request again and again. One probe connection waits for the peer's answer to its hello; the mark
+ * ends when the peer answers it (the probe becomes its first connection) or a new handshake re-registers
+ * the peer (setPeer).
  */
 import net from 'node:net';
 import { ServerConn } from './nic_tcp_conn.ts';
@@ -22,6 +29,15 @@ const SERVER_CONNECTIONS_MAX = 256;
 export const PEER_CONNECTIONS_MAX = 32;
 /** How long a drain waits for a connection whose peer does not read before it drops the connection. */
 export const DRAIN_TIMEOUT_MS = 10_000;
+/** A probe of a hung peer that was closed (refused, reset) is dialed again after this long. */
+export const PROBE_REDIAL_MS = 250;
+
+/** A peer that went silent: since when, and the connection waiting for its answer to a hello. */
+interface HungPeer {
+  sinceMs: number;
+  probe: ClientConn | null;
+  redial: ReturnType<typeof setTimeout> | null;
+}
 
 export class TcpPlane {
   private readonly server: net.Server;
@@ -34,6 +50,8 @@ export class TcpPlane {
   private readonly laned = new Map<number, { left: number; failing: boolean }>();
   private readonly serverConns = new Set<ServerConn>();
   private readonly raw: RawBaseline;
+  /** Peers that went silent with work in flight: no work is posted to them until they answer a hello. */
+  private readonly hung = new Map<string, HungPeer>();
 
   constructor(
     private readonly ctx: NicContext,
@@ -94,6 +112,8 @@ export class TcpPlane {
   setPeer(peerEngineId: string, peer: TcpPeer): void {
     const old = this.peers.get(peerEngineId);
     this.peers.set(peerEngineId, peer);
+    // A handshake went through: the peer's process answers again.
+    this.endHung(peerEngineId);
     if (old && (old.host !== peer.host || old.port !== peer.port)) {
       for (const c of [...(this.clients.get(peerEngineId) ?? []), ...this.retired])
         if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} re-registered`);
@@ -103,6 +123,7 @@ export class TcpPlane {
   /** The peer is gone (its last side channel closed): its connections both ways go with it. */
   removePeer(peerEngineId: string): void {
     this.peers.delete(peerEngineId);
+    this.endHung(peerEngineId);
     for (const c of [...this.retired])
       if (c.peerEngineId === peerEngineId) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
     for (const c of this.clients.get(peerEngineId) ?? []) c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} is gone`);
@@ -116,6 +137,13 @@ export class TcpPlane {
       this.ctx.complete(wr.wrId, 'PEER_UNAVAILABLE', `no handshake with peer ${wr.peerEngineId}`);
       return;
     }
+    const hung = this.hung.get(wr.peerEngineId);
+    if (hung !== undefined) {
+      const ago = (performance.now() - hung.sinceMs).toFixed(0);
+      const why = `peer ${wr.peerEngineId} went silent ${ago} ms ago with work in flight; no work is sent to it until it answers`;
+      this.ctx.complete(wr.wrId, 'PEER_UNAVAILABLE', why);
+      return;
+    }
     const big = wr.kind === 'read' && sideBytes(sideOf(wr.ranges, 'local')) >= this.ctx.laneMinBytes;
     const parts = big && this.ctx.lanes > 1 ? splitPacked(sortedBy(wr.ranges, 'local'), this.ctx.lanes) : null;
     const conns = this.lanesTo(wr.peerEngineId, peer, parts?.length ?? 1);
@@ -127,25 +155,72 @@ export class TcpPlane {
   /** At least `n` live connections to the peer, lane 0 first. */
   private lanesTo(peerEngineId: string, peer: TcpPeer, n: number): ClientConn[] {
     const list = this.clients.get(peerEngineId) ?? [];
-    while (list.length < n) {
-      const conn: ClientConn = ClientConn.connect(
-        this.ctx,
-        peerEngineId,
-        peer,
-        (c) => {
-          this.retired.delete(c);
-          const now = this.clients.get(peerEngineId);
-          const i = now?.indexOf(c) ?? -1;
-          if (now !== undefined && i >= 0) now.splice(i, 1);
-          // No entry left behind per peer that went away (engines restarting under new ids).
-          if (now?.length === 0) this.clients.delete(peerEngineId);
-        },
-        (wrId, code, message) => this.partDone(wrId, code, message),
-      );
-      list.push(conn);
-    }
+    while (list.length < n) list.push(this.dial(peerEngineId, peer));
     this.clients.set(peerEngineId, list);
     return list;
+  }
+
+  private dial(peerEngineId: string, peer: TcpPeer): ClientConn {
+    return ClientConn.connect(
+      this.ctx,
+      peerEngineId,
+      peer,
+      (c) => {
+        this.retired.delete(c);
+        const now = this.clients.get(peerEngineId);
+        const i = now?.indexOf(c) ?? -1;
+        if (now !== undefined && i >= 0) now.splice(i, 1);
+        // No entry left behind per peer that went away (engines restarting under new ids).
+        if (now?.length === 0) this.clients.delete(peerEngineId);
+        if (c.wentSilent) this.markHung(peerEngineId);
+        else this.probeClosed(peerEngineId, c);
+      },
+      (wrId, code, message) => this.partDone(wrId, code, message),
+    );
+  }
+
+  /** `peerEngineId` went silent with work in flight: refuse work to it, drop its other connections, probe it. */
+  private markHung(peerEngineId: string): void {
+    if (this.hung.has(peerEngineId) || !this.peers.has(peerEngineId)) return;
+    this.hung.set(peerEngineId, { sinceMs: performance.now(), probe: null, redial: null });
+    for (const c of [...(this.clients.get(peerEngineId) ?? [])])
+      c.destroy('PEER_UNAVAILABLE', `peer ${peerEngineId} went silent with work in flight`);
+    this.probe(peerEngineId);
+  }
+
+  /** Dial the hung peer and wait for its answer to our hello; that answer ends the mark. */
+  private probe(peerEngineId: string): void {
+    const h = this.hung.get(peerEngineId);
+    const peer = this.peers.get(peerEngineId);
+    if (h === undefined || peer === undefined) return;
+    h.redial = null;
+    const conn = this.dial(peerEngineId, peer);
+    h.probe = conn;
+    conn.onGreeted = (c) => {
+      if (this.hung.get(peerEngineId)?.probe !== c) return;
+      this.hung.delete(peerEngineId);
+      const list = this.clients.get(peerEngineId) ?? [];
+      list.unshift(c);
+      this.clients.set(peerEngineId, list);
+    };
+  }
+
+  /** A probe closed before the peer answered it (refused, reset): dial again a little later. */
+  private probeClosed(peerEngineId: string, c: ClientConn): void {
+    const h = this.hung.get(peerEngineId);
+    if (h === undefined || h.probe !== c) return;
+    h.probe = null;
+    h.redial = setTimeout(() => this.probe(peerEngineId), PROBE_REDIAL_MS);
+    h.redial.unref();
+  }
+
+  /** The mark ends without an answer (a handshake re-registered the peer, or it is gone): close the probe. */
+  private endHung(peerEngineId: string): void {
+    const h = this.hung.get(peerEngineId);
+    if (h === undefined) return;
+    this.hung.delete(peerEngineId);
+    if (h.redial !== null) clearTimeout(h.redial);
+    h.probe?.destroy('PEER_UNAVAILABLE', `probe of ${peerEngineId} no longer needed`);
   }
 
   /** A connection finished its part of `wrId` (the whole of it, unless laned). */
@@ -237,6 +312,7 @@ export class TcpPlane {
   }
 
   async close(): Promise<void> {
+    for (const id of [...this.hung.keys()]) this.endHung(id);
     for (const c of [...[...this.clients.values()].flat(), ...this.retired])
       c.destroy('PEER_UNAVAILABLE', 'the local NIC was closed');
     for (const c of this.serverConns) c.socket.destroy();

@@ -68,6 +68,12 @@ export class ClientConn extends Conn {
   private watching = false;
   /** A silence watch runs (watchSilence). */
   private listening = false;
+  /** The peer answered our hello: its process reads and answers on this port. */
+  greeted = false;
+  /** Dropped by the silence watch: the peer hung with work in flight (the plane stops posting to it). */
+  wentSilent = false;
+  /** Runs once, when the peer's helloOk arrives (the plane's probe of a peer that went silent). */
+  onGreeted: ((c: ClientConn) => void) | null = null;
 
   private constructor(
     socket: net.Socket,
@@ -292,6 +298,7 @@ export class ClientConn extends Conn {
         stillSinceMs = now;
       } else if (now - stillSinceMs >= bound) {
         this.listening = false;
+        this.wentSilent = true;
         const n = this.reads.size + this.writes.size;
         return this.destroy(
           'PEER_UNAVAILABLE',
@@ -325,7 +332,8 @@ export class ClientConn extends Conn {
   frame(f: ControlFrame): void {
     switch (f.type) {
       case 'helloOk':
-        return;
+        this.greeted = true;
+        return this.onGreeted?.(this);
       case 'done':
         if (this.ignore.delete(f.reqId)) return;
         if (!this.writes.has(f.reqId) || this.sender.has(f.reqId))
