@@ -17,6 +17,8 @@ import { spawnHandoff, type ChildServer } from './children.ts';
 export interface ClusterOptions {
   preset: ModelPreset;
   mode: 'read' | 'write';
+  /** READ mode: decode loads asynchronously (kv_connector_extra_config.async_read). */
+  asyncRead?: boolean;
   host: string;
   /** Proxy port (0 = a free one). */
   proxyPort: number;
@@ -48,17 +50,18 @@ export interface LocalCluster {
   stop(): Promise<void>;
 }
 
-export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | 'write'): string {
+export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | 'write', asyncRead = false): string {
+  const extra = { read_mode: mode === 'read', ...(asyncRead && role === 'decode' ? { async_read: true } : {}) };
   return JSON.stringify({
     kv_connector: 'OneSidedConnector',
     kv_role: role === 'prefill' ? 'kv_producer' : 'kv_consumer',
-    kv_connector_extra_config: { read_mode: mode === 'read' },
+    kv_connector_extra_config: extra,
   });
 }
 
 export function serveArgs(
   role: 'prefill' | 'decode' | 'both',
-  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'roleServeArgs' | 'apiKey'>,
+  o: Pick<ClusterOptions, 'preset' | 'mode' | 'host' | 'serveArgs' | 'roleServeArgs' | 'apiKey' | 'asyncRead'>,
 ): string[] {
   const own = role === 'both' ? [] : (o.roleServeArgs?.[role] ?? []);
   const args = [
@@ -74,7 +77,7 @@ export function serveArgs(
     ...(o.serveArgs ?? []),
     ...own,
   ];
-  if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode));
+  if (role !== 'both') args.push('--kv-transfer-config', kvTransferConfigFor(role, o.mode, o.asyncRead));
   if (o.apiKey) args.push('--api-key', o.apiKey);
   return args;
 }

@@ -14,6 +14,7 @@ import {
 } from './flags.ts';
 import { upRoleServeArgs, upServeArgs } from './up.ts';
 import { serveArgs } from './cluster.ts';
+import { parseKvTransferConfig } from '../connector/config.ts';
 import { proxyOptionsFrom } from './proxy.ts';
 import { serveOptionsFrom } from './serve.ts';
 
@@ -164,4 +165,18 @@ test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --pr
     prefill: 1,
     decode: 2,
   });
+});
+
+test('up --async-read: only decode’s kv_transfer_config gets async_read; without it neither does', () => {
+  const cfg = (role: 'prefill' | 'decode', asyncRead?: boolean) => {
+    const args = serveArgs(role, { preset: 'dsv4-mini', mode: 'read', host: '127.0.0.1', serveArgs: [], asyncRead });
+    return JSON.parse(args[args.indexOf('--kv-transfer-config') + 1] as string).kv_connector_extra_config;
+  };
+  assert.deepEqual(cfg('decode', true), { read_mode: true, async_read: true });
+  assert.deepEqual(cfg('prefill', true), { read_mode: true });
+  assert.deepEqual(cfg('decode'), { read_mode: true });
+  assert.equal(
+    parseKvTransferConfig({ kv_role: 'kv_consumer', kv_connector_extra_config: cfg('decode', true) }).config.asyncRead,
+    true,
+  );
 });

@@ -44,12 +44,31 @@ function statusLines(): (s: string) => void {
   return (s) => void process.stdout.write(`${s}\n`);
 }
 
+/** `--async-read`: decode loads asynchronously; READ mode only (a WRITE load is asynchronous already). */
+function asyncReadFlag(value: unknown, mode: 'read' | 'write'): boolean {
+  if (value !== true) return false;
+  if (mode !== 'read') throw new HandoffError('BAD_CONFIG', '--async-read is for READ mode (--mode read)');
+  return true;
+}
+
+/** Each role's serve flags with its tensor parallel degree. */
+function withTensorParallel(
+  sizes: { prefill: string[]; decode: string[] },
+  tp: { prefill: number; decode: number },
+): { prefill: string[]; decode: string[] } {
+  return {
+    prefill: [...sizes.prefill, '--tensor-parallel-size', String(tp.prefill)],
+    decode: [...sizes.decode, '--tensor-parallel-size', String(tp.decode)],
+  };
+}
+
 /** Configure the `up` command main.ts declares (flags and action). */
 export function configureUp(up: Command): void {
   up.option('--model <preset>', 'model preset: dsv4-mini | hybrid-mini | llama-mini', 'dsv4-mini')
     .option('--port <port>', 'proxy port', '8000')
     .option('--host <host>', 'interface of the proxy and the instances', '127.0.0.1')
     .option('--mode <mode>', 'read | write', 'read')
+    .option('--async-read', 'READ mode: decode loads KV asynchronously (the batch goes on while a READ is in flight)')
     .option('--prefill <n>', 'prefill instances', '1')
     .option('--decode <n>', 'decode instances', '1')
     .option('--policy <policy>', 'round-robin | least-loaded | kv-aware', 'round-robin')
@@ -74,6 +93,7 @@ export function configureUp(up: Command): void {
       checkNumBlocksHoldARequest(preset, numBlocks, upRoleBlockSizes(o));
       const tp = pdTensorParallelFlags(preset, o);
       const mode = modeFlag(preset, o['mode']);
+      const asyncRead = asyncReadFlag(o['asyncRead'], mode);
       const port = portFlag('port', o['port']);
       const host = hostFlag('host', o['host']);
       const apiKey = secretFlag(o['apiKey'], 'HANDOFF_API_KEY');
@@ -86,17 +106,15 @@ export function configureUp(up: Command): void {
       const out = statusLines();
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       const what = numPrefill + numDecode === 2 ? 'prefill and decode' : `${numPrefill} prefill + ${numDecode} decode`;
-      const tpNote = tpNoteOf(tp);
-      out(`handoff up: starting ${what} (${preset}, ${mode.toUpperCase()} mode, tcp transport${tpNote})...`);
-      const roleServeArgs = {
-        prefill: [...sizes.prefill, '--tensor-parallel-size', String(tp.prefill)],
-        decode: [...sizes.decode, '--tensor-parallel-size', String(tp.decode)],
-      };
+      const modeNote = `${mode.toUpperCase()} mode${asyncRead ? ', async loads' : ''}`;
+      out(`handoff up: starting ${what} (${preset}, ${modeNote}, tcp transport${tpNoteOf(tp)})...`);
+      const roleServeArgs = withTensorParallel(sizes, tp);
       const started = leaveOnSignalDuringStartup(out);
       const cluster = await startLocalCluster(
         {
           preset,
           mode,
+          asyncRead,
           host,
           proxyPort: port,
           serveArgs,

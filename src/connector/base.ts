@@ -27,6 +27,12 @@ export interface MatchedTokens {
   numExternalTokens: number | null;
   /** True: the load is asynchronous (request waits in WAITING_FOR_REMOTE_KVS). */
   loadAsync: boolean;
+  /**
+   * An async READ: its destinations leave the zero list by the connector's exclusion (the seed's fix and
+   * its variants, excludeReadDestinations), as a synchronous READ's do; the scheduler does not take them
+   * out itself, as it does for a WRITE load.
+   */
+  readExclusion?: boolean;
 }
 
 export interface FinishedHandoff {

@@ -2,8 +2,10 @@
  * kv_transfer_config, the way vLLM takes it (`--kv-transfer-config '<json>'`):
  *   {"kv_connector": "OneSidedConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
  *    "kv_connector_extra_config": {"read_mode": true, "zero_exclusion": "all-read-groups",
- *                                  "sync_before_read": false, "lease_ms": 60000, "transfer_timeout_ms": 30000}}
- * read_mode accepts true/false or the strings "true"/"1" like MoRIIO; the default is READ.
+ *                                  "sync_before_read": false, "async_read": false, "lease_ms": 60000,
+ *                                  "transfer_timeout_ms": 30000}}
+ * read_mode accepts true/false or the strings "true"/"1" like MoRIIO; the default is READ. async_read: a READ
+ * load does not hold decode's step; the request waits in WAITING_FOR_REMOTE_KVS while the batch goes on.
  */
 import { z } from 'zod';
 import { HandoffError } from '../util/errors.ts';
@@ -15,6 +17,12 @@ export interface OneSidedConfig {
   mode: 'read' | 'write';
   zeroExclusion: ZeroExclusion;
   syncBeforeRead: boolean;
+  /**
+   * READ mode: loads are asynchronous, as vLLM's NIXL connector does them. The request waits in
+   * WAITING_FOR_REMOTE_KVS while its READ is in flight, and the step does not wait for it; its first
+   * forward runs in a step after the READ landed. False: the step that admits it awaits its READ.
+   */
+  asyncRead: boolean;
   /** Producer: held pages are freed when no release arrives within this lease. */
   leaseMs: number;
   /** Consumer: a step's READs must finish within this. */
@@ -35,6 +43,7 @@ export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {
   mode: 'read',
   zeroExclusion: 'all-read-groups',
   syncBeforeRead: false,
+  asyncRead: false,
   leaseMs: 60_000,
   transferTimeoutMs: 30_000,
 };
@@ -52,6 +61,7 @@ const schema = z
         read_mode: boolish.optional(),
         zero_exclusion: z.enum(ZERO_EXCLUSIONS as [ZeroExclusion, ...ZeroExclusion[]]).optional(),
         sync_before_read: boolish.optional(),
+        async_read: boolish.optional(),
         lease_ms: z.number().int().min(10).max(3_600_000).optional(),
         transfer_timeout_ms: z.number().int().min(10).max(3_600_000).optional(),
         faults: z
@@ -107,6 +117,7 @@ export function parseKvTransferConfig(raw: unknown): ParsedTransferConfig {
       mode: x.read_mode === false ? 'write' : 'read',
       zeroExclusion: x.zero_exclusion ?? DEFAULT_ONE_SIDED_CONFIG.zeroExclusion,
       syncBeforeRead: x.sync_before_read ?? false,
+      asyncRead: x.async_read ?? false,
       leaseMs: x.lease_ms ?? DEFAULT_ONE_SIDED_CONFIG.leaseMs,
       transferTimeoutMs: x.transfer_timeout_ms ?? DEFAULT_ONE_SIDED_CONFIG.transferTimeoutMs,
       ...(faults ? { faults } : {}),

@@ -18,7 +18,7 @@ import { HandoffError } from '../util/errors.ts';
 import type { KVCacheConfig } from '../kv/spec.ts';
 import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } from '../worker/scheduler_output.ts';
 import { cdiv } from './alignment.ts';
-import { checkRemoteBlocks, emptyPlan, planRead, type ReadPlan } from './read_plan.ts';
+import { checkReadParams, checkRemoteBlocks, emptyPlan, planRead, type ReadPlan } from './read_plan.ts';
 import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
 import type { OneSidedConfig } from './config.ts';
 import {
@@ -160,29 +160,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     // Before anything else is done with it: a producer outside the allow-list is never contacted.
     this.peers?.checkAllowed(String(p.remote_host), Number(p.remote_port));
     if (this.config.mode === 'write') return;
-    const groups = defined(remoteBlockIdsPerGroup(p), 'remote block ids');
-    if (groups.length !== this.transferGroupIds.length) {
-      throw new HandoffError(
-        'BAD_TRANSFER_PARAMS',
-        `remote_block_ids has ${groups.length} groups, this model has ${this.transferGroupIds.length}`,
-      );
-    }
-    const n = req.numPromptTokens;
-    checkRemoteBlocks(groups, n, this.numAttnGroups, this.remoteBlockSize(p));
-    if (typeof p.remote_num_tokens === 'number' && p.remote_num_tokens < n - 1) {
-      throw new HandoffError(
-        'BAD_TRANSFER_PARAMS',
-        `prefill computed ${p.remote_num_tokens} tokens, decode needs ${n - 1}`,
-      );
-    }
-    // More is fine for attention (a prefix's KV is the same), not for a Mamba state: it is h(remote_num_tokens).
-    if (this.hasMamba && n > 1 && typeof p.remote_num_tokens === 'number' && p.remote_num_tokens !== n - 1) {
-      throw new HandoffError(
-        'BAD_TRANSFER_PARAMS',
-        `prefill computed the Mamba state of ${p.remote_num_tokens} tokens, decode goes on from ${n - 1}`,
-        { param: 'kv_transfer_params.remote_num_tokens' },
-      );
-    }
+    checkReadParams(p, req.numPromptTokens, {
+      numGroups: this.transferGroupIds.length,
+      numAttnGroups: this.numAttnGroups,
+      hasMamba: this.hasMamba,
+      remoteBlockSize: this.remoteBlockSize(p),
+    });
   }
 
   getNumNewMatchedTokens(req: ConnectorRequest, numComputedTokens: number): MatchedTokens {
@@ -193,7 +176,11 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     if (peer?.state === 'connecting') return { numExternalTokens: null, loadAsync: false };
     if (this.config.mode === 'read') {
       // Decode loads N-1 tokens and recomputes the last prompt token itself.
-      return { numExternalTokens: Math.max(req.numPromptTokens - numComputedTokens - 1, 0), loadAsync: false };
+      const n = Math.max(req.numPromptTokens - numComputedTokens - 1, 0);
+      // Async: the request waits for its READ in WAITING_FOR_REMOTE_KVS (nothing to load: an empty READ
+      // still releases the producer, in the step that admits it).
+      if (this.config.asyncRead && n > 0) return { numExternalTokens: n, loadAsync: true, readExclusion: true };
+      return { numExternalTokens: n, loadAsync: false };
     }
     const n = req.numPromptTokens - numComputedTokens;
     return n > 0 ? { numExternalTokens: n, loadAsync: true } : { numExternalTokens: 0, loadAsync: false };
@@ -277,6 +264,9 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const grantExpiresMs = p.grant_expires_ms ?? null;
     const ttl = p.grant_ttl_ms;
     const grantLapsesAtMs = typeof ttl === 'number' && req.arrivalMs !== undefined ? req.arrivalMs + ttl : null;
+    const async = this.config.asyncRead && plan !== null;
+    // Held like a WRITE load until the worker reports it: an abort must not free pages the NIC may still write.
+    if (async) this.transfers.add(req.requestId, { state: 'async-loading', transferId, deadlineMs: Infinity });
     this.reqsNeedRecv.set(req.requestId, {
       ...base,
       ...aligned,
@@ -284,6 +274,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       grant: String(p.grant),
       grantExpiresMs,
       grantLapsesAtMs,
+      ...(async ? { async: true } : {}),
     });
   }
 

@@ -61,7 +61,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
       log,
     );
     this.zeroBeforeLoads = this.ctx.mutations.zeroBeforeLoads;
-    this.reads = new ReadConsumer(this.ctx);
+    this.reads = new ReadConsumer(this.ctx, () => this.onActivity?.());
     this.producer = new Producer(this.ctx, () => this.onActivity?.());
     this.recvs = new WriteConsumer(this.ctx, () => this.onActivity?.());
     this.saves = new WriteProducer(this.ctx, () => this.onActivity?.());
@@ -107,6 +107,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   /** Counters for /metrics and the A/B (plain numbers). */
   get stats(): {
     readsPosted: number;
+    readsAsync: number;
     readsFailed: number;
     releasesSent: number;
     releasesFailed: number;
@@ -144,7 +145,9 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     if (this.ctx.config.mode === 'write') this.saves.expire(meta.expiring);
     else this.producer.expire(meta.expiring);
     this.saves.prune(meta.sendTransfers);
-    for (const a of meta.abortedRecvs) this.recvs.aborted(a.transferId, a.requestId);
+    for (const a of meta.abortedRecvs)
+      if (this.ctx.config.mode === 'read') this.reads.aborted(a.requestId);
+      else this.recvs.aborted(a.transferId, a.requestId);
     for (const n of meta.reqsToNotify) this.recvs.notifyRemoteBlocks(n);
     this.saves.startReadySaves();
   }
@@ -158,12 +161,26 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
     await this.reads.settleLateReads(so.step);
     this.saves.startReadySaves();
     const recv = this.recvs.collect(so.step);
+    const reads = this.reads.collectAsync(so.step);
     // With async scheduling the tails' zeroing sits behind the next step's forward, past what the free
     // fence covers (it waits for steps): the pages could be freed at this step's update and handed to
     // another WRITE that lands before the zeroing. Report the loads once it has run.
     if (recv.tailsZeroed !== null) await recv.tailsZeroed;
-    const finishedSending = [...this.producer.takeFinished(), ...this.saves.takeFinished(), ...recv.releasedAborted];
-    return { ...emptyConnectorOutput(), finishedSending, finishedRecving: recv.finishedRecving, ...recv.loads };
+    if (reads.tailsZeroed !== null) await reads.tailsZeroed;
+    const finishedSending = [
+      ...this.producer.takeFinished(),
+      ...this.saves.takeFinished(),
+      ...recv.releasedAborted,
+      ...reads.releasedAborted,
+    ];
+    return {
+      ...emptyConnectorOutput(),
+      finishedSending,
+      finishedRecving: [...recv.finishedRecving, ...reads.finishedRecving],
+      failedLoadReqIds: [...recv.loads.failedLoadReqIds, ...reads.loads.failedReqIds],
+      invalidBlockIds: [...recv.loads.invalidBlockIds, ...reads.loads.invalidBlockIds],
+      loadErrors: { ...recv.loads.loadErrors, ...reads.loads.loadErrors },
+    };
   }
 
   /** READ latencies since the last call (ms). */
@@ -172,7 +189,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   }
 
   hasPendingWork(): boolean {
-    return this.saves.numPending > 0 || this.recvs.size > 0;
+    return this.saves.numPending > 0 || this.recvs.size > 0 || this.reads.numAsync > 0;
   }
 
   abandonLoads(): void {

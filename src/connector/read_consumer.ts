@@ -33,6 +33,11 @@ interface ReadTransfer {
   error: HandoffError | null;
   /** Bytes of the destination pages past the transferred tokens, zeroed once the READ landed. */
   tails: PageSpan[];
+  /** An async READ (asyncRead): settled in the background, reported by collectAsync, not awaited by the step. */
+  async: boolean;
+  /** Its request finished (aborted) while it loaded: reported freeable once settled, never as loaded. */
+  aborted: boolean;
+  postedAtMs: number;
 }
 
 const READ_TRANSITIONS = { posted: ['landed', 'failed', 'late'], late: ['landed'], landed: [], failed: [] } as const;
@@ -46,17 +51,38 @@ const GRANT_EXPIRY_SLACK_MS = 1000;
 
 export class ReadConsumer {
   private readonly reads = new TransferTable<ReadState, ReadTransfer>('READ consumer', READ_TRANSITIONS, READS_MAX);
-  private postedAtMs = 0;
+  /** Aborted requests whose async READ was reported already: freeable at the next collect. */
+  private releaseNow: string[] = [];
   /** The engine is closing: no READ is waited for past its abort (see abandon). */
   private closing = false;
   /** Latency of each request's READs (post → landed, ms), drained by the metrics; bounded. */
   private latenciesMs: number[] = [];
-  stats = { readsPosted: 0, readsFailed: 0, releasesSent: 0, releasesFailed: 0, hostSyncWaits: 0, tailsZeroed: 0 };
+  stats = {
+    readsPosted: 0,
+    /** Of them, async READs (asyncRead). */
+    readsAsync: 0,
+    readsFailed: 0,
+    releasesSent: 0,
+    releasesFailed: 0,
+    hostSyncWaits: 0,
+    tailsZeroed: 0,
+  };
 
-  constructor(private readonly ctx: WorkerContext) {}
+  constructor(
+    private readonly ctx: WorkerContext,
+    /** An async READ settled: the engine loop wakes to report it. */
+    private readonly onActivity: () => void = () => {},
+  ) {}
 
   get numInFlight(): number {
     return this.reads.size;
+  }
+
+  /** Async READs (and aborted requests' pages) not reported yet: the engine keeps stepping for them. */
+  get numAsync(): number {
+    let n = this.releaseNow.length;
+    for (const [, t] of this.reads.entries()) if (t.async) n++;
+    return n;
   }
 
   /** Post this step's READs from the host (vLLM's start_load_kv). */
@@ -68,13 +94,27 @@ export class ReadConsumer {
       this.stats.hostSyncWaits++;
       await this.ctx.device.compute.recordEvent().wait();
     }
-    this.postedAtMs = this.ctx.env.nowMs();
-    for (const r of reqs) this.reads.add(r.requestId, this.post(r, step));
+    for (const r of reqs) {
+      const t = this.post(r, step);
+      this.reads.add(r.requestId, t);
+      if (!t.async) continue;
+      this.stats.readsAsync++;
+      this.settleInBackground(r.requestId, t);
+    }
+  }
+
+  /** An async READ: settled with its own deadline while steps go on; collectAsync reports it. */
+  private settleInBackground(id: string, t: ReadTransfer): void {
+    const deadlineMs = this.ctx.env.nowMs() + (this.closing ? 0 : this.ctx.config.transferTimeoutMs);
+    const settled = t.state === 'posted' ? this.settle(id, t, deadlineMs) : Promise.resolve();
+    // A rejection here is an assertion (settle takes every HandoffError): it crashes, as it must.
+    void settled.then(() => this.onActivity());
   }
 
   private post(r: RecvReqMeta, step: number): ReadTransfer {
-    if (r.localBlockIds.every((g) => g.length === 0))
-      return { state: 'landed', r, handles: [], error: null, tails: [] };
+    const postedAtMs = this.ctx.env.nowMs();
+    const base = { r, error: null, async: r.async === true, aborted: false, postedAtMs };
+    if (r.localBlockIds.every((g) => g.length === 0)) return { ...base, state: 'landed', handles: [], tails: [] };
     try {
       const peerEngineId = this.ctx.peers.readyEngine(r.remoteHost, r.remotePort, r.remoteEngineId);
       const peer = this.ctx.peerGeometry(peerEngineId);
@@ -100,10 +140,10 @@ export class ReadConsumer {
       );
       // Mutant read-done-early: the local ack of the post taken for the data having landed.
       const state = this.ctx.mutations.readDoneWhenLanded ? 'posted' : 'landed';
-      return { state, r, handles, error: null, tails: this.ctx.clippedTails(plan) };
+      return { ...base, state, handles, tails: this.ctx.clippedTails(plan) };
     } catch (e) {
       if (!isHandoffError(e)) throw e;
-      return { state: 'failed', r, handles: [], error: e, tails: [] };
+      return { ...base, state: 'failed', handles: [], error: e, tails: [] };
     }
   }
 
@@ -117,7 +157,7 @@ export class ReadConsumer {
     // In posting order: each READ is settled, reported if it failed, and released before the next.
     const tails: PageSpan[] = [];
     for (const [id, t] of [...this.reads.entries()]) {
-      if (t.state === 'late') continue;
+      if (t.state === 'late' || t.async) continue;
       if (t.state === 'posted') await this.settle(id, t, deadlineMs);
       if (t.state === 'failed') this.report(t, result);
       else tails.push(...t.tails);
@@ -129,13 +169,63 @@ export class ReadConsumer {
   }
 
   /**
+   * vLLM's get_finished for async READs: those that landed (their tails' zeroing enqueued; `tailsZeroed`
+   * settles once it ran), those that failed (reported like a step's failed READ), and those whose request
+   * was aborted (its pages may be freed: the NIC no longer writes them). Each is released to its producer.
+   */
+  collectAsync(step: number): {
+    finishedRecving: string[];
+    releasedAborted: string[];
+    loads: LoadResult;
+    tailsZeroed: Promise<void> | null;
+  } {
+    const loads: LoadResult = { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+    const finishedRecving: string[] = [];
+    const releasedAborted = this.releaseNow;
+    this.releaseNow = [];
+    const tails: PageSpan[] = [];
+    for (const [id, t] of [...this.reads.entries()]) {
+      if (!t.async || (t.state !== 'landed' && t.state !== 'failed')) continue;
+      this.reads.delete(id);
+      this.release(t.r);
+      if (t.aborted) releasedAborted.push(id);
+      else if (t.state === 'failed') this.report(t, loads);
+      else {
+        finishedRecving.push(id);
+        tails.push(...t.tails);
+      }
+    }
+    // With async scheduling the zeroing sits behind the next step's forward: the load is reported once it
+    // ran, so its pages cannot be freed and reused (another READ landing) before it (as WRITE loads).
+    const tailsZeroed = this.zeroTails(tails, step) ? this.ctx.device.compute.recordEvent().wait() : null;
+    return { finishedRecving, releasedAborted, loads, tailsZeroed };
+  }
+
+  /**
+   * An async READ's request finished (aborted) while it loads: the NIC is told to stop; its pages are
+   * reported freeable once it acknowledged (collectAsync). Only requests the scheduler held as async-loading
+   * are named here.
+   */
+  aborted(requestId: string): void {
+    const t = this.reads.get(requestId);
+    // Already reported (its load finished in a step whose output the scheduler had not applied when the
+    // request ended): the NIC is done with its pages, which may be freed at the next collect.
+    if (t === undefined) return void this.releaseNow.push(requestId);
+    if (!t.async || t.aborted) return;
+    t.aborted = true;
+    // catch-ok: abort() rejects only when the engine closes, which fails the READ anyway (settle sees it)
+    if (t.state === 'posted') void this.ctx.transfer.abort(t.handles).catch(() => undefined);
+  }
+
+  /**
    * Zero the clipped tails of READs the host has seen land, on the compute stream: after the landing
    * (the host observed it: no race with the READ's bytes), before the forward enqueued next (FIFO).
    */
-  private zeroTails(spans: PageSpan[], step: number): void {
-    if (spans.length === 0 || !this.ctx.mutations.zeroClippedTails) return;
+  private zeroTails(spans: PageSpan[], step: number): boolean {
+    if (spans.length === 0 || !this.ctx.mutations.zeroClippedTails) return false;
     this.stats.tailsZeroed += new Set(spans.map((s) => s.block)).size;
     this.ctx.device.compute.enqueue({ op: { kind: 'zero-spans', spans }, label: { what: 'zero-tail', step } });
+    return true;
   }
 
   private async settle(id: string, t: ReadTransfer, deadlineMs: number): Promise<void> {
@@ -143,7 +233,7 @@ export class ReadConsumer {
       // Mutant split-first-wr-only: the READ counted done once its first work request landed.
       const handles = this.ctx.mutations.awaitEveryWorkRequest ? t.handles : t.handles.slice(0, 1);
       await this.ctx.transfer.wait(handles, Math.max(0, deadlineMs - this.ctx.env.nowMs()));
-      if (this.latenciesMs.length < 4096) this.latenciesMs.push(this.ctx.env.nowMs() - this.postedAtMs);
+      if (this.latenciesMs.length < 4096) this.latenciesMs.push(this.ctx.env.nowMs() - t.postedAtMs);
       this.reads.move(id, 'landed');
     } catch (e) {
       if (!isHandoffError(e)) throw e;
@@ -194,14 +284,21 @@ export class ReadConsumer {
 
   /** Mutant `no-await-reads` only: the step's READs are left in flight while its forward is enqueued. */
   leaveReadsInFlight(step: number): LoadResult {
-    for (const [id] of this.reads.inState('posted')) this.reads.move(id, 'late');
-    const landed = this.reads.take('landed');
+    for (const [id, t] of this.reads.inState('posted')) if (!t.async) this.reads.move(id, 'late');
+    const landed = this.takeSync('landed');
     this.zeroTails(
       landed.flatMap(([, t]) => t.tails),
       step,
     );
-    for (const [, t] of [...landed, ...this.reads.take('failed')]) this.release(t.r);
+    for (const [, t] of [...landed, ...this.takeSync('failed')]) this.release(t.r);
     return { failedReqIds: [], invalidBlockIds: [], loadErrors: {} };
+  }
+
+  /** The step's (not async) READs in `state`, taken out of the table. */
+  private takeSync(state: 'landed' | 'failed'): Array<[string, ReadTransfer]> {
+    const out = this.reads.inState(state).filter(([, t]) => !t.async);
+    for (const [id] of out) this.reads.delete(id);
+    return out;
   }
 
   /**

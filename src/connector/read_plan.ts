@@ -6,9 +6,11 @@
  *                         destinations = decode pages holding them, sources = prefill pages holding them
  *   per Mamba group:      the running state page moves whole (one state per request, any block sizes)
  */
+import { defined } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { Mutations } from '../util/mutants.ts';
 import { alignState, alignTokens, cdiv } from './alignment.ts';
+import { remoteBlockIdsPerGroup, type KVTransferParams } from './params.ts';
 
 export interface ReadPlan {
   /** Per transfer group: destination pages (decode), in token order. */
@@ -87,4 +89,37 @@ export function checkRemoteBlocks(groups: number[][], n: number, numAttnGroups: 
       seen.add(b);
     }
   });
+}
+
+/**
+ * A READ request's params against this model, before admission (BAD_TRANSFER_PARAMS, nothing allocated):
+ * one page list per transfer group, long enough for the prompt in prefill's pages, and prefill computed
+ * the N-1 tokens decode loads (more is fine for attention, a prefix's KV is the same; not for a Mamba
+ * state, which is h(remote_num_tokens)).
+ */
+export function checkReadParams(
+  p: KVTransferParams,
+  n: number,
+  model: { numGroups: number; numAttnGroups: number; hasMamba: boolean; remoteBlockSize: number },
+): void {
+  const groups = remoteBlockIdsPerGroup(p);
+  if (groups === null || groups === undefined)
+    throw new HandoffError('BAD_TRANSFER_PARAMS', 'remote_block_ids missing');
+  if (groups.length !== model.numGroups) {
+    throw new HandoffError(
+      'BAD_TRANSFER_PARAMS',
+      `remote_block_ids has ${groups.length} groups, this model has ${model.numGroups}`,
+    );
+  }
+  checkRemoteBlocks(groups, n, model.numAttnGroups, model.remoteBlockSize);
+  const computed = p.remote_num_tokens;
+  if (typeof computed === 'number' && computed < n - 1)
+    throw new HandoffError('BAD_TRANSFER_PARAMS', `prefill computed ${computed} tokens, decode needs ${n - 1}`);
+  if (model.hasMamba && n > 1 && typeof computed === 'number' && computed !== n - 1) {
+    throw new HandoffError(
+      'BAD_TRANSFER_PARAMS',
+      `prefill computed the Mamba state of ${computed} tokens, decode goes on from ${n - 1}`,
+      { param: 'kv_transfer_params.remote_num_tokens' },
+    );
+  }
 }

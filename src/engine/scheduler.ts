@@ -328,8 +328,8 @@ export class Scheduler {
       req.status = 'WAITING_FOR_REMOTE_KVS';
       this.transfers.asyncLoadStarted(req.requestId);
       req.numComputedTokens = numComputed;
-      for (const b of this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed))
-        this.skipZeroBlockIds.add(b);
+      const skip = match.readExclusion ? [] : this.kv.getZeroingBlockIdsInRange(req.requestId, numLocal, numComputed);
+      for (const b of skip) this.skipZeroBlockIds.add(b); // an async READ's: the connector's exclusion
       return 'parked';
     }
     return this.startRunning(req, ctx, allBlocks, numComputed, numExternal, numNew);
@@ -397,7 +397,7 @@ export class Scheduler {
     const failed = new Set(conn.failedLoadReqIds);
     const host = this.failureHost();
     if (conn.invalidBlockIds.length > 0 || failed.size > 0) {
-      failAsyncLoads(host, this.waiting, failed);
+      failAsyncLoads(host, this.waiting, failed, conn.loadErrors ?? {});
       const invalid = new Set(conn.invalidBlockIds);
       failRunningLoads(host, [...this.running], invalid, failed, epochs, conn.loadErrors ?? {});
     }

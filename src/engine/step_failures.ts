@@ -40,11 +40,25 @@ function failLoad(host: StepFailureHost, req: Request): void {
   host.finish(req, 'FINISHED_ERROR');
 }
 
-/** Async loads that failed (WRITE never arrived): recompute from the local hit, or fail. */
-export function failAsyncLoads(host: StepFailureHost, waiting: readonly Request[], failed: Set<string>): void {
+/**
+ * Async loads that failed (a WRITE that never arrived, an async READ that failed): a client fault fails
+ * with its code; otherwise recompute from the local hit, or fail.
+ */
+export function failAsyncLoads(
+  host: StepFailureHost,
+  waiting: readonly Request[],
+  failed: Set<string>,
+  loadErrors: Record<string, { code: string; message: string }> = {},
+): void {
   const bs = blockSizeOf(host);
   for (const req of waiting.filter((r) => r.status === 'WAITING_FOR_REMOTE_KVS' && failed.has(r.requestId))) {
     host.countFailure();
+    const cause = loadErrors[req.requestId];
+    if (cause && CLIENT_FAULT_CODES.has(cause.code)) {
+      req.error = new HandoffError(cause.code as ErrorCode, `kv_transfer_params rejected: ${cause.message}`);
+      host.finish(req, 'FINISHED_ERROR');
+      continue;
+    }
     if (host.config.kvLoadFailurePolicy === 'fail') {
       failLoad(host, req);
       continue;

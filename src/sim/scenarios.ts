@@ -47,6 +47,10 @@
  *                    reorders batches; one decode restarts (a new event epoch) once idle; requests
  *                    share two 2-page prefixes, so some go decode-only (sim/xpyd.ts); decode pools small
  *                    enough to evict, so some are routed on pages a decode no longer holds
+ *   1p1d-async       1p1d with async READ loads (async_read): each request waits in WAITING_FOR_REMOTE_KVS
+ *                    while its READ is in flight, the batch goes on, and its first forward comes in a
+ *                    later step; the zeroing of its pages still races the READ (the seed's race)
+ *   abort-async      `abort` with async READ loads: the request is aborted while it waits for its READ
  *   hybrid           1p1d's requests on the model's Mamba twin (hybrid-micro, or hybrid-mini for a mini
  *                    model), whatever model is asked: every READ also moves a Mamba state page, so `sim
  *                    --scenario all` on the default (attention-only) model still judges the state handoff
@@ -82,6 +86,8 @@ export const SCENARIOS = [
   'stop-token',
   'hetero-hit',
   'hybrid',
+  '1p1d-async',
+  'abort-async',
 ] as const;
 export type ScenarioName = (typeof SCENARIOS)[number];
 
@@ -221,13 +227,16 @@ function scenarioConnector(
   role: 'producer' | 'consumer',
   mode: 'read' | 'write',
   mutant: MutantName | undefined,
+  name: ScenarioName,
 ): OneSidedConfig {
+  const asyncRead = name === '1p1d-async' || name === 'abort-async';
   const c: OneSidedConfig = {
     ...DEFAULT_ONE_SIDED_CONFIG,
     role,
     mode,
     leaseMs: SIM_LEASE_MS,
     transferTimeoutMs: SIM_TRANSFER_TIMEOUT_MS,
+    asyncRead: asyncRead && role === 'consumer',
   };
   if (mutant === undefined) return c;
   if (role === 'consumer' && mutant === 'zero-none') c.zeroExclusion = 'none';
@@ -403,7 +412,7 @@ export function buildScenario(
   const n = opts.requests ?? DEFAULT_REQUESTS[name] ?? 3;
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
-  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant);
+  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant, name);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
   // Cancel scenarios: decode's policy for a cut transfer, from the seed (fail: an error; recompute: exact output).
   const failurePolicy = isCancelScenario(name) ? (rng.int(2) === 0 ? 'fail' : 'recompute') : null;
@@ -439,7 +448,7 @@ export function buildScenario(
       scheduler: sched('consumer'),
       connector: connector('consumer'),
     },
-    abortTarget: name === 'abort' || name === 'abort-write' ? rng.int(n) : null,
+    abortTarget: name === 'abort' || name === 'abort-write' || name === 'abort-async' ? rng.int(n) : null,
     killPrefillMidRead: name === 'peer-death',
     cancelPoints: cancelPoints(name, rng, n),
     answerHop: isCancelScenario(name),

@@ -30,6 +30,8 @@ export interface RecvReqMeta {
    * arrival here plus grant_ttl_ms (it was issued before it arrived). Free of clock skew between hosts.
    */
   grantLapsesAtMs?: number | null;
+  /** An async READ (asyncRead): the step does not wait for it; it is reported through finishedRecving. */
+  async?: boolean;
 }
 
 /** WRITE producer: this finished request's pages are final and may be pushed once decode's pages are known. */
