@@ -8,8 +8,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { threadedDevice } from '../engine/devices.ts';
-import { LLMEngine, type GenerateRequest } from '../engine/llm_engine.ts';
+import type { GenerateRequest } from '../engine/llm_engine.ts';
+import { colocatedHashes } from './colocated_testkit.ts';
 import { PdPair, type PdPairOptions } from './pd_pair.ts';
 
 const env = new RealEnv(4);
@@ -18,27 +18,7 @@ const prompts: GenerateRequest[] = [5, 33, 47, 80].map((n, i) => ({
   sampling: { maxTokens: 5, temperature: i % 2 ? 0.9 : 0, seed: 3 + i, ignoreEos: true },
 }));
 
-async function reference(list: GenerateRequest[] = prompts): Promise<string[]> {
-  const e = await LLMEngine.create(
-    {
-      preset: 'dsv4-mini',
-      modelSeed: 2,
-      numBlocks: 128,
-      asyncScheduling: true,
-      scheduler: {},
-      idlePollMs: 2,
-      makeDevice: threadedDevice('dsv4-mini', 2),
-    },
-    env,
-  );
-  try {
-    const out: string[] = [];
-    for (const p of list) out.push((await e.generate(p)).logitsHashes.join(','));
-    return out;
-  } finally {
-    await e.close();
-  }
-}
+const reference = (list: GenerateRequest[] = prompts): Promise<string[]> => colocatedHashes(env, list);
 
 const base = (name: string, over: Partial<PdPairOptions> = {}): PdPairOptions => ({
   preset: 'dsv4-mini',

@@ -10,9 +10,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { RealEnv } from '../util/env.ts';
-import { threadedDevice } from '../engine/devices.ts';
-import { LLMEngine, type GenerateRequest } from '../engine/llm_engine.ts';
+import type { GenerateRequest } from '../engine/llm_engine.ts';
 import { PdPair, type PdPairOptions } from './pd_pair.ts';
+import { colocatedHashes } from './colocated_testkit.ts';
 
 const env = new RealEnv(12);
 const LEASE_MS = 150;
@@ -27,23 +27,7 @@ const blocker: GenerateRequest = {
 };
 
 async function reference(): Promise<string> {
-  const e = await LLMEngine.create(
-    {
-      preset: 'dsv4-mini',
-      modelSeed: 2,
-      numBlocks: 128,
-      asyncScheduling: true,
-      scheduler: {},
-      idlePollMs: 2,
-      makeDevice: threadedDevice('dsv4-mini', 2),
-    },
-    env,
-  );
-  try {
-    return (await e.generate(prompt)).logitsHashes.join(',');
-  } finally {
-    await e.close();
-  }
+  return (await colocatedHashes(env, [prompt]))[0] as string;
 }
 
 const options = (name: string, policy: 'recompute' | 'fail'): PdPairOptions => ({

@@ -8,10 +8,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { RealEnv } from '../util/env.ts';
-import { threadedDevice } from '../engine/devices.ts';
-import { LLMEngine, type GenerateRequest } from '../engine/llm_engine.ts';
+import type { GenerateRequest } from '../engine/llm_engine.ts';
 import { decodeParamsWrite } from '../serve/pd_flow.ts';
 import { PdPair, type PdPairOptions } from './pd_pair.ts';
+import { colocatedHashes } from './colocated_testkit.ts';
 
 const env = new RealEnv(4);
 const prompts: GenerateRequest[] = [5, 33, 47, 80].map((n, i) => ({
@@ -19,27 +19,7 @@ const prompts: GenerateRequest[] = [5, 33, 47, 80].map((n, i) => ({
   sampling: { maxTokens: 5, temperature: i % 2 ? 0.9 : 0, seed: 3 + i, ignoreEos: true },
 }));
 
-async function reference(preset: PdPairOptions['preset']): Promise<string[]> {
-  const e = await LLMEngine.create(
-    {
-      preset,
-      modelSeed: 2,
-      numBlocks: 128,
-      asyncScheduling: true,
-      scheduler: {},
-      idlePollMs: 2,
-      makeDevice: threadedDevice(preset, 2),
-    },
-    env,
-  );
-  try {
-    const out: string[] = [];
-    for (const p of prompts) out.push((await e.generate(p)).logitsHashes.join(','));
-    return out;
-  } finally {
-    await e.close();
-  }
-}
+const reference = (preset: PdPairOptions['preset']): Promise<string[]> => colocatedHashes(env, prompts, preset);
 
 const base = (name: string, over: Partial<PdPairOptions> = {}): PdPairOptions => ({
   preset: 'dsv4-mini',
