@@ -73,6 +73,7 @@ function registerAb(program: Command): void {
     .option('--tensor-parallel-size <n>', 'tensor parallel ranks of each pair (reference: colocated TP=1)')
     .option('--prefill-tp <n>', 'tensor parallel ranks of prefill (may differ from decode)')
     .option('--decode-tp <n>', 'tensor parallel ranks of decode (may differ from prefill)')
+    .option('--async-read', "decode loads asynchronously (async_read): the race and the fix with vLLM NIXL's loads")
     .option(
       '--trace <base>',
       "write the decode instance's timeline as <base>.json (Chrome trace) and <base>.html (<base>-<variant>.* for several variants)",
@@ -108,6 +109,7 @@ async function runAbCommand(o: Record<string, string | boolean>): Promise<void> 
       ...abBlockSizes(o),
       prefillTp: tp.prefill,
       decodeTp: tp.decode,
+      asyncRead: o['asyncRead'] === true,
       variants,
       trace: traceBase !== null,
       onProgress: (variant, done) => {

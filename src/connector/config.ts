@@ -38,6 +38,14 @@ export interface OneSidedConfig {
   mutant?: MutantName;
 }
 
+/**
+ * async_read: async READs in flight at most (loading, or aborted and not yet acknowledged by the NIC). Each
+ * holds an entry of the worker's READ table (READS_MAX, an assertion beyond) for as long as it is in flight,
+ * and parked requests take no token budget or running slot: past this, a load waits in the queue. Well under
+ * READS_MAX: the same table takes each step's synchronous READs.
+ */
+export const ASYNC_READS_MAX = 1024;
+
 export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {
   role: 'both',
   mode: 'read',

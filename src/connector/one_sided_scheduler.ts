@@ -20,7 +20,7 @@ import { emptyConnectorOutput, type KVConnectorOutput, type SchedulerOutput } fr
 import { cdiv } from './alignment.ts';
 import { checkReadParams, checkRemoteBlocks, emptyPlan, planRead, type ReadPlan } from './read_plan.ts';
 import type { ConnectorRequest, ConnectorScheduler, FinishedHandoff, MatchedTokens } from './base.ts';
-import type { OneSidedConfig } from './config.ts';
+import { ASYNC_READS_MAX, type OneSidedConfig } from './config.ts';
 import {
   emptyOneSidedMetadata,
   type NotifyReqMeta,
@@ -83,6 +83,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     1 << 20,
   );
   private abortedRecvs: Array<{ requestId: string; transferId: string }> = [];
+  private readonly asyncReads = new Set<string>(); // async READs the worker holds (loading, aborted): bounded
   private expiring: Record<string, string> = {};
   stats = { leasesExpired: 0, holdsEnded: 0, readRequests: 0, grantsIssued: 0 };
 
@@ -177,8 +178,10 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     if (this.config.mode === 'read') {
       // Decode loads N-1 tokens and recomputes the last prompt token itself.
       const n = Math.max(req.numPromptTokens - numComputedTokens - 1, 0);
-      // Async: the request waits for its READ in WAITING_FOR_REMOTE_KVS (nothing to load: an empty READ
-      // still releases the producer, in the step that admits it).
+      // Async: the request waits for its READ in WAITING_FOR_REMOTE_KVS (nothing to load: an empty READ releases
+      // the producer in the step that admits it); queued while ASYNC_READS_MAX are in flight (a slow producer).
+      if (this.config.asyncRead && n > 0 && this.asyncReads.size >= ASYNC_READS_MAX)
+        return { numExternalTokens: null, loadAsync: false };
       if (this.config.asyncRead && n > 0) return { numExternalTokens: n, loadAsync: true, readExclusion: true };
       return { numExternalTokens: n, loadAsync: false };
     }
@@ -267,6 +270,7 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
     const async = this.config.asyncRead && plan !== null;
     // Held like a WRITE load until the worker reports it: an abort must not free pages the NIC may still write.
     if (async) this.transfers.add(req.requestId, { state: 'async-loading', transferId, deadlineMs: Infinity });
+    if (async) this.asyncReads.add(req.requestId);
     this.reqsNeedRecv.set(req.requestId, {
       ...base,
       ...aligned,
@@ -432,12 +436,11 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
   }
 
   updateConnectorOutput(out: KVConnectorOutput): KVConnectorOutput {
-    for (const id of [...out.finishedRecving, ...out.failedLoadReqIds]) {
-      if (this.transfers.get(id)?.state === 'async-loading') this.transfers.delete(id);
-    }
+    for (const id of [...out.finishedRecving, ...out.failedLoadReqIds])
+      if (this.transfers.get(id)?.state === 'async-loading') this.endLoad(id);
     // An aborted WRITE load's report ends its hold whatever this side's role (kv_both is both).
     const abortedDone = new Set(out.finishedSending.filter((id) => this.transfers.get(id)?.state === 'recv-aborted'));
-    for (const id of abortedDone) this.transfers.delete(id);
+    for (const id of abortedDone) this.endLoad(id);
     if (!this.isProducer) return out;
     const finishedSending = out.finishedSending.filter((id) => {
       if (abortedDone.has(id)) return true;
@@ -451,6 +454,12 @@ export class OneSidedConnectorScheduler implements ConnectorScheduler {
       this.stats.leasesExpired++;
     }
     return { ...emptyConnectorOutput(), ...out, finishedSending };
+  }
+
+  /** A load (or an aborted one) was reported: the worker holds no READ of it any more. */
+  private endLoad(id: string): void {
+    this.transfers.delete(id);
+    this.asyncReads.delete(id);
   }
 
   /**

@@ -96,6 +96,12 @@ export class ReadConsumer {
     }
     for (const r of reqs) {
       const t = this.post(r, step);
+      // Nothing to READ (an unused load's release, a full local hit): released now, without an entry, so
+      // that any number of them in one step (a flood of refused or cancelled requests) fits the table.
+      if (t.state === 'landed' && t.handles.length === 0 && !t.async) {
+        this.release(r);
+        continue;
+      }
       this.reads.add(r.requestId, t);
       if (!t.async) continue;
       this.stats.readsAsync++;

@@ -93,6 +93,8 @@ export interface AbOptions {
   /** Tensor parallel ranks of each pair's prefill and decode (may differ); the colocated reference stays at TP=1. */
   prefillTp?: number;
   decodeTp?: number;
+  /** Decode loads asynchronously (async_read): the request waits in WAITING_FOR_REMOTE_KVS. */
+  asyncRead?: boolean;
   onProgress?: (variant: string, done: number, total: number) => void;
 }
 
@@ -193,7 +195,12 @@ async function runVariant(v: AbVariant, run: AbRun, env: Env): Promise<AbVariant
   const pair = await PdPair.create(
     {
       ...common,
-      decode: { zeroExclusion: v.zeroExclusion, syncBeforeRead: v.syncBeforeRead, mode: 'read' },
+      decode: {
+        zeroExclusion: v.zeroExclusion,
+        syncBeforeRead: v.syncBeforeRead,
+        mode: 'read',
+        asyncRead: opts.asyncRead === true,
+      },
       raceCheck: true,
       name: `ab-${v.name}`,
       ...(opts.prefillBlockSize !== undefined ? { prefillBlockSize: opts.prefillBlockSize } : {}),
