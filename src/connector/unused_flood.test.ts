@@ -11,47 +11,26 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
-import { mutationsFor } from '../util/mutants.ts';
-import type { Device } from '../device/types.ts';
-import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine } from '../transfer/core/types.ts';
 import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from './config.ts';
 import type { ConnectorRequest } from './base.ts';
 import { OneSidedConnectorScheduler } from './one_sided_scheduler.ts';
 import type { PeerDirectory } from './peer_directory.ts';
 import { READS_MAX, ReadConsumer } from './read_consumer.ts';
-import { WorkerContext } from './worker_context.ts';
+import { readContext } from './read_consumer_testkit.ts';
 
 test('more unused releases in one step than the READ table holds: all sent, no crash', async () => {
   const env = new SimEnv(5);
-  const kvConfig = makeKVCacheConfig(presetKVGroups('llama-mini', 16), 64);
   const config: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer', mode: 'read' };
   const peers = {
     readyEngine: () => 'p',
     resolve: () => Promise.resolve('p'),
     forget: () => undefined,
   } as unknown as PeerDirectory;
-  const connector = new OneSidedConnectorScheduler(config, kvConfig, env, { engineId: 'd', host: 'h', port: 1 }, null);
   const released: string[] = [];
-  const transfer = {
-    postRead: () => ({ id: 'h' }),
-    wait: () => Promise.resolve(),
-    abort: () => Promise.resolve(),
-    notify: (_peer: string, n: { transferId: string }) => (released.push(n.transferId), Promise.resolve()),
-  };
-  const ctx = new WorkerContext(
-    config,
-    kvConfig,
-    transfer as unknown as TransferEngine,
-    {} as unknown as Device,
-    kvConfig.groups.map((g) => g.groupId),
-    env,
-    peers,
-    mutationsFor(undefined),
-    undefined,
-  );
+  const notify = (_peer: string, n: { transferId: string }) => (released.push(n.transferId), Promise.resolve());
+  const { ctx, kv: kvConfig } = readContext(env, peers, { config, transfer: { notify } });
+  const connector = new OneSidedConnectorScheduler(config, kvConfig, env, { engineId: 'd', host: 'h', port: 1 }, null);
   const reads = new ReadConsumer(ctx);
   const n = READS_MAX + 1;
   for (let i = 0; i < n; i++) {

@@ -12,24 +12,18 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimEnv } from '../util/env.ts';
-import { mutationsFor } from '../util/mutants.ts';
-import type { Device } from '../device/types.ts';
 import { KVCacheManager } from '../kv/kv_cache_manager.ts';
-import { presetKVGroups } from '../kv/presets.ts';
-import { makeKVCacheConfig } from '../kv/spec.ts';
-import type { TransferEngine } from '../transfer/core/types.ts';
 import { DEFAULT_ONE_SIDED_CONFIG, type OneSidedConfig } from '../connector/config.ts';
 import { OneSidedConnectorScheduler } from '../connector/one_sided_scheduler.ts';
 import type { PeerDirectory } from '../connector/peer_directory.ts';
 import { ReadConsumer, READS_MAX } from '../connector/read_consumer.ts';
-import { WorkerContext } from '../connector/worker_context.ts';
+import { readContext } from '../connector/read_consumer_testkit.ts';
 import type { OneSidedMetadata } from '../worker/connector_metadata.ts';
 import { DEFAULT_SCHEDULER_CONFIG, Scheduler } from './scheduler.ts';
 import { makeRequest } from './scheduler_testkit.ts';
 
 test('async READs: a full queue of parked loads and an aborted one do not overflow the READ table', async () => {
   const env = new SimEnv(5);
-  const kvConfig = makeKVCacheConfig(presetKVGroups('llama-mini', 16), READS_MAX + 200);
   const config: OneSidedConfig = { ...DEFAULT_ONE_SIDED_CONFIG, role: 'consumer', mode: 'read', asyncRead: true };
   const peers = {
     checkAllowed: () => undefined,
@@ -39,26 +33,13 @@ test('async READs: a full queue of parked loads and an aborted one do not overfl
     resolve: () => Promise.resolve('p'),
     forget: () => undefined,
   } as unknown as PeerDirectory;
+  // The worker's READ consumer; the producer is hung: no READ lands, an abort is not acknowledged yet.
+  const never = (): Promise<void> => new Promise<void>(() => undefined);
+  const transfer = { wait: never, abort: never, notify: never };
+  const { ctx, kv: kvConfig } = readContext(env, peers, { config, numBlocks: READS_MAX + 200, transfer });
   const connector = new OneSidedConnectorScheduler(config, kvConfig, env, { engineId: 'd', host: 'h', port: 1 }, null);
   const kv = new KVCacheManager(kvConfig, { enableCaching: false });
   const scheduler = new Scheduler(DEFAULT_SCHEDULER_CONFIG, kv, connector, env);
-  // The worker's READ consumer; the producer is hung: no READ lands, an abort is not acknowledged yet.
-  const never = new Promise<void>(() => undefined);
-  const transfer = { postRead: () => ({ id: 'h' }), wait: () => never, abort: () => never, notify: () => never };
-  const ctx = new WorkerContext(
-    config,
-    kvConfig,
-    transfer as unknown as TransferEngine,
-    {} as unknown as Device,
-    kvConfig.groups.map((g) => g.groupId),
-    env,
-    peers,
-    mutationsFor(undefined),
-    undefined,
-  );
-  ctx.peerGeometry = () => ({ pageBytes: 0, numBlocks: 64, blockSizes: [16], tensorParallelSize: 1, numLayerSlabs: 1 });
-  ctx.workRequestsFor = () => [{ ranges: [], footprint: [] }];
-  ctx.clippedTails = () => [];
   const reads = new ReadConsumer(ctx);
   const step = async (): Promise<void> => {
     const so = scheduler.schedule();
