@@ -73,3 +73,43 @@ test('inproc direct path: the peer closing under posted READs ends each one, don
     await Promise.all([P.engine.close(), D.engine.close()]);
   }
 });
+
+// The whole suite again with the serving NIC threads busy-polling (TransferEngineOptions.busyPollUs).
+transferConformance('inproc', { busyPollUs: 2000 });
+
+test('inproc busy-poll: READs posted back to back are taken by the polling NIC thread (counted), none without it; close ends the poll', async () => {
+  const busyPolledAfter = async (busyPollUs: number): Promise<number> => {
+    const [P, D] = await Promise.all([makeNode('inproc', 6, { busyPollUs }), makeNode('inproc', null, { busyPollUs })]);
+    try {
+      await D.engine.handshake(P.engine.address());
+      const { token } = P.engine.issueGrant({
+        transferId: 't',
+        peerEngineId: D.engine.engineId,
+        blockIds: [1, 2, 3, 4],
+        ttlMs: 10_000,
+      });
+      // Each READ is posted as soon as the previous one completed: within the 50 ms window of the first.
+      for (const b of [1, 2, 3, 4]) {
+        await D.engine.wait([D.engine.postRead(readOf(P, 't', token, pageRanges([[b, b]])))], 5000);
+      }
+      assertLanded(D, P, [
+        [1, 1],
+        [2, 2],
+        [3, 3],
+        [4, 4],
+      ]);
+      return P.engine.stats().busyPolled;
+    } finally {
+      // P's NIC thread is polling now (busyPollUs 50 ms): its close command is taken inside the poll.
+      await Promise.all([P.engine.close(), D.engine.close()]);
+    }
+  };
+  assert.ok((await busyPolledAfter(50_000)) >= 1, 'a READ was taken by the poll');
+  assert.equal(await busyPolledAfter(0), 0);
+});
+
+test('inproc busy-poll: the window is validated (0..50000 us)', async () => {
+  for (const busyPollUs of [-1, 1.5, 50_001]) {
+    await assert.rejects(makeNode('inproc', 7, { busyPollUs }), /busyPollUs must be 0\.\.50000/);
+  }
+});
