@@ -230,6 +230,11 @@ export class ClientConn extends Conn {
       performance.now() - r.postedAtMs >= STILL_MS
     )
       return 'stalled';
+    // The server stops the reply where it is (what it did not yet hand to its socket is never sent) and
+    // answers REQUEST_ABORTED behind what it sent: the READs after it on this connection do not wait
+    // for the rest. A server that does not know this answer ignores it and sends the whole reply.
+    if (r !== undefined && this.closedWith === null)
+      this.send({ type: 'error', reqId: wrId, code: 'REQUEST_ABORTED', message: 'read cancelled' });
     if (r !== undefined || wasWrite) {
       this.watchStall();
       if (performance.now() - this.lastMoveMs >= STILL_MS) this.retiring = true;
@@ -343,7 +348,9 @@ export class ClientConn extends Conn {
         return;
       case 'error': {
         const code = asErrorCode(f.code);
-        if (this.ignore.delete(f.reqId) || this.discard.delete(f.reqId)) return;
+        if (this.ignore.delete(f.reqId)) return;
+        // An aborted READ's reply ends here (cut short by the server, or refused before it began).
+        if (this.discard.delete(f.reqId)) return this.closeIfRetired();
         if (this.reads.delete(f.reqId)) return this.done(f.reqId, code, f.message);
         if (this.writes.delete(f.reqId)) {
           this.sender.cancel(f.reqId);

@@ -206,6 +206,13 @@ export class ServerConn extends Conn {
         this.writes.delete(f.reqId);
         if (w !== undefined && !w.denied)
           this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'write cancelled' });
+        // The reader gave up on a READ whose reply is still queued here: what is not yet handed to the
+        // socket is not sent, and the answer behind what was tells the reader its reply ends there. A
+        // reply already sent whole (or refused) needs no answer: the reader took its end from it.
+        if (w === undefined && this.sender.has(f.reqId)) {
+          this.sender.cancel(f.reqId);
+          this.send({ type: 'error', reqId: f.reqId, code: 'REQUEST_ABORTED', message: 'read cancelled' });
+        }
         return;
       }
       default:
