@@ -13,7 +13,7 @@ import { intFlag, outputFilesFlag } from './flags.ts';
 import { benchTransferPoint } from '../transfer/bench.ts';
 import { benchSweep, sweepHeader, sweepRow, targetLines } from '../transfer/bench_sweep.ts';
 import { sweepSvg } from '../transfer/bench_svg.ts';
-import { BUSY_POLL_US_MAX, type TransferBackend } from '../transfer/core/types.ts';
+import type { TransferBackend } from '../transfer/core/types.ts';
 import { scatterNative, scatterNativeStatus } from '../transfer/tcp/scatter_native.ts';
 
 type Opts = Record<string, string | boolean | undefined>;
@@ -44,16 +44,14 @@ export function registerBenchTransfer(bench: Command): void {
     .option('--repeats <n>', 'timed rounds after a warm-up (default 5, --sweep 3)')
     .option('--sweep', 'page sizes 4 KiB-4 MiB x READ sizes 8/64 MiB x scattered/contiguous: table, targets, SVG')
     .option('--svg <path>', 'where --sweep writes its plot', 'bench-transfer.svg')
-    .option('--busy-poll-us <n>', 'inproc: the serving NIC thread polls this long after a request (0: sleeps)', '0')
     .option('--json', 'print one JSON object (--sweep: {points, targets})')
     .action(async (o: Opts, cmd: Command) => {
       const env = new RealEnv();
       const repeats = o['repeats'] === undefined ? undefined : intFlag('repeats', o['repeats'], 1, 100);
-      const busyPollUs = intFlag('busy-poll-us', o['busyPollUs'], 0, BUSY_POLL_US_MAX);
       if (o['sweep']) {
         const explicit = cmd.getOptionValueSource('backend') === 'cli';
         const backends: TransferBackend[] = explicit ? [backendFlag(o['backend'])] : ['tcp', 'inproc'];
-        return sweep(o, backends, env, { busyPollUs, ...(repeats !== undefined ? { repeats } : {}) });
+        return sweep(o, backends, env, repeats);
       }
       const r = await benchTransferPoint({
         backend: backendFlag(o['backend']),
@@ -61,12 +59,11 @@ export function registerBenchTransfer(bench: Command): void {
         pageBytes: intFlag('page-bytes', o['pageBytes'], 64, 1 << 24),
         pages: intFlag('pages', o['pages'], 1, 1 << 16),
         scatter: o['scatter'] === true,
-        busyPollUs,
         ...(repeats !== undefined ? { repeats } : {}),
       });
       const { backend, pageBytes, bytes, gbps, baselineGbps, ratio, hotMemcpyGbps: hot, roundTripGbps: trip } = r;
       const receive = backend === 'tcp' ? { tcpReceive: tcpReceiveLine() } : {};
-      const bound = trip === undefined ? {} : { roundTripGbps: trip, busyPollUs };
+      const bound = trip === undefined ? {} : { roundTripGbps: trip };
       if (o['json'])
         return out(JSON.stringify({ backend, pageBytes, bytes, gbps, baselineGbps, ratio, ...bound, ...receive }));
       if (backend === 'tcp') out(tcpReceiveLine());
@@ -86,33 +83,24 @@ function machineLine(): string {
   return `${availableParallelism()} CPUs, load average ${(one ?? 0).toFixed(1)}`;
 }
 
-async function sweep(
-  o: Opts,
-  backends: TransferBackend[],
-  env: RealEnv,
-  tuning: { repeats?: number; busyPollUs: number },
-): Promise<void> {
+async function sweep(o: Opts, backends: TransferBackend[], env: RealEnv, repeats: number | undefined): Promise<void> {
   const json = o['json'] === true;
   const svgPath = resolve(String(o['svg']));
   outputFilesFlag('svg', [svgPath]);
   const before = machineLine();
   if (!json) out(`machine: ${before}`);
   if (!json && backends.includes('tcp')) out(tcpReceiveLine());
-  if (!json && backends.includes('inproc')) out(`inproc: busy-poll ${tuning.busyPollUs} us after serving`);
   if (!json) out(sweepHeader());
   const points = await benchSweep({
     env,
     backends,
-    ...tuning,
+    ...(repeats !== undefined ? { repeats } : {}),
     onPoint: (p) => void (json ? undefined : out(sweepRow(p))),
   });
   const targets = targetLines(points);
   writeFileSync(svgPath, sweepSvg(points, 'handoff bench transfer --sweep: GB/s vs page size, baseline dashed'));
   const after = machineLine();
-  if (json) {
-    const busyPollUs = tuning.busyPollUs;
-    return out(JSON.stringify({ points, targets, svg: svgPath, machine: { before, after }, busyPollUs }));
-  }
+  if (json) return out(JSON.stringify({ points, targets, svg: svgPath, machine: { before, after } }));
   out(`machine after: ${after}`);
   out('');
   for (const t of targets) out(t);

@@ -159,7 +159,6 @@ const TRANSFER_COUNTERS: ReadonlyArray<readonly [string, string, keyof TransferS
     'WRITEs into this engine stopped mid-payload because their grant was revoked',
     'writesCut',
   ],
-  ['handoff_transfer_busy_polled_total', "peers' requests the NIC took while busy-polling (inproc)", 'busyPolled'],
 ];
 
 /** The transfer engine's counters (0 without a connector). */

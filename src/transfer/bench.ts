@@ -30,8 +30,6 @@ export interface BenchOptions {
   repeats?: number;
   /** Every other page, shuffled: nothing merges (benchRanges). Default false: page i -> page i. */
   scatter?: boolean;
-  /** inproc: the NIC threads busy-poll this long after serving (TransferEngineOptions.busyPollUs). Default 0. */
-  busyPollUs?: number;
 }
 
 /** The `bench transfer --json` contract (DESIGN.md §10). */
@@ -138,7 +136,7 @@ interface BenchSide {
 
 /** One side of the bench: an engine over fresh slabs (the producer's filled with the pattern). */
 async function benchSide(
-  o: { backend: TransferBackend; env: Env; pageBytes: number; numBlocks: number; busyPollUs: number },
+  o: { backend: TransferBackend; env: Env; pageBytes: number; numBlocks: number },
   side: string,
   fill: boolean,
 ): Promise<BenchSide> {
@@ -155,7 +153,6 @@ async function benchSide(
     layout,
     blockSizes: [16],
     slabs: buffers,
-    ...(o.backend === 'inproc' ? { busyPollUs: o.busyPollUs } : {}),
   });
   return { engine, slabs };
 }
@@ -217,11 +214,10 @@ export class BenchRig {
     pageBytes: number,
     pagesMax: number,
     scattered = true,
-    busyPollUs = 0,
   ): Promise<BenchRig> {
     assert(Number.isInteger(pagesMax) && pagesMax > 0, 'pages must be a positive integer');
     assert(Number.isInteger(pageBytes) && pageBytes > 0, 'pageBytes must be a positive integer');
-    const o = { backend, env, pageBytes, numBlocks: (scattered ? 2 : 1) * pagesMax + 1, busyPollUs };
+    const o = { backend, env, pageBytes, numBlocks: (scattered ? 2 : 1) * pagesMax + 1 };
     const [P, D] = await Promise.all([benchSide(o, 'P', true), benchSide(o, 'D', false)]);
     await D.engine.handshake(P.engine.address());
     return new BenchRig(backend, env, pageBytes, pagesMax, P, D);
@@ -404,7 +400,7 @@ export class BenchRig {
 }
 
 export async function benchTransferPoint(o: BenchOptions): Promise<BenchPoint> {
-  const rig = await BenchRig.create(o.backend, o.env, o.pageBytes, o.pages, o.scatter ?? false, o.busyPollUs);
+  const rig = await BenchRig.create(o.backend, o.env, o.pageBytes, o.pages, o.scatter ?? false);
   try {
     return await rig.measure(o.pages, o.scatter ?? false, o.repeats ?? 5);
   } finally {

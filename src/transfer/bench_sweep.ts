@@ -26,8 +26,6 @@ export interface SweepOptions {
   repeats?: number;
   /** Called with each point as soon as it is measured. */
   onPoint?: (p: BenchPoint) => void;
-  /** inproc: TransferEngineOptions.busyPollUs for both engines. Default 0. */
-  busyPollUs?: number;
 }
 
 export async function benchSweep(o: SweepOptions): Promise<BenchPoint[]> {
@@ -38,8 +36,7 @@ export async function benchSweep(o: SweepOptions): Promise<BenchPoint[]> {
   for (const backend of o.backends) {
     for (const pageBytes of pageSizes) {
       const pagesOf = (bytes: number): number => Math.max(1, Math.floor(bytes / NUM_SLABS / pageBytes));
-      const pagesMax = Math.max(...readBytes.map(pagesOf));
-      const rig = await BenchRig.create(backend, o.env, pageBytes, pagesMax, true, o.busyPollUs);
+      const rig = await BenchRig.create(backend, o.env, pageBytes, Math.max(...readBytes.map(pagesOf)));
       try {
         for (const bytes of readBytes) {
           for (const layout of layouts) {

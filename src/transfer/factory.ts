@@ -6,7 +6,7 @@ import { assert } from '../util/assert.ts';
 import { InprocTransferEngine } from './inproc/inproc.ts';
 import { SimTransferEngine } from './sim/sim.ts';
 import { TcpTransferEngine } from './tcp/tcp.ts';
-import { BUSY_POLL_US_MAX, type TransferEngine, type TransferEngineOptions } from './core/types.ts';
+import type { TransferEngine, TransferEngineOptions } from './core/types.ts';
 
 export async function createTransferEngine(opts: TransferEngineOptions): Promise<TransferEngine> {
   const { numSlabs, numBlocks, pageBytes } = opts.layout;
@@ -41,11 +41,6 @@ export async function createTransferEngine(opts: TransferEngineOptions): Promise
   assert(
     opts.laneMinBytes === undefined || (Number.isSafeInteger(opts.laneMinBytes) && opts.laneMinBytes >= 1),
     'laneMinBytes must be a positive integer',
-  );
-  assert(
-    opts.busyPollUs === undefined ||
-      (Number.isInteger(opts.busyPollUs) && opts.busyPollUs >= 0 && opts.busyPollUs <= BUSY_POLL_US_MAX),
-    `busyPollUs must be 0..${BUSY_POLL_US_MAX}`,
   );
   switch (opts.backend) {
     case 'inproc':

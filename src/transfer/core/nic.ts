@@ -62,8 +62,6 @@ export interface NicStats {
   scatterReads: number;
   /** WRITEs into this engine stopped mid-payload because their grant was revoked (tcp: denied, nothing more lands). */
   writesCut: number;
-  /** Peers' requests taken while busy-polling (inproc busyPollUs). */
-  busyPolled: number;
 }
 
 export interface Nic {

@@ -61,7 +61,7 @@ interface HandleState {
 
 type HostCounters = Omit<
   TransferStats,
-  'grantsRefused' | 'badFrames' | 'scatterReads' | 'writesCut' | 'busyPolled' | 'grantsIssued' | 'grantsExpired'
+  'grantsRefused' | 'badFrames' | 'scatterReads' | 'writesCut' | 'grantsIssued' | 'grantsExpired'
 >;
 
 /** What the core takes from TransferEngineOptions (the registered slabs belong to the NIC). */

@@ -159,12 +159,7 @@ export interface TransferStats {
   scatterReads: number;
   /** WRITEs into this engine stopped mid-payload because their grant was revoked (tcp: denied, nothing more lands). */
   writesCut: number;
-  /** Peers' requests this engine's NIC took while busy-polling (inproc busyPollUs). */
-  busyPolled: number;
 }
-
-/** The longest busy-poll window an engine may ask its NIC for (TransferEngineOptions.busyPollUs): 50 ms. */
-export const BUSY_POLL_US_MAX = 50_000;
 
 /** Test-only fault switch; off unless configured. Decisions use env.rng. */
 export interface TransferFaults {
@@ -232,13 +227,6 @@ export interface TransferEngineOptions {
    */
   lanes?: number;
   laneMinBytes?: number;
-  /**
-   * inproc: after serving a peer's request the NIC thread keeps taking its ports' messages itself, busy,
-   * until it has seen none for this many microseconds (a poll-mode NIC, as DPDK and RDMA completion
-   * polling do): a request that comes in that window skips the thread's wake-up. It costs that core
-   * while it polls. 0 (default) sleeps at once; at most BUSY_POLL_US_MAX.
-   */
-  busyPollUs?: number;
 }
 
 export interface TransferEngine {

@@ -42,7 +42,6 @@ export class InprocTransferEngine extends TransferEngineCore<NicHost> {
       scatterRecv: false,
       lanes: 1,
       laneMinBytes: 0,
-      busyPollUs: opts.busyPollUs ?? 0,
     });
     if (registry.has(opts.engineId)) {
       await nic.close();

@@ -10,7 +10,7 @@
  * hops per request instead of four. Messages on a port are FIFO, so once a peer answers {aborted} (on
  * either port) it will not copy for that request.
  */
-import { receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
+import type { MessagePort } from 'node:worker_threads';
 import { COUNTER, asErrorCode, type WorkRequest } from '../nic/nic_messages.ts';
 import type { NicContext } from '../nic/nic_worker.ts';
 import { PACKED_STRIDE, sideOf } from '../core/ranges.ts';
@@ -39,37 +39,15 @@ export class InprocLink {
     private readonly direct: MessagePort | null = null,
   ) {
     this.peerSlabs = peerSlabs.map((b) => new Uint8Array(b));
-    port.on('message', (m: LinkMessage) => {
-      this.onMessage(m, false);
-      ctx.busyPoll?.();
-    });
+    port.on('message', (m: LinkMessage) => this.onMessage(m));
     port.on('close', () => this.close(`peer ${peerEngineId} closed its link`));
-    direct?.on('message', (m: LinkMessage) => {
-      this.onDirect(m, false);
-      ctx.busyPoll?.();
-    });
-  }
-
-  /**
-   * Busy-poll (NicContext.busyPoll): take what waits on each port, as its 'message' event would have.
-   * True when a message was taken.
-   */
-  pollOnce(): boolean {
-    let took = false;
-    for (;;) {
-      const d = this.closed || this.direct === null ? undefined : receiveMessageOnPort(this.direct);
-      const m = this.closed ? undefined : receiveMessageOnPort(this.port);
-      if (d === undefined && m === undefined) return took;
-      took = true;
-      if (d !== undefined) this.onDirect(d.message as LinkMessage, true);
-      if (m !== undefined) this.onMessage(m.message as LinkMessage, true);
-    }
+    direct?.on('message', (m: LinkMessage) => this.onDirect(m));
   }
 
   /** A request the peer's engine posted straight to us: served like the link's, answered to the engine. */
-  private onDirect(m: LinkMessage, polled: boolean): void {
+  private onDirect(m: LinkMessage): void {
     if (this.closed) return;
-    if (m.t === 'read' || m.t === 'write') this.direct?.postMessage(this.serve(m, polled));
+    if (m.t === 'read' || m.t === 'write') this.direct?.postMessage(this.serve(m));
     else if (m.t === 'abort') this.direct?.postMessage({ t: 'aborted', reqId: m.reqId } satisfies LinkMessage);
   }
 
@@ -110,12 +88,12 @@ export class InprocLink {
     this.port.postMessage(m);
   }
 
-  private onMessage(m: LinkMessage, polled: boolean): void {
+  private onMessage(m: LinkMessage): void {
     if (this.closed) return;
     switch (m.t) {
       case 'read':
       case 'write':
-        this.send(this.serve(m, polled));
+        this.send(this.serve(m));
         return;
       case 'done':
       case 'error':
@@ -137,8 +115,7 @@ export class InprocLink {
   }
 
   /** A peer's READ of our pages or WRITE into our pages: check the grant here, then copy; the answer. */
-  private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>, polled: boolean): LinkMessage {
-    if (polled) this.ctx.count(COUNTER.busyPolled);
+  private serve(m: Extract<LinkMessage, { t: 'read' | 'write' }>): LinkMessage {
     const p = m.ranges;
     const d = this.ctx.checkGrant(this.peerEngineId, m.transferId, m.token, sideOf(p, 'remote'), m.reqId);
     if (!d.ok) return this.fail(m.reqId, 'GRANT_DENIED', `grant denied by ${this.ctx.engineId}: ${d.reason}`);

@@ -38,8 +38,6 @@ export interface NicHostOptions {
   scatterRecv: boolean;
   lanes: number;
   laneMinBytes: number;
-  /** inproc: TransferEngineOptions.busyPollUs (0: off). */
-  busyPollUs: number;
 }
 
 const CLOSE_GRACE_MS = 2000;
@@ -92,7 +90,6 @@ export class NicHost implements Nic {
       scatterRecv: o.scatterRecv,
       lanes: o.lanes,
       laneMinBytes: o.laneMinBytes,
-      busyPollUs: o.busyPollUs,
     };
     const worker = new Worker(new URL('./nic_thread.mjs', import.meta.url), {
       workerData: init,
@@ -177,7 +174,6 @@ export class NicHost implements Nic {
       badFrames: this.counter(COUNTER.badFrames),
       scatterReads: this.counter(COUNTER.scatterReads),
       writesCut: this.counter(COUNTER.writesCut),
-      busyPolled: this.counter(COUNTER.busyPolled),
     };
   }
 

@@ -25,9 +25,8 @@ export const COUNTER = {
   badFrames: 3,
   scatterReads: 4,
   writesCut: 5,
-  busyPolled: 6,
 } as const;
-export const COUNTER_INTS = 7;
+export const COUNTER_INTS = 6;
 
 export const ERROR_CODE_LIST = Object.keys(ERROR_CODES) as ErrorCode[];
 
@@ -55,7 +54,6 @@ export interface NicInit {
   scatterRecv: boolean;
   lanes: number;
   laneMinBytes: number;
-  busyPollUs: number;
 }
 
 export interface WorkRequest {

@@ -45,11 +45,6 @@ export interface NicContext {
    * requests failed (PEER_UNAVAILABLE): the peer hung (default SILENT_PEER_MS; tests set it).
    */
   readonly silentPeerMs?: number;
-  /**
-   * inproc: after a link served a request, keep taking the ports' messages on this thread (no sleep)
-   * until none came for TransferEngineOptions.busyPollUs. No-op when off or already polling.
-   */
-  busyPoll?(): void;
   /** The engine that may use `session` on our data port (after applying queued host commands). */
   sessionPeer(session: string): string | undefined;
   /**
@@ -85,8 +80,6 @@ class Nic implements NicContext {
   readonly scatterRecv: boolean;
   readonly lanes: number;
   readonly laneMinBytes: number;
-  private readonly busyPollUs: number;
-  private polling = false;
   private readonly cq: Int32Array;
   private readonly counters: Int32Array;
   private readonly control: MessagePort;
@@ -109,7 +102,6 @@ class Nic implements NicContext {
     this.scatterRecv = init.scatterRecv;
     this.lanes = init.lanes;
     this.laneMinBytes = init.laneMinBytes;
-    this.busyPollUs = init.busyPollUs;
     this.cq = new Int32Array(init.cq);
     this.counters = new Int32Array(init.counters);
     this.control = init.control;
@@ -161,22 +153,6 @@ class Nic implements NicContext {
       if (this.refused.size > REFUSED_REMEMBERED) this.refused.delete(this.refused.values().next().value as string);
     }
     return d;
-  }
-
-  busyPoll(): void {
-    if (this.busyPollUs === 0 || this.polling || this.closed) return;
-    this.polling = true;
-    try {
-      let idleSince = performance.now();
-      while (!this.closed && (performance.now() - idleSince) * 1000 < this.busyPollUs) {
-        this.drain();
-        let took = false;
-        for (const link of this.links.values()) if (link.pollOnce()) took = true;
-        if (took) idleSince = performance.now();
-      }
-    } finally {
-      this.polling = false;
-    }
   }
 
   complete(wrId: number, code: ErrorCode | null, message: string): void {

@@ -302,7 +302,7 @@ export class SimNic implements Nic {
   }
 
   stats(): NicStats {
-    return { grantsRefused: this.refused, badFrames: 0, scatterReads: 0, writesCut: 0, busyPolled: 0 };
+    return { grantsRefused: this.refused, badFrames: 0, scatterReads: 0, writesCut: 0 };
   }
 
   nowEpochMs(): number {

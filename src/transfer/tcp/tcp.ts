@@ -63,7 +63,6 @@ export class TcpTransferEngine extends TransferEngineCore<NicHost> {
       scatterRecv: opts.scatterRecv ?? true,
       lanes: opts.lanes ?? 1,
       laneMinBytes: opts.laneMinBytes ?? 8 << 20,
-      busyPollUs: 0,
     });
     const engine = new TcpTransferEngine(opts, nic);
     try {

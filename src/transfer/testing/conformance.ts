@@ -36,16 +36,14 @@ export {
   type Node,
 } from './conformance_support.ts';
 
-/** `tuning`: engine options every node of the suite gets (inproc `busyPollUs`: the suite again, polling). */
-export function transferConformance(backend: TransferBackend, tuning: Partial<TransferEngineOptions> = {}): void {
-  const named = Object.keys(tuning).length === 0 ? '' : ` ${JSON.stringify(tuning)}`;
-  describe(`transfer conformance: ${backend}${named}`, () => {
+export function transferConformance(backend: TransferBackend): void {
+  describe(`transfer conformance: ${backend}`, () => {
     let P: Node; // producer: pattern pages, serves READs
     let D: Node; // consumer: SENTINEL pages, reads
     let E: Node; // another consumer, handshaked with P, never granted anything
     const nodes: Node[] = [];
     const make = async (seed: number | null, opts: Partial<TransferEngineOptions> = {}): Promise<Node> => {
-      const n = await makeNode(backend, seed, { ...tuning, ...opts });
+      const n = await makeNode(backend, seed, opts);
       nodes.push(n);
       return n;
     };
