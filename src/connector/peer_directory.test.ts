@@ -118,6 +118,23 @@ test(`at most PEERS_MAX (${PEERS_MAX}) peers are remembered; settled ones are ev
   assert.equal(d.peek('h0', 1), undefined, 'the oldest settled entry went');
 });
 
+test(`a flood of addresses that answer nothing does not push a live producer out (failed entries go first)`, async () => {
+  const h = fakeHandshakes();
+  const d = new PeerDirectory(h.handshake, new SimEnv(1), ['loopback']);
+  d.statusFor('127.0.0.1', 8000, 'producer');
+  h.pending[0]?.ok('producer');
+  await tick();
+  // A client names PEERS_MAX + 100 loopback ports where nothing listens: every handshake fails.
+  for (let i = 0; i < PEERS_MAX + 100; i++) {
+    d.statusFor('127.0.0.2', 1 + i, 'bogus');
+    h.pending[h.pending.length - 1]?.fail(new HandoffError('PEER_UNAVAILABLE', 'connection refused'));
+    await tick();
+  }
+  assert.equal(d.size, PEERS_MAX);
+  assert.deepEqual(d.peek('127.0.0.1', 8000), { state: 'ready', engineId: 'producer' }, 'the producer stayed');
+  assert.equal(d.peek('127.0.0.2', 1), undefined, 'the oldest failed entry went');
+});
+
 test('an unknown engine whose address failed: "does not answer" (400) when it timed out, 409 when refused as incompatible', async () => {
   const env = new SimEnv(1);
   const h = fakeHandshakes();

@@ -272,12 +272,18 @@ export class PeerDirectory {
     if (this.entries.get(key) === entry) this.onChange(); // else forgotten or replaced meanwhile
   }
 
-  /** Drop the oldest settled entry (insertion order); connecting ones are kept. */
+  /**
+   * Drop the oldest failed entry (insertion order), else the oldest ready one; connecting ones are kept.
+   * Addresses a client names that answer nothing (any loopback port passes the default allow-list) fail,
+   * and they evict each other: they no longer push out a live producer, which was the oldest entry.
+   */
   private evictOne(): void {
-    for (const [k, e] of this.entries) {
-      if (e.status.state !== 'connecting') {
-        this.entries.delete(k);
-        return;
+    for (const state of ['failed', 'ready'] as const) {
+      for (const [k, e] of this.entries) {
+        if (e.status.state === state) {
+          this.entries.delete(k);
+          return;
+        }
       }
     }
   }
