@@ -14,10 +14,9 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { TcpPlane } from './nic_tcp.ts';
 import { SEND_HIGH_WATER } from './tcp_sender.ts';
-import { packRanges } from '../core/ranges.ts';
 import type { WorkRequest } from '../nic/nic_messages.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-import { PAGE, PEER_SESSION, planeContext, sleep } from './relay_testkit.ts';
+import { PAGE, PEER_SESSION, planeContext, sleep, workRequest } from './relay_testkit.ts';
 
 /** 48 MiB slabs: more than the 8 MiB the server queues plus what the kernels' socket buffers hold. */
 const BLOCKS = 48;
@@ -60,20 +59,7 @@ async function slowRelay(target: number, per: number): Promise<{ server: net.Ser
   return { server, down: () => down };
 }
 
-function read(wrId: number, first: number, pages: number): WorkRequest {
-  const ranges = packRanges([{ slab: 0, localOffset: first * PAGE, remoteOffset: first * PAGE, length: pages * PAGE }]);
-  return {
-    wrId,
-    slot: 0,
-    kind: 'read',
-    peerEngineId: 'P',
-    transferId: 't',
-    grantToken: 'b'.repeat(32),
-    ranges,
-    delayMs: 0,
-    failWith: null,
-  };
-}
+const read = (wrId: number, first: number, pages: number): WorkRequest => workRequest(wrId, 'read', pages, first);
 
 test('tcp: an aborted READ stops being sent; the READ behind it lands without waiting for the rest of its reply', async () => {
   const done = new Map<number, ErrorCode | null>();

@@ -94,7 +94,9 @@ function slowLink(to: net.Socket, per: number): (d: Buffer) => void {
   };
 }
 
-export function workRequest(wrId: number, kind: 'read' | 'write', pages: number): WorkRequest {
+/** `pages` pages from page `first` on, to the same place on the other side. */
+export function workRequest(wrId: number, kind: 'read' | 'write', pages: number, first = 0): WorkRequest {
+  const at = first * PAGE;
   return {
     wrId,
     slot: 0,
@@ -102,7 +104,7 @@ export function workRequest(wrId: number, kind: 'read' | 'write', pages: number)
     peerEngineId: 'P',
     transferId: `t${wrId}`,
     grantToken: 'b'.repeat(32),
-    ranges: packRanges([{ slab: 0, localOffset: 0, remoteOffset: 0, length: pages * PAGE }]),
+    ranges: packRanges([{ slab: 0, localOffset: at, remoteOffset: at, length: pages * PAGE }]),
     delayMs: 0,
     failWith: null,
   } as WorkRequest;
