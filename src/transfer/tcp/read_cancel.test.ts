@@ -7,7 +7,8 @@
  *
  * The link here is a relay that forwards server-to-client at 40 MiB/s and applies back-pressure (it stops
  * reading the server while 1 MiB waits in it), as a real slow link does: the server can only have handed
- * its socket up to SEND_HIGH_WATER (8 MiB) of a 47 MiB reply when the abort reaches it (the kernels' socket buffers hold some MiB more).
+ * its socket up to SEND_HIGH_WATER (8 MiB) of a 47 MiB reply when the abort reaches it (the kernels'
+ * socket buffers hold some MiB more).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
