@@ -5,8 +5,8 @@
  * client tells the server (an error frame for the READ); the server drops what it had not yet handed to its
  * socket and answers REQUEST_ABORTED behind what it had.
  *
- * The link here is a relay that forwards server-to-client at 40 MiB/s and applies back-pressure (it stops
- * reading the server while 1 MiB waits in it), as a real slow link does: the server can only have handed
+ * The link here is a relay (relay_testkit) that forwards server-to-client at 40 MiB/s with back-pressure (it
+ * stops reading the server while 1 MiB waits in it), as a real slow link does: the server can only have handed
  * its socket up to SEND_HIGH_WATER (8 MiB) of a 47 MiB reply when the abort reaches it (the kernels'
  * socket buffers hold some MiB more).
  */
@@ -17,7 +17,7 @@ import { TcpPlane } from './nic_tcp.ts';
 import { SEND_HIGH_WATER } from './tcp_sender.ts';
 import type { WorkRequest } from '../nic/nic_messages.ts';
 import type { ErrorCode } from '../../util/errors.ts';
-import { PAGE, PEER_SESSION, planeContext, sleep, workRequest } from './relay_testkit.ts';
+import { PAGE, PEER_SESSION, planeContext, relay, sleep, workRequest } from './relay_testkit.ts';
 
 /** 48 MiB slabs: more than the 8 MiB the server queues plus what the kernels' socket buffers hold. */
 const BLOCKS = 48;
@@ -25,39 +25,6 @@ const BLOCKS = 48;
 function context(engineId: string, done: Map<number, ErrorCode | null>): ReturnType<typeof planeContext> {
   const slabs = [new Uint8Array(new SharedArrayBuffer(PAGE * BLOCKS))];
   return planeContext(engineId, done, { slabs, layout: { numSlabs: 1, numBlocks: BLOCKS, pageBytes: PAGE } });
-}
-
-/** A relay to `target` whose server-to-client side moves `per` bytes every 50 ms, with back-pressure. */
-async function slowRelay(target: number, per: number): Promise<{ server: net.Server; down: () => number }> {
-  let down = 0;
-  const server = net.createServer((client) => {
-    const upstream = net.connect({ host: '127.0.0.1', port: target });
-    client.on('data', (d: Buffer) => upstream.write(d));
-    let queue = Buffer.alloc(0);
-    let pumping = false;
-    const pump = (): void => {
-      if (client.destroyed || queue.length === 0) return void (pumping = false);
-      const n = Math.min(per, queue.length);
-      client.write(queue.subarray(0, n));
-      down += n;
-      queue = queue.subarray(n);
-      if (queue.length < 1 << 20) upstream.resume();
-      setTimeout(pump, 50);
-    };
-    upstream.on('data', (d: Buffer) => {
-      queue = Buffer.concat([queue, d]);
-      if (queue.length >= 1 << 20) upstream.pause();
-      if (!pumping) {
-        pumping = true;
-        pump();
-      }
-    });
-    for (const s of [client, upstream]) s.on('error', () => {});
-    client.on('close', () => upstream.destroy());
-    upstream.on('close', () => client.destroy());
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { server, down: () => down };
 }
 
 const read = (wrId: number, first: number, pages: number): WorkRequest => workRequest(wrId, 'read', pages, first);
@@ -68,11 +35,12 @@ test('tcp: an aborted READ stops being sent; the READ behind it lands without wa
   (serverCtx.slabs[0] as Uint8Array).fill(0x5a);
   const server = new TcpPlane(serverCtx, '127.0.0.1', 0);
   const port = await server.listen();
-  const link = await slowRelay(port, 2 << 20);
+  const forwarded = { bytes: 0 };
+  const link = await relay(port, { dir: 'down', bytesPer50Ms: 2 << 20, holdMax: 1 << 20, forwarded });
   const clientCtx = context('D', done);
   const client = new TcpPlane(clientCtx, '127.0.0.1', 0);
   await client.listen();
-  const relayPort = (link.server.address() as net.AddressInfo).port;
+  const relayPort = (link.address() as net.AddressInfo).port;
   client.setPeer('P', { host: '127.0.0.1', port: relayPort, session: PEER_SESSION });
   try {
     const big = BLOCKS - 1; // 47 MiB
@@ -91,7 +59,7 @@ test('tcp: an aborted READ stops being sent; the READ behind it lands without wa
     );
     // What crossed the link before READ 2 landed: what the server had handed its socket of READ 1 (at
     // most SEND_HIGH_WATER and a frame), plus READ 2. Without the cancel: all 47 MiB of READ 1 first.
-    const moved = link.down();
+    const moved = forwarded.bytes;
     assert.ok(moved < big * PAGE, `${moved} bytes crossed before READ 2 landed: READ 1 was sent whole`);
     assert.ok(moved <= SEND_HIGH_WATER + 24 * PAGE, `${moved} bytes crossed`);
     // The connection keeps carrying work.
@@ -100,6 +68,6 @@ test('tcp: an aborted READ stops being sent; the READ behind it lands without wa
     assert.equal(done.get(3), null, 'the next READ did not complete');
   } finally {
     await Promise.all([client.close(), server.close()]);
-    link.server.close();
+    link.close();
   }
 });

@@ -44,6 +44,13 @@ export interface RelayFault {
   stallAfter?: number;
   /** Or forward at most this many bytes that way per 50 ms (a slow link that keeps moving). */
   bytesPer50Ms?: number;
+  /**
+   * With bytesPer50Ms: stop reading the sender while this many bytes wait in the relay (back-pressure, as a
+   * real slow link's TCP gives; without it the relay takes everything at once).
+   */
+  holdMax?: number;
+  /** With bytesPer50Ms: counts the bytes the slow side has forwarded so far. */
+  forwarded?: { bytes: number };
 }
 
 /** Relay to `target`: its first connection has `fault`; later connections pass. */
@@ -55,7 +62,7 @@ export async function relay(target: number, fault: RelayFault): Promise<net.Serv
     first = false;
     let moved = 0;
     const pipe = (from: net.Socket, to: net.Socket, isFaulty: boolean): void => {
-      const slow = isFaulty && fault.bytesPer50Ms !== undefined ? slowLink(to, fault.bytesPer50Ms) : null;
+      const slow = isFaulty && fault.bytesPer50Ms !== undefined ? slowLink(from, to, fault.bytesPer50Ms, fault) : null;
       from.on('data', (d: Buffer) => {
         if (!isFaulty) return void to.write(d);
         if (slow !== null) return slow(d);
@@ -75,18 +82,31 @@ export async function relay(target: number, fault: RelayFault): Promise<net.Serv
   return server;
 }
 
-/** A link to `to` that forwards at most `per` bytes every 50 ms, in order; returns the function taking bytes. */
-function slowLink(to: net.Socket, per: number): (d: Buffer) => void {
+/**
+ * A link from `from` to `to` that forwards at most `per` bytes every 50 ms, in order; returns the function
+ * taking bytes. `holdMax`: `from` is paused while that many bytes wait.
+ */
+function slowLink(
+  from: net.Socket,
+  to: net.Socket,
+  per: number,
+  o: Pick<RelayFault, 'holdMax' | 'forwarded'>,
+): (d: Buffer) => void {
   let queue = Buffer.alloc(0);
   let pumping = false;
+  const holdMax = o.holdMax ?? Infinity;
   const pump = (): void => {
     if (to.destroyed || queue.length === 0) return void (pumping = false);
-    to.write(queue.subarray(0, per));
-    queue = queue.subarray(Math.min(per, queue.length));
+    const n = Math.min(per, queue.length);
+    to.write(queue.subarray(0, n));
+    if (o.forwarded) o.forwarded.bytes += n;
+    queue = queue.subarray(n);
+    if (queue.length < holdMax && from.isPaused()) from.resume();
     setTimeout(pump, 50);
   };
   return (d) => {
     queue = Buffer.concat([queue, d]);
+    if (queue.length >= holdMax) from.pause();
     if (!pumping) {
       pumping = true;
       pump();
