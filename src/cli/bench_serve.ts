@@ -77,15 +77,26 @@ export function registerBenchServe(program: Command): void {
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
       const maxModelLen = maxModelLenFlag(o, spec);
       const interrupt = interruptOnSigint('interrupted: the summary is of the requests that completed');
+      const allFailed: string[] = []; // runs in which no request succeeded: the command fails after the summary
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
-          runLoad({ ...spec, url: u, model }, env, tick, interrupt).then((r) => r.result),
+          runLoad({ ...spec, url: u, model }, env, tick, interrupt).then((r) => {
+            const first = r.outcomes.find((x) => x !== undefined && !x.ok)?.error ?? 'no answer';
+            if (!interrupt.aborted && r.result.requests > 0 && r.result.errors === r.result.requests)
+              allFailed.push(`${label}: all ${r.result.requests} requests failed (the first: ${first})`);
+            return r.result;
+          }),
         );
+      const done = (rows: Row[]): void => {
+        print(o, rows);
+        // Like vLLM's benchmark refusing a run whose requests all fail: a summary of nothing is not a result.
+        if (allFailed.length > 0) throw new HandoffError('PEER_UNAVAILABLE', allFailed.join('; '));
+      };
       // A server we did not start may serve another model name: send none (the server's default).
-      if (url !== null) return print(o, [{ label: url, r: await run(url, 'bench', null) }]);
+      if (url !== null) return done([{ label: url, r: await run(url, 'bench', null) }]);
       checkNumBlocksHoldARequest(preset, Number(numBlocks), { prefill: undefined, decode: undefined }, +maxModelLen);
       const started = { preset, mode, numBlocks, maxModelLen, apiKey: spec.apiKey };
-      if (target === 'xpyd') return print(o, await xpydRows(o, started, env, (u, l) => run(u, l, preset), interrupt));
+      if (target === 'xpyd') return done(await xpydRows(o, started, env, (u, l) => run(u, l, preset), interrupt));
       const targets: Target[] = target !== null ? [target] : ['pd', 'colocated'];
       const rows: Row[] = [];
       for (const t of targets) {
@@ -95,7 +106,7 @@ export function registerBenchServe(program: Command): void {
           ...(await onStarted(t, started, env, (u) => run(u, t, preset))),
         });
       }
-      print(o, rows);
+      done(rows);
     });
 }
 
