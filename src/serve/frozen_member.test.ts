@@ -82,11 +82,21 @@ async function setup(side: 'prefill' | 'decode'): Promise<{ proxy: Proxy; url: s
     },
     env,
   );
-  const url = `http://127.0.0.1:${await proxy.listen(0, '127.0.0.1')}`;
-  await proxy.start();
-  assert.equal(proxy.prefill.numHealthy + proxy.decode.numHealthy, 4);
-  (side === 'prefill' ? p : d)[0]!.freeze(); // round robin sends the first request to it
-  return { proxy, url, all: [...p, ...d] };
+  const all = [...p, ...d];
+  try {
+    const url = `http://127.0.0.1:${await proxy.listen(0, '127.0.0.1')}`;
+    await proxy.start();
+    // All four healthy before one freezes (a check can time out at 200 ms on a loaded machine: it is
+    // retried every 100 ms; asserting at once failed once under load, and left this file open for ever).
+    for (let k = 0; k < 100 && proxy.prefill.numHealthy + proxy.decode.numHealthy < 4; k++) await env.sleep(50);
+    assert.equal(proxy.prefill.numHealthy + proxy.decode.numHealthy, 4);
+    (side === 'prefill' ? p : d)[0]!.freeze(); // round robin sends the first request to it
+    return { proxy, url, all };
+  } catch (e) {
+    await proxy.close();
+    for (const u of all) await u.close();
+    throw e;
+  }
 }
 
 for (const side of ['prefill', 'decode'] as const) {

@@ -222,7 +222,7 @@ export class InstanceServer {
       if (req.method === 'POST' && path === '/handoff/cancel') return await this.cancel(req, res);
       if (req.method === 'GET' && path === '/handoff/kv_events') return this.kvStreams.stream(req, res);
       if (req.method === 'GET' && path === '/handoff/kv_events/dump')
-        return this.kvStreams.dump(res, this.opts.clientStallMs ?? ANSWER_STALL_MS);
+        return await this.kvStreams.dump(res, this.opts.clientStallMs ?? ANSWER_STALL_MS);
       if (req.method === 'POST' && path === '/handoff/reset_prefix_cache')
         return sendJson(res, 200, { reset: this.engine.resetPrefixCache() });
       if (req.method === 'GET' && path === '/v1/models') return sendJson(res, 200, this.models());

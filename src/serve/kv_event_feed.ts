@@ -11,15 +11,18 @@
  * Every line is validated before it touches the index: the feed is input from the network.
  */
 import { rethrowIfAssertion } from '../util/assert.ts';
-import type { Env, TimerHandle } from '../util/env.ts';
+import { nextMacrotask, type Env, type TimerHandle } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
-import type { KvCacheEvent, KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
+import type { KvCacheEvent, KvEventBatch } from '../kv/kv_events.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 import type { RouterIndex } from './router_index.ts';
 import { readBoundedText } from './upstream.ts';
+import { DumpScanner } from './dump_scan.ts';
 import { parseJsonText } from './http_io.ts';
 
+/** Hashes read per slice of a dump (a few milliseconds of the router's event loop). */
+const DUMP_SLICE_HASHES = 8192;
 /** Longest line accepted (a BlockStored of a whole long prompt with its token ids is far below). */
 export const KV_FEED_LINE_MAX_BYTES = 32 << 20;
 const HASH_RE = /^[0-9a-f]{64}$/;
@@ -99,12 +102,6 @@ export function parseFeedLine(text: string): FeedLine {
   return { kind: 'batch', batch: { epoch: o['epoch'], seq: o['seq'], ts, events: o['events'].map(eventOf) } };
 }
 
-export function parseDump(v: unknown): KvEventDump {
-  const o = v as Record<string, unknown> | null;
-  if (o === null || typeof o !== 'object' || !isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('dump epoch/seq');
-  return { epoch: o['epoch'], seq: o['seq'], block_hashes: hashesOf(o['block_hashes']) };
-}
-
 export interface KvEventFeedOptions {
   url: string;
   apiKey: string | null;
@@ -121,7 +118,7 @@ export class KvEventFeed {
   private current: AbortController | null = null;
   private loop: Promise<void> = Promise.resolve();
   load: InstanceLoad | null = null;
-  stats = { connects: 0, lines: 0, dumps: 0, badLines: 0 };
+  stats = { connects: 0, lines: 0, dumps: 0, dumpYields: 0, badLines: 0 };
   private lastDumpMs = -Infinity;
   /** What parsing and applying the last dump took the router's event loop. */
   private lastDumpCostMs = 0;
@@ -229,11 +226,21 @@ export class KvEventFeed {
     const r = await fetch(`${this.opts.url}/handoff/kv_events/dump`, { headers: this.headers(), signal });
     if (!r.ok) throw new HandoffError('PEER_UNAVAILABLE', `KV event dump answered ${r.status}`);
     const text = await readBoundedText(r, DUMP_MAX_BYTES, 'the KV event dump', arm);
-    const started = this.env.nowMs();
+    // Read a slice of hashes per turn of the event loop: the router serves between slices (dump_scan.ts).
+    let cost = 0;
+    let started = this.env.nowMs();
     try {
-      this.index.applyDump(this.key, parseDump(parseJsonText(text, () => bad('the dump is not JSON'))));
+      const scan = new DumpScanner(text, this.index.maxHashesPerInstance);
+      while (!scan.step(DUMP_SLICE_HASHES)) {
+        cost += this.env.nowMs() - started;
+        this.stats.dumpYields++;
+        await nextMacrotask();
+        if (signal.aborted) return; // closed (or stalled) meanwhile: the dump is dropped
+        started = this.env.nowMs();
+      }
+      this.index.adoptDump(this.key, scan.epoch, scan.seq, scan.overBound ? null : scan.hashes);
     } finally {
-      this.lastDumpCostMs = this.env.nowMs() - started; // a refused dump cost its parse too
+      this.lastDumpCostMs = cost + this.env.nowMs() - started; // a refused dump cost its reading too
     }
     this.stats.dumps++;
   }

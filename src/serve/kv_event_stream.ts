@@ -18,7 +18,7 @@
  * refusing it let idle clients that never read lock a router out of the feed for hours.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Env, TimerHandle } from '../util/env.ts';
+import { nextMacrotask, type Env, type TimerHandle } from '../util/env.ts';
 import { assert } from '../util/assert.ts';
 import { HandoffError } from '../util/errors.ts';
 import type { KvEventBatch, KvEventDump } from '../kv/kv_events.ts';
@@ -55,10 +55,17 @@ export const KV_EVENT_SUBSCRIBERS_MAX = 16;
 /** Bytes a subscriber may fall behind before it is cut off. */
 export const KV_EVENT_BACKLOG_MAX_BYTES = 8 << 20;
 export const DEFAULT_KV_HEARTBEAT_MS = 250;
+/** Dumps answered at once at most. */
+export const KV_DUMPS_IN_FLIGHT_MAX = 4;
+/** Hashes a dump writes per turn of the event loop. */
+const DUMP_SLICE_HASHES = 8192;
+/** A dump's bytes the socket may hold back before the dump waits for it to take them. */
+const DUMP_BUFFER_MAX_BYTES = 1 << 20;
 
 export class KvEventStreams {
   /** Open streams and how to stop feeding each (unsubscribe, stop its heartbeat). */
   private readonly open = new Map<ServerResponse, () => void>();
+  private dumpsInFlight = 0;
 
   constructor(
     private readonly source: KvEventSource,
@@ -72,15 +79,61 @@ export class KvEventStreams {
   }
 
   /**
-   * The whole set, dropped when its client takes none of it for `stallMs`: a dump is up to ~70 MB, and
-   * what the socket did not take stayed queued in this process for as long as a silent client kept its
-   * connection (forever), a fresh copy per such request.
+   * The whole set, written a slice of hashes per turn of the event loop: a dump of 1 Mi hashes (67 MB of
+   * JSON) made in one JSON.stringify held the instance's loop, and with it every engine step, for about
+   * half a second per request (session 19). At most KV_DUMPS_IN_FLIGHT_MAX are answered at once (each
+   * holds a snapshot of the set); more are refused OVERLOADED. A client that takes none of it for
+   * `stallMs` is dropped: what the socket did not take stayed queued in this process for as long as a
+   * silent client kept its connection (forever), a fresh copy per such request.
    */
-  dump(res: ServerResponse, stallMs: number = ANSWER_STALL_MS): void {
-    const body = JSON.stringify(this.source.dump());
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
-    res.end(body);
-    dropIfUnsent(res, stallMs, this.env);
+  async dump(res: ServerResponse, stallMs: number = ANSWER_STALL_MS): Promise<void> {
+    if (this.dumpsInFlight >= KV_DUMPS_IN_FLIGHT_MAX)
+      throw new HandoffError('OVERLOADED', `${KV_DUMPS_IN_FLIGHT_MAX} KV event dumps are being answered; try again`);
+    this.dumpsInFlight++;
+    try {
+      const d = this.source.dump();
+      res.writeHead(200, { 'content-type': 'application/json' });
+      let head = `{"epoch":${JSON.stringify(d.epoch)},"seq":${d.seq},"block_hashes":[`;
+      for (let i = 0; i < d.block_hashes.length; i += DUMP_SLICE_HASHES) {
+        const part = JSON.stringify(d.block_hashes.slice(i, i + DUMP_SLICE_HASHES)).slice(1, -1);
+        if (!(await this.sendSlice(res, `${head}${i > 0 ? ',' : ''}${part}`, stallMs))) return;
+        head = '';
+      }
+      res.end(`${head}]}`);
+      dropIfUnsent(res, stallMs, this.env);
+    } finally {
+      this.dumpsInFlight--;
+    }
+  }
+
+  /**
+   * Write one slice of a dump; resolves on the next turn of the loop, or once the socket has taken what
+   * waits if that passed DUMP_BUFFER_MAX_BYTES. False: the client is gone, or took nothing for `stallMs`
+   * (its connection is then closed).
+   */
+  private async sendSlice(res: ServerResponse, text: string, stallMs: number): Promise<boolean> {
+    if (res.destroyed || res.req.socket.destroyed) return false;
+    res.write(text);
+    if (res.writableLength <= DUMP_BUFFER_MAX_BYTES) {
+      await nextMacrotask();
+      return !res.destroyed;
+    }
+    const drained = await new Promise<boolean>((resolve) => {
+      if (res.closed || res.req.socket.destroyed) return resolve(false);
+      const finish = (ok: boolean): void => {
+        timer.cancel();
+        res.off('drain', onDrain);
+        res.off('close', onClose);
+        resolve(ok);
+      };
+      const onDrain = (): void => finish(true);
+      const onClose = (): void => finish(false);
+      const timer = this.env.setTimer(stallMs, () => finish(false));
+      res.on('drain', onDrain);
+      res.on('close', onClose);
+    });
+    if (!drained) res.req.socket.destroy();
+    return drained && !res.destroyed;
   }
 
   /** Serve one subscriber until it goes away (or the server closes). */

@@ -2,8 +2,11 @@
  * RouterIndex: what the router believes each instance's prefix cache holds, rebuilt from the instances'
  * KV event batches (kv/kv_events.ts) and dumps.
  *
- *   hash ──> {instances holding it}            (the index a router scores with)
  *   instance ──> {epoch, seq, hashes, pending batches (out of order), needsDump}
+ *
+ * The router scores an instance by walking a prompt's hash chain through that instance's set (kv_router.ts);
+ * there is no hash ──> instances map: nothing reads one, and keeping one cost a Set per hash, which made a
+ * 1 Mi-hash dump take the router's event loop for seconds (session 19).
  *
  * Sequence numbers make delivery faults harmless: a batch at or below the applied seq is a duplicate
  * (dropped); one beyond seq + 1 waits in `pending` for the missing ones (a reorder); when more than
@@ -78,7 +81,6 @@ export const DEFAULT_ROUTER_INDEX_OPTIONS: RouterIndexOptions = { maxPending: 0,
 
 export class RouterIndex {
   private readonly instances = new Map<string, InstanceState>();
-  private readonly holders = new Map<BlockHash, Set<string>>();
   stats = { applied: 0, duplicates: 0, buffered: 0, dumps: 0, epochs: 0 };
   private readonly bySeq: boolean;
   private readonly removes: boolean;
@@ -101,9 +103,9 @@ export class RouterIndex {
   /** Apply one batch of `key`'s events (any order, any number of times). */
   applyBatch(key: string, batch: KvEventBatch): ApplyResult {
     const st = this.state(key);
-    if (!this.admit(key, st, batch.epoch)) return this.stale();
+    if (!this.admit(st, batch.epoch)) return this.stale();
     if (!this.bySeq) {
-      this.applyEvents(key, st, batch.events);
+      this.applyEvents(st, batch.events);
       st.seq = Math.max(st.seq, batch.seq);
       return 'applied';
     }
@@ -124,30 +126,37 @@ export class RouterIndex {
       this.stats.buffered++;
       return this.needsDump(key) ? 'needs-dump' : 'buffered';
     }
-    this.applyEvents(key, st, batch.events);
+    this.applyEvents(st, batch.events);
     st.seq = batch.seq;
-    this.drainPending(key, st);
+    this.drainPending(st);
     return 'applied';
   }
 
   /** Replace `key`'s set with a dump; pending batches after the dump's seq are applied on top. */
   applyDump(key: string, dump: KvEventDump): void {
+    const within = dump.block_hashes.length <= this.opts.maxHashesPerInstance;
+    this.adoptDump(key, dump.epoch, dump.seq, within ? new Set(dump.block_hashes) : null);
+  }
+
+  /**
+   * applyDump with the dump's hashes already in a set, which the index keeps (the caller lets go of it);
+   * null: the dump was over the bound.
+   */
+  adoptDump(key: string, epoch: string, seq: number, hashes: Set<BlockHash> | null): void {
     const st = this.state(key);
-    if (!this.admit(key, st, dump.epoch)) return void this.stale();
+    if (!this.admit(st, epoch)) return void this.stale();
     // An older dump than what is applied (a slow answer) changes nothing.
-    if (dump.seq < st.seq) return;
-    this.clearHashes(key, st);
+    if (seq < st.seq) return;
     // A dump over the bound is not adopted in part (its tail would look caught up): the instance is held
     // to have nothing, at the dump's seq, until later batches say otherwise.
-    if (dump.block_hashes.length <= this.opts.maxHashesPerInstance)
-      for (const h of dump.block_hashes) this.add(key, st, h);
-    st.seq = dump.seq;
+    st.hashes = hashes ?? new Set();
+    st.seq = seq;
     st.forced = false;
-    for (const [s, b] of [...st.pending]) if (s <= dump.seq) this.dropPending(st, s, b);
+    for (const [s, b] of [...st.pending]) if (s <= seq) this.dropPending(st, s, b);
     // Still waiting for batches the dump does not reach: they are not coming (the instance is behind
     // what its feed sent), so they are dropped rather than asking for a dump per line.
     if (st.pending.size > this.opts.maxPending && !st.pending.has(st.seq + 1)) this.clearPending(st);
-    this.drainPending(key, st);
+    this.drainPending(st);
     this.stats.dumps++;
   }
 
@@ -157,7 +166,7 @@ export class RouterIndex {
    */
   heartbeat(key: string, epoch: string, seq: number): boolean {
     const st = this.state(key);
-    if (!this.admit(key, st, epoch)) {
+    if (!this.admit(st, epoch)) {
       this.stale();
       return this.needsDump(key);
     }
@@ -174,7 +183,7 @@ export class RouterIndex {
     const st = this.state(key);
     if (st.epoch === epoch) return;
     st.retired = st.retired.filter((e) => e !== epoch);
-    this.newEpoch(key, st, epoch);
+    this.newEpoch(st, epoch);
   }
 
   needsDump(key: string): boolean {
@@ -182,11 +191,16 @@ export class RouterIndex {
     return st !== undefined && (st.forced || st.pending.size > this.opts.maxPending);
   }
 
+  /** The bound on one instance's hashes (a dump with more is not adopted). */
+  get maxHashesPerInstance(): number {
+    return this.opts.maxHashesPerInstance;
+  }
+
   /** Forget an instance entirely (removed from the pool). */
   forget(key: string): void {
     const st = this.instances.get(key);
     if (st === undefined) return;
-    this.clearHashes(key, st);
+    this.clearHashes(st);
     this.instances.delete(key);
   }
 
@@ -197,11 +211,6 @@ export class RouterIndex {
     let n = 0;
     while (n < chain.length && st.hashes.has(chain[n] as BlockHash)) n++;
     return n;
-  }
-
-  /** Instances believed to hold `hash`. */
-  holdersOf(hash: BlockHash): ReadonlySet<string> {
-    return this.holders.get(hash) ?? new Set();
   }
 
   hashesOf(key: string): ReadonlySet<BlockHash> {
@@ -215,7 +224,7 @@ export class RouterIndex {
   }
 
   /** False for a message of an earlier life (retired, or started before the current one); a later life replaces it. */
-  private admit(key: string, st: InstanceState, epoch: string): boolean {
+  private admit(st: InstanceState, epoch: string): boolean {
     if (st.epoch === epoch) return true;
     if (st.retired.includes(epoch)) return false;
     const [mine, theirs] = [st.epoch === null ? null : epochStartMs(st.epoch), epochStartMs(epoch)];
@@ -224,7 +233,7 @@ export class RouterIndex {
       if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
       return false;
     }
-    this.newEpoch(key, st, epoch);
+    this.newEpoch(st, epoch);
     return true;
   }
 
@@ -234,13 +243,13 @@ export class RouterIndex {
     return 'duplicate';
   }
 
-  private newEpoch(key: string, st: InstanceState, epoch: string): void {
+  private newEpoch(st: InstanceState, epoch: string): void {
     if (st.epoch !== null) {
       this.stats.epochs++;
       st.retired.push(st.epoch);
       if (st.retired.length > RETIRED_EPOCHS_MAX) st.retired.shift();
     }
-    this.clearHashes(key, st);
+    this.clearHashes(st);
     st.epoch = epoch;
     st.seq = 0;
     this.clearPending(st);
@@ -257,48 +266,35 @@ export class RouterIndex {
     st.pendingHashes = 0;
   }
 
-  private drainPending(key: string, st: InstanceState): void {
+  private drainPending(st: InstanceState): void {
     for (let next = st.pending.get(st.seq + 1); next !== undefined; next = st.pending.get(st.seq + 1)) {
       this.dropPending(st, next.seq, next);
-      this.applyEvents(key, st, next.events);
+      this.applyEvents(st, next.events);
       st.seq = next.seq;
     }
   }
 
-  private applyEvents(key: string, st: InstanceState, events: readonly HashEvent[]): void {
+  private applyEvents(st: InstanceState, events: readonly HashEvent[]): void {
     for (const ev of events) {
-      if (ev.type === 'AllBlocksCleared') this.clearHashes(key, st);
-      else if (ev.type === 'BlockStored') for (const h of ev.block_hashes) this.add(key, st, h);
-      else if (this.removes) for (const h of ev.block_hashes) this.remove(key, st, h);
+      if (ev.type === 'AllBlocksCleared') this.clearHashes(st);
+      else if (ev.type === 'BlockStored') for (const h of ev.block_hashes) this.add(st, h);
+      else if (this.removes) for (const h of ev.block_hashes) st.hashes.delete(h);
     }
     this.stats.applied++;
   }
 
-  private add(key: string, st: InstanceState, h: BlockHash): void {
+  private add(st: InstanceState, h: BlockHash): void {
     if (st.hashes.has(h)) return;
     if (st.hashes.size >= this.opts.maxHashesPerInstance) {
       // Past the bound the feed cannot be trusted: start over from a dump.
-      this.clearHashes(key, st);
+      this.clearHashes(st);
       st.forced = true;
       return;
     }
     st.hashes.add(h);
-    let set = this.holders.get(h);
-    if (set === undefined) {
-      set = new Set();
-      this.holders.set(h, set);
-    }
-    set.add(key);
   }
 
-  private remove(key: string, st: InstanceState, h: BlockHash): void {
-    if (!st.hashes.delete(h)) return;
-    const set = this.holders.get(h);
-    set?.delete(key);
-    if (set?.size === 0) this.holders.delete(h);
-  }
-
-  private clearHashes(key: string, st: InstanceState): void {
-    for (const h of [...st.hashes]) this.remove(key, st, h);
+  private clearHashes(st: InstanceState): void {
+    st.hashes = new Set();
   }
 }

@@ -1,0 +1,121 @@
+/**
+ * DumpScanner: a KV event dump's body, `{"epoch": E, "seq": N, "block_hashes": ["<64 hex>", ...]}`, read
+ * a slice of hashes at a time, so that a router taking in an instance's dump of up to 1 Mi hashes (67 MB)
+ * keeps serving between slices. `JSON.parse` of the whole body and a check of every hash, in one go, held
+ * the router's event loop for about 1.5 s at 1 Mi hashes (session 19), on top of applying them.
+ *
+ * The envelope (everything but the hash array) goes through `JSON.parse`, with the array cut out; the
+ * array itself is scanned by hand, strictly: each element a string of exactly 64 lowercase hex digits,
+ * JSON whitespace between tokens, no trailing comma. What the scanner accepts is what `JSON.parse`
+ * followed by that check of each hash accepts, but for escapes inside a hash (`\u0061` for `a`), which
+ * no instance writes and the scanner refuses (dump_scan.test.ts compares both on random and broken
+ * bodies): an instance's dump means the same as before, only read in slices.
+ */
+import type { BlockHash } from '../kv/block_hash.ts';
+import { HandoffError } from '../util/errors.ts';
+
+const KEY = /"block_hashes"\s*:\s*\[/g;
+const HASH_CHARS = 64;
+
+const bad = (why: string): HandoffError => new HandoffError('BAD_REQUEST', `bad KV event dump: ${why}`);
+const isSeq = (n: unknown): n is number => typeof n === 'number' && Number.isSafeInteger(n) && n >= 0;
+const isEpoch = (s: unknown): s is string => typeof s === 'string' && s.length > 0 && s.length <= 128;
+
+/** JSON's insignificant whitespace: space, tab, line feed, carriage return. */
+const isWs = (c: number): boolean => c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d;
+/** 0-9, a-f. */
+const isHex = (c: number): boolean => (c >= 0x30 && c <= 0x39) || (c >= 0x61 && c <= 0x66);
+
+export class DumpScanner {
+  readonly epoch: string;
+  readonly seq: number;
+  /** The hashes read so far (distinct). */
+  readonly hashes = new Set<BlockHash>();
+  /** Elements read so far (duplicates counted). */
+  count = 0;
+  /** More than `maxHashes` elements: the dump is not adopted in part (RouterIndex.adoptDump). */
+  overBound = false;
+  private pos: number;
+  /** The array's ']'. */
+  private readonly end: number;
+  private done = false;
+  /** The last token read was a comma: a hash must follow. */
+  private afterComma = false;
+
+  /** Parses the envelope at once (small); throws BAD_REQUEST if it is not a dump. */
+  constructor(
+    private readonly text: string,
+    private readonly maxHashes: number,
+  ) {
+    KEY.lastIndex = 0;
+    const m = KEY.exec(text);
+    if (m === null) throw bad('no block_hashes array');
+    const open = m.index + m[0].length; // just past '['
+    // A hash holds no ']': the first one after '[' closes the array, if the array is well formed (the
+    // scan checks that, element by element, up to this very position).
+    const close = text.indexOf(']', open);
+    if (close < 0) throw bad('the block_hashes array is not closed');
+    // A second such array would be the one JSON.parse keeps: refused rather than read from the first.
+    KEY.lastIndex = close;
+    if (KEY.exec(text) !== null) throw bad('block_hashes twice');
+    let envelope: unknown;
+    try {
+      envelope = JSON.parse(`${text.slice(0, open)}]${text.slice(close + 1)}`);
+    } catch {
+      throw bad('not JSON');
+    }
+    const o = envelope as Record<string, unknown> | null;
+    if (o === null || typeof o !== 'object' || Array.isArray(o)) throw bad('not an object');
+    if (!isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('epoch/seq');
+    const arr = o['block_hashes'];
+    // A second "block_hashes" key would win in JSON.parse: the array scanned must be the one that counts.
+    if (!Array.isArray(arr) || arr.length !== 0) throw bad('block_hashes');
+    this.epoch = o['epoch'];
+    this.seq = o['seq'];
+    this.pos = open;
+    this.end = close;
+  }
+
+  /** Read up to `n` more elements; true once the whole array is read (or found over the bound). */
+  step(n: number): boolean {
+    const t = this.text;
+    let p = this.pos;
+    for (let k = 0; k < n && !this.done; k++) {
+      while (p < this.end && isWs(t.charCodeAt(p))) p++;
+      if (p === this.end) {
+        // The array ends: right after '[' (empty) or after a hash; never after a comma.
+        if (this.count > 0 && this.afterComma) throw bad('a trailing comma in block_hashes');
+        this.done = true;
+        break;
+      }
+      if (this.count > 0 && !this.afterComma) {
+        if (t.charCodeAt(p) !== 0x2c) throw bad('block_hashes elements must be separated by commas');
+        this.afterComma = true;
+        p++;
+        k--; // the comma is not an element
+        continue;
+      }
+      p = this.readHash(p);
+      this.afterComma = false;
+      if (++this.count > this.maxHashes) {
+        this.overBound = true;
+        this.done = true;
+      }
+    }
+    this.pos = p;
+    return this.done;
+  }
+
+  /** One element at `p`: a quoted 64-digit lowercase hex string; returns the position after it. */
+  private readHash(p: number): number {
+    const t = this.text;
+    const from = p + 1;
+    const to = from + HASH_CHARS;
+    if (t.charCodeAt(p) !== 0x22 || to >= this.end || t.charCodeAt(to) !== 0x22)
+      throw bad('every block hash is a string of 64 hex digits');
+    for (let i = from; i < to; i++)
+      if (!isHex(t.charCodeAt(i))) throw bad('every block hash is 64 lowercase hex digits');
+    this.hashes.add(t.slice(from, to));
+    return to + 1;
+  }
+}
