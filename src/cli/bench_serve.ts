@@ -14,7 +14,13 @@ import { RealEnv, type Env } from '../util/env.ts';
 import { HandoffError } from '../util/errors.ts';
 import { createLogger } from '../util/log.ts';
 import type { ModelPreset } from '../kv/presets.ts';
-import { runLoad, type BenchServeResult, type LoadSpec, type Workload } from '../serve/load_generator.ts';
+import {
+  runLoad,
+  type BenchServeResult,
+  type LoadSpec,
+  type RequestOutcome,
+  type Workload,
+} from '../serve/load_generator.ts';
 import { ROUTING_POLICIES } from '../serve/instance_pool.ts';
 import { runXpyd } from './bench_xpyd.ts';
 import { routerFlags } from './proxy.ts';
@@ -67,30 +73,19 @@ export function registerBenchServe(program: Command): void {
       const env = new RealEnv();
       const preset = presetFlag(o['model']);
       const mode = modeFlag(preset, o['mode']);
-      const url = o['url'] !== undefined ? urlFlag('url', o['url']) : null;
-      const target =
-        o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated', 'xpyd'] as const) : null;
-      if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
-      if (o['json'] && url === null && target === null)
-        throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
+      const { url, target } = whereFlags(o);
       const spec = loadSpecFrom(o, preset, target);
       const numBlocks = String(intFlag('num-blocks', o['numBlocks'], 2, 1 << 20));
       const maxModelLen = maxModelLenFlag(o, spec);
       const interrupt = interruptOnSigint('interrupted: the summary is of the requests that completed');
-      const allFailed: string[] = []; // runs in which no request succeeded: the command fails after the summary
+      const failed = new AllFailed(interrupt);
       const run = (u: string, label: string, model: string | null): Promise<BenchServeResult> =>
         withProgress(label, spec.requests, (tick) =>
-          runLoad({ ...spec, url: u, model }, env, tick, interrupt).then((r) => {
-            const first = r.outcomes.find((x) => x !== undefined && !x.ok)?.error ?? 'no answer';
-            if (!interrupt.aborted && r.result.requests > 0 && r.result.errors === r.result.requests)
-              allFailed.push(`${label}: all ${r.result.requests} requests failed (the first: ${first})`);
-            return r.result;
-          }),
+          runLoad({ ...spec, url: u, model }, env, tick, interrupt).then((r) => failed.note(label, r)),
         );
       const done = (rows: Row[]): void => {
         print(o, rows);
-        // Like vLLM's benchmark refusing a run whose requests all fail: a summary of nothing is not a result.
-        if (allFailed.length > 0) throw new HandoffError('PEER_UNAVAILABLE', allFailed.join('; '));
+        failed.check();
       };
       // A server we did not start may serve another model name: send none (the server's default).
       if (url !== null) return done([{ label: url, r: await run(url, 'bench', null) }]);
@@ -257,6 +252,36 @@ async function withProgress<T>(
     return await fn((done) => bar.update(done));
   } finally {
     bar.stop();
+  }
+}
+
+/** --url (a running server) or --target (what to start); neither: P/D and colocated, started. */
+function whereFlags(o: Opts): { url: string | null; target: 'pd' | 'colocated' | 'xpyd' | null } {
+  const url = o['url'] !== undefined ? urlFlag('url', o['url']) : null;
+  const target =
+    o['target'] !== undefined ? choiceFlag('target', o['target'], ['pd', 'colocated', 'xpyd'] as const) : null;
+  if (url !== null && target !== null) throw new HandoffError('BAD_CONFIG', 'pass --url or --target, not both');
+  if (o['json'] && url === null && target === null)
+    throw new HandoffError('BAD_CONFIG', '--json prints one result: pass --url or --target');
+  return { url, target };
+}
+
+/** The runs in which every request failed: the command fails after its summary. */
+class AllFailed {
+  private readonly runs: string[] = [];
+  constructor(private readonly interrupt: AbortSignal) {}
+
+  note(label: string, r: { result: BenchServeResult; outcomes: RequestOutcome[] }): BenchServeResult {
+    const { requests, errors } = r.result;
+    const first = r.outcomes.find((x) => x !== undefined && !x.ok)?.error ?? 'no answer';
+    if (!this.interrupt.aborted && requests > 0 && errors === requests)
+      this.runs.push(`${label}: all ${requests} requests failed (the first: ${first})`);
+    return r.result;
+  }
+
+  /** Like vLLM's benchmark refusing a run whose requests all fail: a summary of nothing is not a result. */
+  check(): void {
+    if (this.runs.length > 0) throw new HandoffError('PEER_UNAVAILABLE', this.runs.join('; '));
   }
 }
 

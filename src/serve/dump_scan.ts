@@ -61,6 +61,7 @@ export class DumpScanner {
     let envelope: unknown;
     try {
       envelope = JSON.parse(`${text.slice(0, open)}]${text.slice(close + 1)}`);
+      // catch-ok: only JSON.parse runs in the try: a body that is not JSON is refused
     } catch {
       throw bad('not JSON');
     }
