@@ -211,8 +211,33 @@ for (const policy of ['recompute', 'fail'] as const) {
       6,
       'every page from the first invalid one on (both groups) is zeroed again before recompute',
     );
+    // Its answer no longer counts the failed load's tokens as loaded from prefill (it counted 32 before
+    // session 19: tests read numExternalTokens > 0 as "the KV crossed").
+    const [out] = scheduler.updateFromOutput(so2, fakeRun(so2));
+    assert.equal(out?.requestId, r.requestId);
+    assert.equal(out?.numExternalTokens, 0, 'recomputed, not loaded');
   });
 }
+
+test('a READ whose second page is bad is recomputed from there: its first page still counts as loaded', () => {
+  const { scheduler, kv } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'consumer', mode: 'read' }) });
+  const r = makeRequest(
+    33,
+    2,
+    readParams([
+      [1, 2],
+      [3, 4],
+    ]),
+  );
+  scheduler.addRequest(r);
+  const so1 = scheduler.schedule();
+  const bad = kv.getBlockIds(r.requestId).map((g) => g[1] as number);
+  scheduler.updateFromOutput(so1, fakeRun(so1, { invalidBlockIds: bad }));
+  const so2 = scheduler.schedule();
+  assert.equal(so2.scheduledNewReqs[0]?.numComputedTokens, 16, 'rolled back to the bad page');
+  const [out] = scheduler.updateFromOutput(so2, fakeRun(so2));
+  assert.equal(out?.numExternalTokens, 16, 'the first page (16 tokens) came from prefill, the rest was recomputed');
+});
 
 test('bad transfer params found at allocation fail that request alone', () => {
   const { scheduler } = makeScheduler({

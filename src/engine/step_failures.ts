@@ -41,6 +41,16 @@ function failLoad(host: StepFailureHost, req: Request): void {
 }
 
 /**
+ * A load rolled back to `start` for recompute: only the external tokens before `start` (they follow the
+ * local hit) still came from the peer. Before session 19 the count kept the whole load, so a request whose
+ * load failed and was recomputed here still reported its tokens as loaded (`numExternalTokens`), which
+ * tests take as the proof that KV crossed from prefill.
+ */
+function keepExternalBelow(req: Request, start: number): void {
+  req.numExternalComputedTokens = Math.max(0, Math.min(req.numExternalComputedTokens, start - req.numLocalHitTokens));
+}
+
+/**
  * Async loads that failed (a WRITE that never arrived, an async READ that failed): a client fault fails
  * with its code; otherwise recompute from the local hit, or fail.
  */
@@ -66,6 +76,7 @@ export function failAsyncLoads(
     const start = Math.floor(req.numLocalHitTokens / bs) * bs;
     host.kv.recordBlocksForZeroing(req.requestId, start);
     req.numComputedTokens = start;
+    keepExternalBelow(req, start);
     req.status = 'PREEMPTED';
     host.transfers.dropLoad(req.requestId);
   }
@@ -108,6 +119,7 @@ export function failRunningLoads(
     const startToken = Math.min(firstBad * bs, Math.floor((req.numTokens - 1) / bs) * bs);
     host.kv.recordBlocksForZeroing(req.requestId, startToken);
     req.numComputedTokens = startToken;
+    keepExternalBelow(req, startToken);
     req.numOutputPlaceholders = 0;
     req.epoch = nextEpoch();
     host.requeue(req);
