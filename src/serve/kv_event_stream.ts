@@ -57,8 +57,11 @@ export const KV_EVENT_BACKLOG_MAX_BYTES = 8 << 20;
 export const DEFAULT_KV_HEARTBEAT_MS = 250;
 /** Dumps answered at once at most. */
 export const KV_DUMPS_IN_FLIGHT_MAX = 4;
-/** Hashes a dump writes per turn of the event loop. */
-const DUMP_SLICE_HASHES = 8192;
+/**
+ * Hashes a dump writes per turn of the event loop: 67 KB, one socket write. Small, because `writableLength`
+ * falls only as whole writes complete, and a slow client's progress is judged by it.
+ */
+const DUMP_SLICE_HASHES = 1024;
 /** A dump's bytes the socket may hold back before the dump waits for it to take them. */
 const DUMP_BUFFER_MAX_BYTES = 1 << 20;
 
@@ -109,7 +112,7 @@ export class KvEventStreams {
   /**
    * Write one slice of a dump; resolves on the next turn of the loop, or once the socket has taken what
    * waits if that passed DUMP_BUFFER_MAX_BYTES. False: the client is gone, or took nothing for `stallMs`
-   * (its connection is then closed).
+   * (its connection is then closed); one that keeps taking some, however slowly, is waited for.
    */
   private async sendSlice(res: ServerResponse, text: string, stallMs: number): Promise<boolean> {
     if (res.destroyed || res.req.socket.destroyed) return false;
@@ -120,15 +123,23 @@ export class KvEventStreams {
     }
     const drained = await new Promise<boolean>((resolve) => {
       if (res.closed || res.req.socket.destroyed) return resolve(false);
+      let left = res.writableLength;
+      let timer: TimerHandle;
       const finish = (ok: boolean): void => {
         timer.cancel();
         res.off('drain', onDrain);
         res.off('close', onClose);
         resolve(ok);
       };
+      // Like dropIfUnsent: a client that took some since the last look is slow, not gone.
+      const look = (): void => {
+        if (res.writableLength >= left) return finish(false);
+        left = res.writableLength;
+        timer = this.env.setTimer(stallMs, look);
+      };
       const onDrain = (): void => finish(true);
       const onClose = (): void => finish(false);
-      const timer = this.env.setTimer(stallMs, () => finish(false));
+      timer = this.env.setTimer(stallMs, look);
       res.on('drain', onDrain);
       res.on('close', onClose);
     });
