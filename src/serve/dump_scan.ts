@@ -27,22 +27,27 @@ const isWs = (c: number): boolean => c === 0x20 || c === 0x09 || c === 0x0a || c
 const isHex = (c: number): boolean => (c >= 0x30 && c <= 0x39) || (c >= 0x61 && c <= 0x66);
 
 export class DumpScanner {
-  readonly epoch: string;
-  readonly seq: number;
+  /** The dump's epoch and seq: set once the whole array is read (step returned true). */
+  epoch = '';
+  seq = 0;
   /** The hashes read so far (distinct). */
   readonly hashes = new Set<BlockHash>();
   /** Elements read so far (duplicates counted). */
   count = 0;
   /** More than `maxHashes` elements: the dump is not adopted in part (RouterIndex.adoptDump). */
   overBound = false;
+  /** Just past the array's '['. */
+  private readonly open: number;
   private pos: number;
-  /** The array's ']'. */
-  private readonly end: number;
   private done = false;
   /** The last token read was a comma: a hash must follow. */
   private afterComma = false;
 
-  /** Parses the envelope at once (small); throws BAD_REQUEST if it is not a dump. */
+  /**
+   * Finds the hash array (throws BAD_REQUEST if there is none). Nothing else is read here: the end of
+   * the array is found by the scan, the envelope read once it is (a search for the ']' of a 67 MB body was
+   * a turn of its own).
+   */
   constructor(
     private readonly text: string,
     private readonly maxHashes: number,
@@ -50,31 +55,8 @@ export class DumpScanner {
     KEY.lastIndex = 0;
     const m = KEY.exec(text);
     if (m === null) throw bad('no block_hashes array');
-    const open = m.index + m[0].length; // just past '['
-    // A hash holds no ']': the first one after '[' closes the array, if the array is well formed (the
-    // scan checks that, element by element, up to this very position).
-    const close = text.indexOf(']', open);
-    if (close < 0) throw bad('the block_hashes array is not closed');
-    // A second such array would be the one JSON.parse keeps: refused rather than read from the first.
-    KEY.lastIndex = close;
-    if (KEY.exec(text) !== null) throw bad('block_hashes twice');
-    let envelope: unknown;
-    try {
-      envelope = JSON.parse(`${text.slice(0, open)}]${text.slice(close + 1)}`);
-      // catch-ok: only JSON.parse runs in the try: a body that is not JSON is refused
-    } catch {
-      throw bad('not JSON');
-    }
-    const o = envelope as Record<string, unknown> | null;
-    if (o === null || typeof o !== 'object' || Array.isArray(o)) throw bad('not an object');
-    if (!isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('epoch/seq');
-    const arr = o['block_hashes'];
-    // A second "block_hashes" key would win in JSON.parse: the array scanned must be the one that counts.
-    if (!Array.isArray(arr) || arr.length !== 0) throw bad('block_hashes');
-    this.epoch = o['epoch'];
-    this.seq = o['seq'];
-    this.pos = open;
-    this.end = close;
+    this.open = m.index + m[0].length;
+    this.pos = this.open;
   }
 
   /** Read up to `n` more elements; true once the whole array is read (or found over the bound). */
@@ -82,11 +64,12 @@ export class DumpScanner {
     const t = this.text;
     let p = this.pos;
     for (let k = 0; k < n && !this.done; k++) {
-      while (p < this.end && isWs(t.charCodeAt(p))) p++;
-      if (p === this.end) {
-        // The array ends: right after '[' (empty) or after a hash; never after a comma.
+      while (p < t.length && isWs(t.charCodeAt(p))) p++;
+      if (p === t.length) throw bad('the block_hashes array is not closed');
+      if (t.charCodeAt(p) === 0x5d) {
+        // ']': the array ends, right after '[' (empty) or after a hash; never after a comma.
         if (this.count > 0 && this.afterComma) throw bad('a trailing comma in block_hashes');
-        this.done = true;
+        this.envelope(p);
         break;
       }
       if (this.count > 0 && !this.afterComma) {
@@ -99,12 +82,38 @@ export class DumpScanner {
       p = this.readHash(p);
       this.afterComma = false;
       if (++this.count > this.maxHashes) {
+        // Over the bound: the rest is not read, only skipped to the array's end (a hash holds no ']').
         this.overBound = true;
-        this.done = true;
+        const close = t.indexOf(']', p);
+        if (close < 0) throw bad('the block_hashes array is not closed');
+        this.envelope(close);
       }
     }
     this.pos = p;
     return this.done;
+  }
+
+  /** The array ends at `close`: read everything around it (JSON.parse, the array cut out) and check it. */
+  private envelope(close: number): void {
+    const t = this.text;
+    // A second such array would be the one JSON.parse keeps: refused rather than read from the first.
+    KEY.lastIndex = close;
+    if (KEY.exec(t) !== null) throw bad('block_hashes twice');
+    let envelope: unknown;
+    try {
+      envelope = JSON.parse(`${t.slice(0, this.open)}]${t.slice(close + 1)}`);
+      // catch-ok: only JSON.parse runs in the try: a body that is not JSON is refused
+    } catch {
+      throw bad('not JSON');
+    }
+    const o = envelope as Record<string, unknown> | null;
+    if (o === null || typeof o !== 'object' || Array.isArray(o)) throw bad('not an object');
+    if (!isEpoch(o['epoch']) || !isSeq(o['seq'])) throw bad('epoch/seq');
+    const arr = o['block_hashes'];
+    if (!Array.isArray(arr) || arr.length !== 0) throw bad('block_hashes');
+    this.epoch = o['epoch'];
+    this.seq = o['seq'];
+    this.done = true;
   }
 
   /** One element at `p`: a quoted 64-digit lowercase hex string; returns the position after it. */
@@ -112,7 +121,7 @@ export class DumpScanner {
     const t = this.text;
     const from = p + 1;
     const to = from + HASH_CHARS;
-    if (t.charCodeAt(p) !== 0x22 || to >= this.end || t.charCodeAt(to) !== 0x22)
+    if (t.charCodeAt(p) !== 0x22 || to >= t.length || t.charCodeAt(to) !== 0x22)
       throw bad('every block hash is a string of 64 hex digits');
     for (let i = from; i < to; i++)
       if (!isHex(t.charCodeAt(i))) throw bad('every block hash is 64 lowercase hex digits');
