@@ -177,23 +177,28 @@ test('WRITE consumer: async load parks the request, exempts its pages from zeroi
   assert.equal(kv.getBlockIds(r.requestId)[0]?.length, 3);
 });
 
+/** A READ consumer's scheduler, a 33-token request loading two pages per group, and its first step. */
+function readingRequest(policy: 'recompute' | 'fail' = 'recompute') {
+  const made = makeScheduler({
+    numBlocks: 16,
+    config: { kvLoadFailurePolicy: policy },
+    connector: oneSided({ role: 'consumer', mode: 'read' }),
+  });
+  const r = makeRequest(
+    33,
+    2,
+    readParams([
+      [1, 2],
+      [3, 4],
+    ]),
+  );
+  made.scheduler.addRequest(r);
+  return { ...made, r, so1: made.scheduler.schedule() };
+}
+
 for (const policy of ['recompute', 'fail'] as const) {
   test(`READ failure with kvLoadFailurePolicy=${policy}`, () => {
-    const { scheduler } = makeScheduler({
-      numBlocks: 16,
-      config: { kvLoadFailurePolicy: policy },
-      connector: oneSided({ role: 'consumer', mode: 'read' }),
-    });
-    const r = makeRequest(
-      33,
-      2,
-      readParams([
-        [1, 2],
-        [3, 4],
-      ]),
-    );
-    scheduler.addRequest(r);
-    const so1 = scheduler.schedule();
+    const { scheduler, r, so1 } = readingRequest(policy);
     const outs = scheduler.updateFromOutput(so1, fakeRun(so1, { failedLoadReqIds: [r.requestId] }));
     if (policy === 'fail') {
       assert.equal(outs[0]?.error?.code, 'KV_LOAD_FAILED');
@@ -220,17 +225,7 @@ for (const policy of ['recompute', 'fail'] as const) {
 }
 
 test('a READ whose second page is bad is recomputed from there: its first page still counts as loaded', () => {
-  const { scheduler, kv } = makeScheduler({ numBlocks: 16, connector: oneSided({ role: 'consumer', mode: 'read' }) });
-  const r = makeRequest(
-    33,
-    2,
-    readParams([
-      [1, 2],
-      [3, 4],
-    ]),
-  );
-  scheduler.addRequest(r);
-  const so1 = scheduler.schedule();
+  const { scheduler, kv, r, so1 } = readingRequest();
   const bad = kv.getBlockIds(r.requestId).map((g) => g[1] as number);
   scheduler.updateFromOutput(so1, fakeRun(so1, { invalidBlockIds: bad }));
   const so2 = scheduler.schedule();
