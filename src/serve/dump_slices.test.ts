@@ -2,7 +2,7 @@
  * Proves: the router takes in an instance's large KV event dump a slice at a time, so its event loop
  * keeps turning (client streams, health checks) while it does. Before session 19 the feed parsed the
  * whole body with JSON.parse, checked every hash and built the instance's set (and a set per hash in a
- * reverse map nobody read) in one go: a dump of 1 Mi hashes held the proxy's event loop for about 6 s.
+ * reverse map nobody read) in one go: a dump of 1 Mi hashes held the proxy's event loop for 3-6 s.
  * The longest the loop waits between two turns during the dump is compared with what reading the same
  * body in one go costs, measured in the same run: it must be a small part of it.
  */

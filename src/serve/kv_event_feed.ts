@@ -18,7 +18,7 @@ import type { KvCacheEvent, KvEventBatch } from '../kv/kv_events.ts';
 import type { InstanceLoad } from './kv_event_stream.ts';
 import type { RouterIndex } from './router_index.ts';
 import { readBoundedText } from './upstream.ts';
-import { DumpScanner } from './dump_scan.ts';
+import { DumpScanner, isEpoch, isSeq } from './dump_scan.ts';
 import { parseJsonText } from './http_io.ts';
 
 /** Hashes read per slice of a dump (a few milliseconds of the router's event loop). */
@@ -65,8 +65,6 @@ export type FeedLine =
   { kind: 'batch'; batch: KvEventBatch } | { kind: 'heartbeat'; epoch: string; seq: number; load: InstanceLoad | null };
 
 const bad = (why: string): HandoffError => new HandoffError('BAD_REQUEST', `bad KV event line: ${why}`);
-const isSeq = (n: unknown): n is number => typeof n === 'number' && Number.isSafeInteger(n) && n >= 0;
-const isEpoch = (s: unknown): s is string => typeof s === 'string' && s.length > 0 && s.length <= 128;
 
 function hashesOf(v: unknown): string[] {
   if (!Array.isArray(v) || v.some((h) => typeof h !== 'string' || !HASH_RE.test(h))) throw bad('block_hashes');

@@ -198,9 +198,6 @@ export class RouterIndex {
 
   /** Forget an instance entirely (removed from the pool). */
   forget(key: string): void {
-    const st = this.instances.get(key);
-    if (st === undefined) return;
-    this.clearHashes(st);
     this.instances.delete(key);
   }
 
