@@ -6,7 +6,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -64,9 +64,10 @@ test('chrome trace: processes P, D and proxy with named threads; every action a 
   assert.equal(ct.traceEvents.filter((e) => e['ph'] === 'b').length, trace.requests.length);
 });
 
-test('trace files: <base>.json parses as the Chrome trace, <base>.html embeds the same run', async () => {
+test('trace files: <base>.json parses as the Chrome trace, <base>.html embeds the same run', async (t) => {
   const { trace } = await racy;
   const dir = mkdtempSync(join(tmpdir(), 'handoff-trace-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   const out = writeTrace(trace, join(dir, 'run'));
   const parsed = JSON.parse(readFileSync(out.json, 'utf8')) as { traceEvents: unknown[] };
   assert.equal(parsed.traceEvents.length, toChromeTrace(trace).traceEvents.length);
@@ -85,7 +86,9 @@ test('HTML timeline renders in headless Chromium: one row per lane, every slice 
     return t.skip('playwright-core is not installed (npm install playwright-core@1.65.1)');
   }
   const { trace } = await racy;
-  const out = writeTrace(trace, join(mkdtempSync(join(tmpdir(), 'handoff-html-')), 'run'));
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-html-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const out = writeTrace(trace, join(dir, 'run'));
   const browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: [
