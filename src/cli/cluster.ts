@@ -17,7 +17,7 @@ import { spawnHandoff, type ChildServer } from './children.ts';
 export interface ClusterOptions {
   preset: ModelPreset;
   mode: 'read' | 'write';
-  /** READ mode: decode loads asynchronously (kv_connector_extra_config.async_read). */
+  /** READ mode: decode loads asynchronously (kv_connector_extra_config.async_read; default true). */
   asyncRead?: boolean;
   host: string;
   /** Proxy port (0 = a free one). */
@@ -50,8 +50,12 @@ export interface LocalCluster {
   stop(): Promise<void>;
 }
 
-export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | 'write', asyncRead = false): string {
-  const extra = { read_mode: mode === 'read', ...(asyncRead && role === 'decode' ? { async_read: true } : {}) };
+/** A role's kv_transfer_config; a READ-mode decode names its loads (async_read) either way. */
+export function kvTransferConfigFor(role: 'prefill' | 'decode', mode: 'read' | 'write', asyncRead = true): string {
+  const extra = {
+    read_mode: mode === 'read',
+    ...(mode === 'read' && role === 'decode' ? { async_read: asyncRead } : {}),
+  };
   return JSON.stringify({
     kv_connector: 'OneSidedConnector',
     kv_role: role === 'prefill' ? 'kv_producer' : 'kv_consumer',

@@ -167,16 +167,23 @@ test('--tensor-parallel-size: 1 or 2 (divides the KV heads and the shards); --pr
   });
 });
 
-test('up --async-read: only decode’s kv_transfer_config gets async_read; without it neither does', () => {
-  const cfg = (role: 'prefill' | 'decode', asyncRead?: boolean) => {
-    const args = serveArgs(role, { preset: 'dsv4-mini', mode: 'read', host: '127.0.0.1', serveArgs: [], asyncRead });
+test('READ loads: decode’s kv_transfer_config names async_read (true unless asked otherwise), prefill’s never; serving defaults to async', () => {
+  const cfg = (role: 'prefill' | 'decode', asyncRead?: boolean, mode: 'read' | 'write' = 'read') => {
+    const args = serveArgs(role, { preset: 'dsv4-mini', mode, host: '127.0.0.1', serveArgs: [], asyncRead });
     return JSON.parse(args[args.indexOf('--kv-transfer-config') + 1] as string).kv_connector_extra_config;
   };
   assert.deepEqual(cfg('decode', true), { read_mode: true, async_read: true });
+  assert.deepEqual(cfg('decode'), { read_mode: true, async_read: true });
+  assert.deepEqual(cfg('decode', false), { read_mode: true, async_read: false });
   assert.deepEqual(cfg('prefill', true), { read_mode: true });
-  assert.deepEqual(cfg('decode'), { read_mode: true });
-  assert.equal(
-    parseKvTransferConfig({ kv_role: 'kv_consumer', kv_connector_extra_config: cfg('decode', true) }).config.asyncRead,
-    true,
-  );
+  assert.deepEqual(cfg('decode', true, 'write'), { read_mode: false });
+  const parsed = (extra: object) =>
+    parseKvTransferConfig({ kv_role: 'kv_consumer', kv_connector_extra_config: extra }).config.asyncRead;
+  assert.equal(parsed(cfg('decode', false)), false);
+  assert.equal(parsed(cfg('decode')), true);
+  // vLLM's NIXL connector loads asynchronously: so does a consumer that does not say (READ mode).
+  assert.equal(parsed({}), true);
+  assert.equal(parsed({ read_mode: true }), true);
+  assert.equal(parsed({ read_mode: false }), false);
+  assert.equal(parsed({ async_read: 'false' }), false);
 });

@@ -44,11 +44,23 @@ function statusLines(): (s: string) => void {
   return (s) => void process.stdout.write(`${s}\n`);
 }
 
-/** `--async-read`: decode loads asynchronously; READ mode only (a WRITE load is asynchronous already). */
-function asyncReadFlag(value: unknown, mode: 'read' | 'write'): boolean {
-  if (value !== true) return false;
-  if (mode !== 'read') throw new HandoffError('BAD_CONFIG', '--async-read is for READ mode (--mode read)');
-  return true;
+/**
+ * READ mode: decode loads asynchronously unless `--sync-read` (`--async-read` names the default). Either flag
+ * is for READ mode only (a WRITE load is asynchronous already), and not both.
+ */
+function asyncReadFlag(o: Opts, mode: 'read' | 'write'): boolean {
+  const asked = o['asyncRead'] === true;
+  const sync = o['syncRead'] === true;
+  if (asked && sync) throw new HandoffError('BAD_CONFIG', '--async-read and --sync-read contradict each other');
+  if ((asked || sync) && mode !== 'read')
+    throw new HandoffError('BAD_CONFIG', `--${sync ? 'sync' : 'async'}-read is for READ mode (--mode read)`);
+  return mode === 'read' && !sync;
+}
+
+/** "READ mode, async loads" / "READ mode, synchronous loads" / "WRITE mode". */
+function modeNoteOf(mode: 'read' | 'write', asyncRead: boolean): string {
+  const loads = mode === 'read' ? (asyncRead ? ', async loads' : ', synchronous loads') : '';
+  return `${mode.toUpperCase()} mode${loads}`;
 }
 
 /** Each role's serve flags with its tensor parallel degree. */
@@ -68,7 +80,8 @@ export function configureUp(up: Command): void {
     .option('--port <port>', 'proxy port', '8000')
     .option('--host <host>', 'interface of the proxy and the instances', '127.0.0.1')
     .option('--mode <mode>', 'read | write', 'read')
-    .option('--async-read', 'READ mode: decode loads KV asynchronously (the batch goes on while a READ is in flight)')
+    .option('--async-read', 'READ mode: decode loads KV asynchronously, the batch going on meanwhile (the default)')
+    .option('--sync-read', 'READ mode: the decode step that admits a request waits for its READ (before session 20)')
     .option('--prefill <n>', 'prefill instances', '1')
     .option('--decode <n>', 'decode instances', '1')
     .option('--policy <policy>', 'round-robin | least-loaded | kv-aware', 'round-robin')
@@ -93,7 +106,7 @@ export function configureUp(up: Command): void {
       checkNumBlocksHoldARequest(preset, numBlocks, upRoleBlockSizes(o));
       const tp = pdTensorParallelFlags(preset, o);
       const mode = modeFlag(preset, o['mode']);
-      const asyncRead = asyncReadFlag(o['asyncRead'], mode);
+      const asyncRead = asyncReadFlag(o, mode);
       const port = portFlag('port', o['port']);
       const host = hostFlag('host', o['host']);
       const apiKey = secretFlag(o['apiKey'], 'HANDOFF_API_KEY');
@@ -106,8 +119,7 @@ export function configureUp(up: Command): void {
       const out = statusLines();
       await checkPortFree(host, port); // before any child starts: a busy --port exits 1 at once
       const what = numPrefill + numDecode === 2 ? 'prefill and decode' : `${numPrefill} prefill + ${numDecode} decode`;
-      const modeNote = `${mode.toUpperCase()} mode${asyncRead ? ', async loads' : ''}`;
-      out(`handoff up: starting ${what} (${preset}, ${modeNote}, tcp transport${tpNoteOf(tp)})...`);
+      out(`handoff up: starting ${what} (${preset}, ${modeNoteOf(mode, asyncRead)}, tcp transport${tpNoteOf(tp)})...`);
       const roleServeArgs = withTensorParallel(sizes, tp);
       const started = leaveOnSignalDuringStartup(out);
       const cluster = await startLocalCluster(

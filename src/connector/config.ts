@@ -2,10 +2,12 @@
  * kv_transfer_config, the way vLLM takes it (`--kv-transfer-config '<json>'`):
  *   {"kv_connector": "OneSidedConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
  *    "kv_connector_extra_config": {"read_mode": true, "zero_exclusion": "all-read-groups",
- *                                  "sync_before_read": false, "async_read": false, "lease_ms": 60000,
+ *                                  "sync_before_read": false, "async_read": true, "lease_ms": 60000,
  *                                  "transfer_timeout_ms": 30000}}
  * read_mode accepts true/false or the strings "true"/"1" like MoRIIO; the default is READ. async_read: a READ
- * load does not hold decode's step; the request waits in WAITING_FOR_REMOTE_KVS while the batch goes on.
+ * load does not hold decode's step; the request waits in WAITING_FOR_REMOTE_KVS while the batch goes on. It is
+ * the default in READ mode, as vLLM's NIXL connector loads (since session 20); "async_read": false makes the
+ * step that admits a request await its READ.
  */
 import { z } from 'zod';
 import { HandoffError } from '../util/errors.ts';
@@ -46,6 +48,10 @@ export interface OneSidedConfig {
  */
 export const ASYNC_READS_MAX = 1024;
 
+/**
+ * The in-process default (tests, the A/B, the simulator's worlds, which say which loads they run). Serving's
+ * kv_transfer_config defaults to async READ loads (parseKvTransferConfig).
+ */
 export const DEFAULT_ONE_SIDED_CONFIG: OneSidedConfig = {
   role: 'both',
   mode: 'read',
@@ -125,7 +131,7 @@ export function parseKvTransferConfig(raw: unknown): ParsedTransferConfig {
       mode: x.read_mode === false ? 'write' : 'read',
       zeroExclusion: x.zero_exclusion ?? DEFAULT_ONE_SIDED_CONFIG.zeroExclusion,
       syncBeforeRead: x.sync_before_read ?? false,
-      asyncRead: x.async_read ?? false,
+      asyncRead: x.async_read ?? x.read_mode !== false,
       leaseMs: x.lease_ms ?? DEFAULT_ONE_SIDED_CONFIG.leaseMs,
       transferTimeoutMs: x.transfer_timeout_ms ?? DEFAULT_ONE_SIDED_CONFIG.transferTimeoutMs,
       ...(faults ? { faults } : {}),

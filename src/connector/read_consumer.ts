@@ -193,13 +193,15 @@ export class ReadConsumer {
     for (const [id, t] of [...this.reads.entries()]) {
       if (!t.async || (t.state !== 'landed' && t.state !== 'failed')) continue;
       this.reads.delete(id);
-      this.release(t.r);
       if (t.aborted) releasedAborted.push(id);
       else if (t.state === 'failed') this.report(t, loads);
       else {
         finishedRecving.push(id);
         tails.push(...t.tails);
       }
+      // After report, as for a step's READs: a READ failed for a side channel that is gone makes the
+      // release handshake again (sent first, it went down the dead channel and left the pages to the lease).
+      this.release(t.r);
     }
     // With async scheduling the zeroing sits behind the next step's forward: the load is reported once it
     // ran, so its pages cannot be freed and reused (another READ landing) before it (as WRITE loads).
