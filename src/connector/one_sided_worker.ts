@@ -189,7 +189,7 @@ export class OneSidedConnectorWorker implements ConnectorWorkerHooks {
   }
 
   hasPendingWork(): boolean {
-    return this.saves.numPending > 0 || this.recvs.size > 0 || this.reads.numAsync > 0;
+    return this.saves.numPending > 0 || this.recvs.size > 0 || this.reads.hasAsync;
   }
 
   abandonLoads(): void {

@@ -78,11 +78,14 @@ export class ReadConsumer {
     return this.reads.size;
   }
 
-  /** Async READs (and aborted requests' pages) not reported yet: the engine keeps stepping for them. */
-  get numAsync(): number {
-    let n = this.releaseNow.length;
-    for (const [, t] of this.reads.entries()) if (t.async) n++;
-    return n;
+  /**
+   * Async READs (or aborted requests' pages) not reported yet: the engine keeps stepping for them. Asked on
+   * every engine loop turn: it stops at the first async entry (the table holds little else between steps).
+   */
+  get hasAsync(): boolean {
+    if (this.releaseNow.length > 0) return true;
+    for (const [, t] of this.reads.entries()) if (t.async) return true;
+    return false;
   }
 
   /** Post this step's READs from the host (vLLM's start_load_kv). */
