@@ -118,6 +118,7 @@ function simOptions(o: Record<string, unknown>): Omit<SimOptions, 'seeds'> & { s
       ? { decodeBlockSize: blockSizeFlag(o['decodeBlockSize'], 'decode-block-size') }
       : {}),
     ...simTensorParallel(model, o),
+    ...(o['asyncRead'] === true ? { asyncRead: true } : {}),
     ...(opt('dporDepth', 0, 10_000) !== undefined ? { dporDepth: opt('dporDepth', 0, 10_000) } : {}),
     ...(opt('maxSchedules', 1, 10_000_000) !== undefined ? { maxSchedules: opt('maxSchedules', 1, 10_000_000) } : {}),
     ...(o['schedule'] !== undefined ? { schedule: parseSchedule(String(o['schedule']), strategy) } : {}),
@@ -159,6 +160,7 @@ function common(c: Command): Command {
     .option('--tensor-parallel-size <n>', 'tensor parallel ranks of both instances (1 or 2)')
     .option('--prefill-tp <n>', 'tensor parallel ranks of prefill (may differ from decode)')
     .option('--decode-tp <n>', 'tensor parallel ranks of decode (may differ from prefill)')
+    .option('--async-read', 'READ scenarios: decode loads asynchronously, as serving does by default')
     .option('--pct-depth <n>', 'PCT priority change points')
     .option('--dfs-depth <n>', 'bounded DFS depth')
     .option('--dpor-depth <n>', `dpor: branching choices explored per schedule (default ${DPOR_DEPTH_DEFAULT})`)

@@ -51,6 +51,7 @@ export async function runDpor(o: SimOptions, wall: Env = new RealEnv(0)): Promis
         ...(o.requests !== undefined ? { requests: o.requests } : {}),
         ...blockSizeOptions(o),
         ...tensorParallelOf(o),
+        ...(o.asyncRead === true ? { asyncRead: true } : {}),
         makeExplorer: (w) => new DporWorldExplorer(w, chooser),
       });
       await world.run();

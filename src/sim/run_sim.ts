@@ -41,6 +41,8 @@ export interface SimOptions {
   /** Tensor parallel ranks of prefill and decode (default 1; they may differ; hetero-tp: drawn from the seed). */
   prefillTp?: number;
   decodeTp?: number;
+  /** Decode loads READs asynchronously in every READ scenario, as serving does by default (`--async-read`). */
+  asyncRead?: boolean;
   pctDepth?: number;
   dfsDepth?: number;
   /** dpor (dpor_run.ts): branching choices explored, schedules at most; a replay's schedule. */
@@ -119,6 +121,7 @@ export function replayCommand(
     | 'decodeBlockSize'
     | 'prefillTp'
     | 'decodeTp'
+    | 'asyncRead'
   > & { schedule?: readonly number[] },
   seed: number,
 ): string {
@@ -138,6 +141,7 @@ export function replayCommand(
   const tpSet = o.prefillTp !== undefined || o.decodeTp !== undefined;
   if ((o.prefillTp ?? 1) !== 1 || (o.decodeTp ?? 1) !== 1 || (tpSet && o.scenario === 'hetero-tp'))
     parts.push(`--prefill-tp ${o.prefillTp ?? 1} --decode-tp ${o.decodeTp ?? 1}`);
+  if (o.asyncRead === true) parts.push('--async-read');
   if (o.pctDepth !== undefined) parts.push(`--pct-depth ${o.pctDepth}`);
   if (o.dfsDepth !== undefined) parts.push(`--dfs-depth ${o.dfsDepth}`);
   if (o.schedule !== undefined) parts.push(`--schedule ${o.schedule.join('.') || '0'}`);
@@ -159,6 +163,7 @@ export async function runSeed(o: SeedOptions, seed: number, trace: boolean): Pro
     ...(o.requests !== undefined ? { requests: o.requests } : {}),
     ...blockSizeOptions(o),
     ...tensorParallelOf(o),
+    ...(o.asyncRead === true ? { asyncRead: true } : {}),
     explorer: { pctDepth: o.pctDepth, dfsDepth: o.dfsDepth, ...(o.schedule ? { schedule: o.schedule } : {}) },
     trace,
     stopOnViolation: !trace,

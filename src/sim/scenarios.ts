@@ -226,10 +226,12 @@ function drawStops(requests: SimRequestSpec[], rng: SeededRng, preset: ModelPres
 function scenarioConnector(
   role: 'producer' | 'consumer',
   mode: 'read' | 'write',
-  mutant: MutantName | undefined,
   name: ScenarioName,
+  opts: ScenarioOptions,
 ): OneSidedConfig {
-  const asyncRead = name === '1p1d-async' || name === 'abort-async';
+  const mutant = opts.mutant;
+  // READ loads: async in the -async scenarios, and in every READ scenario when asked (serving's default).
+  const asyncRead = mode === 'read' && (opts.asyncRead === true || name === '1p1d-async' || name === 'abort-async');
   const c: OneSidedConfig = {
     ...DEFAULT_ONE_SIDED_CONFIG,
     role,
@@ -391,11 +393,21 @@ export function scenarioPreset(name: ScenarioName, preset: ModelPreset): ModelPr
   return isMicroPreset(preset) ? 'hybrid-micro' : 'hybrid-mini';
 }
 
+/** What a run sets of a scenario; the rest comes from its name and seed. */
+export interface ScenarioOptions extends BlockSizeOptions {
+  requests?: number;
+  mutant?: MutantName;
+  prefillTp?: number;
+  decodeTp?: number;
+  /** Decode loads READs asynchronously in every READ scenario (`sim --async-read`). */
+  asyncRead?: boolean;
+}
+
 export function buildScenario(
   name: ScenarioName,
   askedPreset: ModelPreset,
   seed: number,
-  opts: { requests?: number; mutant?: MutantName; prefillTp?: number; decodeTp?: number } & BlockSizeOptions = {},
+  opts: ScenarioOptions = {},
 ): ScenarioConfig {
   const preset = scenarioPreset(name, askedPreset);
   const checkedTp = checkGeometryOptions(preset, opts);
@@ -412,7 +424,7 @@ export function buildScenario(
   const n = opts.requests ?? DEFAULT_REQUESTS[name] ?? 3;
   const requests = scenarioRequests(name, rng, n, vocabSizeOf(preset));
   const mutant = opts.mutant;
-  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, mutant, name);
+  const connector = (role: 'producer' | 'consumer'): OneSidedConfig => scenarioConnector(role, mode, name, opts);
   const chunk = name === 'chunked-prefill' ? 32 : 256;
   // Cancel scenarios: decode's policy for a cut transfer, from the seed (fail: an error; recompute: exact output).
   const failurePolicy = isCancelScenario(name) ? (rng.int(2) === 0 ? 'fail' : 'recompute') : null;

@@ -62,9 +62,10 @@ export interface WorldOptions {
   blockSize?: number;
   prefillBlockSize?: number;
   decodeBlockSize?: number;
-  /** Tensor parallel ranks of prefill and decode (default 1; they must be equal). */
+  /** Tensor parallel ranks of prefill and decode (default 1); decode's async READ loads (scenarios.ts). */
   prefillTp?: number;
   decodeTp?: number;
+  asyncRead?: boolean;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
   crashProbe?: CrashProbe;
@@ -133,12 +134,10 @@ export class SimWorld {
   }
 
   static async create(opts: WorldOptions): Promise<SimWorld> {
+    const { requests, mutant, prefillTp, decodeTp, asyncRead } = opts;
     const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
-      requests: opts.requests,
-      mutant: opts.mutant,
+      ...{ requests, mutant, prefillTp, decodeTp, asyncRead },
       ...blockSizeOptions(opts),
-      prefillTp: opts.prefillTp,
-      decodeTp: opts.decodeTp,
     });
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
