@@ -11,7 +11,6 @@
  * seed, mutant): the replay of a failure is the same command.
  */
 import { SimEnv } from '../util/env.ts';
-import type { MutantName } from '../util/mutants.ts';
 import { formatRace, type RaceReport } from '../device/race/race_report.ts';
 import type { KVCacheBlock } from '../kv/block_pool.ts';
 import type { ModelPreset } from '../kv/presets.ts';
@@ -24,7 +23,7 @@ import { SimInstance, type OpInfo } from './instance.ts';
 import type { Invariant, LifecycleViolation } from '../kv/page_lifecycle.ts';
 import { SimProxy, type ProxyRequest } from './proxy.ts';
 import { OrderCoverage } from './coverage.ts';
-import { blockSizeOptions, buildScenario, type ScenarioConfig, type ScenarioName } from './scenarios.ts';
+import { buildScenario, type ScenarioConfig, type ScenarioName, type ScenarioOptions } from './scenarios.ts';
 import { TraceRecorder, type LaneKind, type SimTrace } from './trace.ts';
 import { WorldEvents } from './world_events.ts';
 import { CancelPoints } from './cancel_points.ts';
@@ -43,12 +42,12 @@ export interface Violation {
   atMs: number;
 }
 
-export interface WorldOptions {
+/** A world: its scenario and what the run sets of it (ScenarioOptions: requests, mutant, page sizes, TP, loads). */
+export interface WorldOptions extends ScenarioOptions {
   scenario: ScenarioName;
   preset: ModelPreset;
   seed: number;
   strategy: Strategy;
-  mutant?: MutantName;
   /** BUGGIFY fault sites (default: on, except for dfs, which explores orderings only). */
   faults?: boolean;
   maxSteps?: number;
@@ -57,15 +56,6 @@ export interface WorldOptions {
   trace?: boolean;
   /** Stop at the first violation (default); a trace run goes on to show what followed. */
   stopOnViolation?: boolean;
-  requests?: number;
-  /** Tokens per KV page: both instances, or each (scenarios.ts BlockSizeOptions; default 16). */
-  blockSize?: number;
-  prefillBlockSize?: number;
-  decodeBlockSize?: number;
-  /** Tensor parallel ranks of prefill and decode (default 1); decode's async READ loads (scenarios.ts). */
-  prefillTp?: number;
-  decodeTp?: number;
-  asyncRead?: boolean;
   /** Build the explorer from the world (dpor search: footprints need the world); else createExplorer. */
   makeExplorer?: (w: SimWorld) => Explorer;
   crashProbe?: CrashProbe;
@@ -134,11 +124,7 @@ export class SimWorld {
   }
 
   static async create(opts: WorldOptions): Promise<SimWorld> {
-    const { requests, mutant, prefillTp, decodeTp, asyncRead } = opts;
-    const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), {
-      ...{ requests, mutant, prefillTp, decodeTp, asyncRead },
-      ...blockSizeOptions(opts),
-    });
+    const scenario = buildScenario(opts.scenario, opts.preset, worldSeed(opts), opts);
     const w = new SimWorld(opts, scenario);
     const observer = { opEnqueued: (inst: SimInstance, id: number, info: OpInfo) => w.opEnqueued(inst, id, info) };
     const onViolation = (name: string) => (v: LifecycleViolation) => w.lifecycleViolation(name, v);
